@@ -1,0 +1,48 @@
+"""Finds the Swift toolchain on the host: $SWIFT_HOME first, then swiftc on PATH.
+
+When none is found the repository still loads, so `bazel query //...` works, but every Swift
+compile fails with MISSING_MESSAGE (the same text ./bazelw prints).
+"""
+
+def _missing_message(looked_in):
+    return (
+        "museflash: no Swift toolchain found (looked for swiftc in: " + ", ".join(looked_in) + "). " +
+        "Fix: install the Swift 6 toolchain for Linux and put its usr/bin on PATH, or set SWIFT_HOME " +
+        "to the toolchain root (the directory that contains usr/bin/swiftc)."
+    )
+
+def _swift_toolchain_repo_impl(rctx):
+    looked_in = []
+    swiftc = None
+    swift_home = rctx.os.environ.get("SWIFT_HOME", "")
+    if swift_home:
+        for candidate in [swift_home + "/usr/bin/swiftc", swift_home + "/bin/swiftc"]:
+            looked_in.append(candidate)
+            if rctx.path(candidate).exists:
+                swiftc = rctx.path(candidate)
+                break
+    if swiftc == None:
+        looked_in.append("PATH")
+        swiftc = rctx.which("swiftc")
+
+    version = ""
+    if swiftc != None:
+        probe = rctx.execute([swiftc, "--version"])
+        if probe.return_code == 0:
+            version = (probe.stdout + probe.stderr).strip().split("\n")[0]
+        else:
+            swiftc = None
+
+    rctx.file("BUILD.bazel", "exports_files(['defs.bzl'])\n")
+    rctx.file("defs.bzl", "\n".join([
+        "SWIFTC = %r" % (str(swiftc) if swiftc else ""),
+        "SWIFT_VERSION = %r" % version,
+        "SWIFT_MISSING_MESSAGE = %r" % _missing_message(looked_in),
+        "",
+    ]))
+
+swift_toolchain_repo = repository_rule(
+    implementation = _swift_toolchain_repo_impl,
+    environ = ["SWIFT_HOME", "PATH"],
+    local = True,
+)
