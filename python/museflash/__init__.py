@@ -1,0 +1,1 @@
+"""museflash: export Muse Glimmer and its DFlash drafter to Core ML."""

@@ -1,0 +1,93 @@
+"""Publish an output directory all at once, or not at all.
+
+Exports take minutes and write several packages. A crash, an exception or Ctrl-C half-way must
+leave the destination exactly as it was, so everything is built in a staging directory beside
+the destination (same filesystem, so the final rename is atomic) and swapped in at the end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import stat
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+
+class OutputDirError(ValueError):
+    """The destination cannot be used; the message names the path and the fix."""
+
+
+def check_destination(destination: Path, overwrite: bool) -> None:
+    """Fails before any work if publishing to `destination` could not succeed."""
+    destination = Path(destination)
+    if destination.exists() and not destination.is_dir():
+        raise OutputDirError(
+            f"output path {destination} exists and is not a directory; "
+            "choose another --output-dir or remove that file"
+        )
+    if destination.is_dir() and any(destination.iterdir()) and not overwrite:
+        raise OutputDirError(
+            f"output directory {destination} is not empty; pass --overwrite to replace it "
+            "or choose another --output-dir"
+        )
+    parent = destination.absolute().parent
+    if not parent.is_dir():
+        raise OutputDirError(
+            f"the parent of the output directory, {parent}, does not exist; create it first"
+        )
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise OutputDirError(
+            f"cannot write in {parent} (needed to stage and rename the output); "
+            "choose a writable --output-dir"
+        )
+
+
+def make_readable_by_all(root: Path) -> None:
+    """Some writers (coremltools among them) create files 0600; exported bundles are shared."""
+    for path in [root, *Path(root).rglob("*")]:
+        if path.is_symlink():
+            continue
+        mode = path.stat().st_mode
+        extra = stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH
+        if path.is_dir():
+            extra |= stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH
+        path.chmod(mode | extra)
+
+
+@contextlib.contextmanager
+def publish_directory(destination: Path, overwrite: bool = False) -> Iterator[Path]:
+    """Yields an empty staging directory; on normal exit it replaces `destination`.
+
+    On any exception (KeyboardInterrupt included) the staging directory is removed and the
+    destination is untouched.
+    """
+    destination = Path(destination).absolute()
+    check_destination(destination, overwrite)
+    staging = Path(tempfile.mkdtemp(prefix=f".{destination.name}.staging-", dir=destination.parent))
+    try:
+        yield staging
+        make_readable_by_all(staging)
+        _swap_in(staging, destination, overwrite)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def _swap_in(staging: Path, destination: Path, overwrite: bool) -> None:
+    # Checked again: the destination may have appeared while the export ran.
+    check_destination(destination, overwrite)
+    if not destination.exists():
+        staging.rename(destination)
+        return
+    retired = Path(tempfile.mkdtemp(prefix=f".{destination.name}.old-", dir=destination.parent))
+    retired.rmdir()
+    destination.rename(retired)
+    try:
+        staging.rename(destination)
+    except BaseException:
+        retired.rename(destination)
+        raise
+    shutil.rmtree(retired, ignore_errors=True)

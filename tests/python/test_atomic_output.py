@@ -1,0 +1,96 @@
+import os
+import stat
+
+import pytest
+
+from museflash.atomic_output import OutputDirError, check_destination, publish_directory
+
+
+def _snapshot(root):
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+    }
+
+
+def test_publishes_new_directory(tmp_path):
+    dest = tmp_path / "out"
+    with publish_directory(dest) as staging:
+        assert staging.parent == tmp_path
+        assert not dest.exists()
+        (staging / "pkg").mkdir()
+        (staging / "pkg" / "a.bin").write_bytes(b"abc")
+    assert _snapshot(dest) == {"pkg/a.bin": b"abc"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_failure_midway_leaves_no_trace(tmp_path):
+    dest = tmp_path / "out"
+    with pytest.raises(RuntimeError, match="boom"):
+        with publish_directory(dest) as staging:
+            (staging / "half.bin").write_bytes(b"x")
+            raise RuntimeError("boom")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_interrupt_keeps_existing_destination(tmp_path):
+    dest = tmp_path / "out"
+    dest.mkdir()
+    (dest / "old.txt").write_text("old")
+    with pytest.raises(KeyboardInterrupt):
+        with publish_directory(dest, overwrite=True) as staging:
+            (staging / "new.txt").write_text("new")
+            raise KeyboardInterrupt
+    assert _snapshot(dest) == {"old.txt": b"old"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_overwrite_replaces_contents(tmp_path):
+    dest = tmp_path / "out"
+    dest.mkdir()
+    (dest / "old.txt").write_text("old")
+    with publish_directory(dest, overwrite=True) as staging:
+        (staging / "new.txt").write_text("new")
+    assert _snapshot(dest) == {"new.txt": b"new"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_refuses_non_empty_destination_without_overwrite(tmp_path):
+    dest = tmp_path / "out"
+    dest.mkdir()
+    (dest / "keep.txt").write_text("keep")
+    with pytest.raises(OutputDirError, match="--overwrite"):
+        with publish_directory(dest):
+            raise AssertionError("must fail before the body runs")
+    assert _snapshot(dest) == {"keep.txt": b"keep"}
+
+
+def test_empty_existing_directory_is_usable(tmp_path):
+    dest = tmp_path / "out"
+    dest.mkdir()
+    with publish_directory(dest) as staging:
+        (staging / "f").write_text("1")
+    assert _snapshot(dest) == {"f": b"1"}
+
+
+def test_destination_that_is_a_file_is_rejected(tmp_path):
+    target = tmp_path / "file"
+    target.write_text("x")
+    with pytest.raises(OutputDirError, match="not a directory"):
+        check_destination(target, overwrite=True)
+
+
+def test_missing_parent_is_rejected(tmp_path):
+    with pytest.raises(OutputDirError, match="does not exist"):
+        check_destination(tmp_path / "no" / "such" / "out", overwrite=False)
+
+
+def test_published_files_are_readable_by_others(tmp_path):
+    dest = tmp_path / "out"
+    with publish_directory(dest) as staging:
+        secret = staging / "pkg" / "weight.bin"
+        secret.parent.mkdir()
+        secret.write_bytes(b"w")
+        os.chmod(secret, 0o600)
+        os.chmod(secret.parent, 0o700)
+    assert stat.S_IMODE((dest / "pkg" / "weight.bin").stat().st_mode) & 0o044 == 0o044
+    assert stat.S_IMODE((dest / "pkg").stat().st_mode) & 0o055 == 0o055

@@ -1,0 +1,19 @@
+"""pytest_test: a py_test whose sources are plain pytest files, one Bazel target per call."""
+
+def pytest_test(name, srcs, deps = [], data = [], args = [], **kwargs):
+    native.py_test(
+        name = name,
+        srcs = srcs + ["//tools/python:pytest_runner.py"],
+        main = "//tools/python:pytest_runner.py",
+        args = ["$(rootpath %s)" % src for src in srcs] + args,
+        deps = deps,
+        data = data,
+        python_version = "PY3",
+        srcs_version = "PY3",
+        **kwargs
+    )
+
+def pytest_test_per_file(srcs, **kwargs):
+    """One pytest_test per test_*.py file, named after the file."""
+    for src in srcs:
+        pytest_test(name = src[:-len(".py")], srcs = [src], **kwargs)
