@@ -1,0 +1,436 @@
+"""Load (and write) Muse Glimmer and DFlash checkpoints in the Hugging Face safetensors layout.
+
+Loading builds the model on the `meta` device and assigns one tensor at a time, read through
+safetensors memory maps and converted to the compute dtype in a single step, so peak memory is
+the final model plus about one tensor. Every problem raises CheckpointError naming the file,
+the key and both values. Pickle files are never read.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import nn
+
+from museflash.models.dflash import (
+    DFlashConfig,
+    DFlashDrafter,
+    DrafterTargetMismatchError,
+    validate_drafter_against_target,
+)
+from museflash.models.muse_glimmer import (
+    MuseGlimmerConfig,
+    MuseGlimmerForCausalLM,
+    MuseGlimmerWithDrafterFeatures,
+)
+
+CONFIG_FILE = "config.json"
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+_SAFETENSORS_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint cannot be loaded; the message says which file and key, and why."""
+
+
+# --- Key mapping: module parameter name <-> checkpoint key, for both models -----------------
+
+TARGET_PREFIX = "model.language_model."
+TARGET_UNPREFIXED = ("lm_head.",)
+# Keys of the multimodal checkpoint that the text decoder does not use.
+TARGET_IGNORED_PREFIXES = ("model.vision_", "model.multi_modal_projector.")
+DRAFTER_BORROWED = ("embed_tokens.", "lm_head.")  # the target's modules, not in the drafter file
+ENCODER_PREFIX = "encoder."
+
+
+def target_checkpoint_key(param_name: str) -> str:
+    if param_name.startswith(TARGET_UNPREFIXED):
+        return param_name
+    return TARGET_PREFIX + param_name
+
+
+def drafter_checkpoint_key(param_name: str) -> str | None:
+    """None for parameters borrowed from the target."""
+    return None if param_name.startswith(DRAFTER_BORROWED) else param_name
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; choose from {sorted(DTYPES)}")
+    return DTYPES[dtype]
+
+
+# --- Reading ---------------------------------------------------------------------------------
+
+
+def read_config(directory: str | Path) -> dict[str, Any]:
+    path = Path(directory) / CONFIG_FILE
+    if not path.is_file():
+        raise CheckpointError(f"{path}: config file not found")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise CheckpointError(f"{path}: not valid JSON ({error})") from error
+
+
+def check_safetensors_file(path: Path) -> dict[str, Any]:
+    """Validates the header against the file size (before any mmap) and returns the header."""
+    if not path.is_file():
+        raise CheckpointError(f"{path}: safetensors file not found")
+    size = path.stat().st_size
+    if size < 8:
+        raise CheckpointError(
+            f"{path}: file is {size} bytes, shorter than the 8-byte safetensors header length"
+        )
+    with path.open("rb") as handle:
+        (header_len,) = struct.unpack("<Q", handle.read(8))
+        if 8 + header_len > size:
+            raise CheckpointError(
+                f"{path}: header length field says {header_len} bytes but only {size - 8} bytes "
+                "follow it (truncated or not a safetensors file)"
+            )
+        raw_header = handle.read(header_len)
+    try:
+        header = json.loads(raw_header)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise CheckpointError(f"{path}: header is not valid JSON ({error})") from error
+    data_size = size - 8 - header_len
+    for key, entry in header.items():
+        if key == "__metadata__":
+            continue
+        end = entry.get("data_offsets", [0, 0])[1]
+        if end > data_size:
+            raise CheckpointError(
+                f"{path}: tensor {key!r} ends at data byte {end} but the file holds only "
+                f"{data_size} data bytes (truncated)"
+            )
+    return header
+
+
+class SafetensorsReader:
+    """Key -> tensor access over one file or an index of shards, through memory maps."""
+
+    def __init__(self, directory: str | Path):
+        self.directory = Path(directory)
+        index_path = self.directory / INDEX_FILE
+        single_path = self.directory / SINGLE_FILE
+        if index_path.is_file():
+            self.description = str(index_path)
+            try:
+                weight_map = json.loads(index_path.read_text())["weight_map"]
+            except (json.JSONDecodeError, KeyError, TypeError) as error:
+                raise CheckpointError(f"{index_path}: no valid weight_map ({error})") from error
+            files: dict[str, str] = {}
+            for key, name in weight_map.items():
+                files.setdefault(name, key)
+            for name, example_key in files.items():
+                if not (self.directory / name).is_file():
+                    raise CheckpointError(
+                        f"{self.directory / name}: shard listed in {index_path} (e.g. for key "
+                        f"{example_key!r}) not found"
+                    )
+        elif single_path.is_file():
+            self.description = str(single_path)
+            weight_map = None
+        else:
+            raise CheckpointError(
+                f"{self.directory}: neither {SINGLE_FILE} nor {INDEX_FILE} found"
+            )
+        self._headers: dict[str, dict[str, Any]] = {}
+        self._handles: dict[str, Any] = {}
+        if weight_map is None:
+            header = self._header(SINGLE_FILE)
+            weight_map = {key: SINGLE_FILE for key in header if key != "__metadata__"}
+        else:
+            for key, name in weight_map.items():
+                if key not in self._header(name):
+                    raise CheckpointError(
+                        f"{self.directory / name}: key {key!r} listed in {index_path} is "
+                        "missing from the shard"
+                    )
+        self.weight_map: dict[str, str] = dict(weight_map)
+
+    def _header(self, name: str) -> dict[str, Any]:
+        if name not in self._headers:
+            self._headers[name] = check_safetensors_file(self.directory / name)
+        return self._headers[name]
+
+    def keys(self) -> Iterable[str]:
+        return self.weight_map.keys()
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.weight_map
+
+    def file_of(self, key: str) -> Path:
+        return self.directory / self.weight_map[key]
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        if key not in self.weight_map:
+            raise CheckpointError(f"{self.description}: missing key {key!r}")
+        return tuple(self._header(self.weight_map[key])[key]["shape"])
+
+    def read(self, key: str, expected_shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        shape = self.shape(key)
+        if shape != tuple(expected_shape):
+            raise CheckpointError(
+                f"{self.file_of(key)}: key {key!r} has shape {list(shape)}, expected "
+                f"{list(expected_shape)} from the config"
+            )
+        name = self.weight_map[key]
+        file_dtype = self._headers[name][key]["dtype"]
+        if file_dtype not in _SAFETENSORS_DTYPES:
+            raise CheckpointError(
+                f"{self.file_of(key)}: key {key!r} has dtype {file_dtype}, expected one of "
+                f"{sorted(_SAFETENSORS_DTYPES)}"
+            )
+        if name not in self._handles:
+            # One shard mapped at a time: the pages of finished shards leave the process.
+            self._handles.clear()
+            self._handles[name] = safe_open(str(self.directory / name), framework="pt")
+        mapped = self._handles[name].get_tensor(key)
+        # Own memory in the compute dtype, filled by a single converting copy from the map.
+        loaded = torch.empty(shape, dtype=dtype)
+        loaded.copy_(mapped)
+        return loaded
+
+    def close(self) -> None:
+        self._handles.clear()
+
+
+def _assign_parameter(model: nn.Module, name: str, tensor: torch.Tensor) -> None:
+    module_name, _, leaf = name.rpartition(".")
+    module = model.get_submodule(module_name) if module_name else model
+    setattr(module, leaf, nn.Parameter(tensor, requires_grad=False))
+
+
+def _own_parameters(model: nn.Module, skip: tuple[str, ...] = ()) -> Iterator[tuple[str, Any]]:
+    for name, param in model.named_parameters(remove_duplicate=True):
+        if not name.startswith(skip):
+            yield name, param
+
+
+def _load_parameters(
+    model: nn.Module,
+    entries: list[tuple[str, str, SafetensorsReader]],
+    dtype: torch.dtype,
+) -> None:
+    """entries: (parameter name, checkpoint key, reader), in module (layer) order."""
+    for name, key, reader in entries:
+        expected = tuple(model.get_parameter(name).shape)
+        if key not in reader:
+            raise CheckpointError(f"{reader.description}: missing key {key!r} (for {name})")
+        _assign_parameter(model, name, reader.read(key, expected, dtype))
+
+
+def _parse_config(directory: Path, parse) -> tuple[dict[str, Any], Any]:
+    raw = read_config(directory)
+    try:
+        return raw, parse(raw)
+    except (ValueError, KeyError, TypeError) as error:
+        raise CheckpointError(f"{directory / CONFIG_FILE}: {error}") from error
+
+
+def _check_unexpected_target_keys(reader: SafetensorsReader, expected: set[str]) -> None:
+    unexpected = sorted(
+        key
+        for key in reader.keys()
+        if key not in expected and not key.startswith(TARGET_IGNORED_PREFIXES)
+        and (key.startswith(TARGET_PREFIX) or key.startswith(TARGET_UNPREFIXED))
+    )
+    if unexpected:
+        raise CheckpointError(
+            f"{reader.description}: unexpected keys {unexpected[:5]} (config.json describes a "
+            "different model, e.g. fewer layers)"
+        )
+
+
+def _check_encoder_width(
+    drafter_reader: SafetensorsReader, drafter_cfg: DFlashConfig, target_cfg: MuseGlimmerConfig
+) -> None:
+    key = "encoder.fc.weight"
+    shape = drafter_reader.shape(key)
+    ids = drafter_cfg.target_layer_ids
+    expected = len(ids) * target_cfg.hidden_size
+    if len(shape) != 2 or shape[1] != expected:
+        raise CheckpointError(
+            f"{drafter_reader.file_of(key)}: {key!r} input width is "
+            f"{shape[1] if len(shape) == 2 else shape}, but len(target_layer_ids {ids}) x target "
+            f"hidden_size {target_cfg.hidden_size} = {expected}"
+        )
+
+
+def _drafter_config_for(drafter_dir: Path, target_dir: Path, target_cfg: MuseGlimmerConfig):
+    raw, drafter_cfg = _parse_config(drafter_dir, DFlashConfig.from_dict)
+    try:
+        validate_drafter_against_target(raw, target_cfg)
+    except DrafterTargetMismatchError as error:
+        raise CheckpointError(
+            f"drafter {drafter_dir / CONFIG_FILE} vs target {target_dir / CONFIG_FILE}: {error}"
+        ) from error
+    if drafter_cfg.hidden_size != target_cfg.hidden_size:
+        raise CheckpointError(
+            f"drafter {drafter_dir / CONFIG_FILE} vs target {target_dir / CONFIG_FILE}: "
+            f"hidden_size: drafter has {drafter_cfg.hidden_size} but target has "
+            f"{target_cfg.hidden_size} (the drafter borrows the target's embedding and lm_head)"
+        )
+    return drafter_cfg
+
+
+def load_target(
+    target_dir: str | Path,
+    drafter_dir: str | Path | None = None,
+    *,
+    dtype: str | torch.dtype = torch.float32,
+    max_context: int = 4096,
+    max_query_len: int = 64,
+    cache_dtype: torch.dtype = torch.float16,
+) -> MuseGlimmerForCausalLM:
+    """The target; with `drafter_dir`, the fused target whose forward also returns drafter
+    features (its encoder weights come from the drafter checkpoint)."""
+    target_dir = Path(target_dir)
+    dtype = resolve_dtype(dtype)
+    _, config = _parse_config(target_dir, MuseGlimmerConfig.from_dict)
+    reader = SafetensorsReader(target_dir)
+    cache_kwargs = dict(max_context=max_context, max_query_len=max_query_len,
+                        cache_dtype=cache_dtype)
+    drafter_reader = None
+    with torch.device("meta"):
+        if drafter_dir is None:
+            model = MuseGlimmerForCausalLM(config, **cache_kwargs)
+        else:
+            drafter_dir = Path(drafter_dir)
+            drafter_cfg = _drafter_config_for(drafter_dir, target_dir, config)
+            drafter_reader = SafetensorsReader(drafter_dir)
+            _check_encoder_width(drafter_reader, drafter_cfg, config)
+            model = MuseGlimmerWithDrafterFeatures(config, drafter_cfg, **cache_kwargs)
+    entries = []
+    for name, _ in _own_parameters(model):
+        if name.startswith(ENCODER_PREFIX):
+            entries.append((name, name, drafter_reader))
+        else:
+            entries.append((name, target_checkpoint_key(name), reader))
+    _check_unexpected_target_keys(reader, {key for _, key, r in entries if r is reader})
+    _load_parameters(model, entries, dtype)
+    reader.close()
+    if drafter_reader is not None:
+        drafter_reader.close()
+    return model.eval()
+
+
+def load_drafter(
+    drafter_dir: str | Path,
+    target: MuseGlimmerForCausalLM,
+    *,
+    target_dir: str | Path | None = None,
+    dtype: str | torch.dtype = torch.float32,
+    max_query_len: int = 64,
+    cache_dtype: torch.dtype = torch.float16,
+    ring: bool = False,
+) -> DFlashDrafter:
+    """The drafter, sharing `target`'s embedding and lm_head modules."""
+    from museflash.models.dflash import DFlashRingDrafter
+
+    drafter_dir = Path(drafter_dir)
+    dtype = resolve_dtype(dtype)
+    target_label = Path(target_dir) if target_dir is not None else Path("<target>")
+    drafter_cfg = _drafter_config_for(drafter_dir, target_label, target.config)
+    reader = SafetensorsReader(drafter_dir)
+    cls = DFlashRingDrafter if ring else DFlashDrafter
+    with torch.device("meta"):
+        shell = cls(drafter_cfg, nn.Embedding(1, drafter_cfg.hidden_size), None,
+                    max_query_len=max_query_len, cache_dtype=cache_dtype)
+    # Attach the real (already loaded) target modules after building on meta.
+    shell.embed_tokens = target.embed_tokens
+    shell.lm_head = target.lm_head
+    shell.final_logit_softcapping = target.config.final_logit_softcapping
+    entries = [
+        (name, drafter_checkpoint_key(name), reader)
+        for name, _ in _own_parameters(shell, skip=DRAFTER_BORROWED)
+    ]
+    _load_parameters(shell, entries, dtype)
+    reader.close()
+    return shell.eval()
+
+
+# --- Writing (demo checkpoints, tests, tools) ------------------------------------------------
+
+
+def target_checkpoint_tensors(model: MuseGlimmerForCausalLM) -> dict[str, torch.Tensor]:
+    return {
+        target_checkpoint_key(name): param
+        for name, param in _own_parameters(model, skip=(ENCODER_PREFIX,))
+    }
+
+
+def drafter_checkpoint_tensors(
+    drafter: DFlashDrafter, encoder: nn.Module
+) -> dict[str, torch.Tensor]:
+    tensors = {
+        drafter_checkpoint_key(name): param
+        for name, param in _own_parameters(drafter, skip=DRAFTER_BORROWED)
+    }
+    for name, param in encoder.named_parameters():
+        tensors[ENCODER_PREFIX + name] = param
+    return tensors
+
+
+def write_safetensors(
+    tensors: dict[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
+    directory: str | Path,
+    config: dict[str, Any],
+    *,
+    dtype: str | torch.dtype = "bf16",
+    max_shard_bytes: int | None = None,
+) -> None:
+    """Writes config.json and model.safetensors, or shards plus an index when the tensors
+    exceed max_shard_bytes. `tensors` may be a lazy iterable of (key, tensor) when sharding."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    dtype = resolve_dtype(dtype)
+    (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+    metadata = {"format": "pt"}
+    if max_shard_bytes is None:
+        items = tensors.items() if isinstance(tensors, dict) else tensors
+        converted = {key: t.detach().to(dtype).contiguous() for key, t in items}
+        save_file(converted, str(directory / SINGLE_FILE), metadata=metadata)
+        return
+    # Shards are written as they fill so only one shard is ever held converted in memory.
+    written: list[tuple[str, list[str]]] = []
+    shard: dict[str, torch.Tensor] = {}
+    shard_bytes = total = 0
+
+    def flush() -> None:
+        name = f"shard-{len(written) + 1:05d}.partial"
+        save_file(shard, str(directory / name), metadata=metadata)
+        written.append((name, list(shard)))
+        shard.clear()
+
+    for key, tensor in tensors.items() if isinstance(tensors, dict) else tensors:
+        size = tensor.numel() * dtype.itemsize
+        if shard and shard_bytes + size > max_shard_bytes:
+            flush()
+            shard_bytes = 0
+        shard[key] = tensor.detach().to(dtype).contiguous()
+        shard_bytes += size
+        total += size
+    if shard:
+        flush()
+    weight_map = {}
+    for number, (partial, keys) in enumerate(written, start=1):
+        name = f"model-{number:05d}-of-{len(written):05d}.safetensors"
+        (directory / partial).rename(directory / name)
+        weight_map.update({key: name for key in keys})
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (directory / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")

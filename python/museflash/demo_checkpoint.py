@@ -1,0 +1,163 @@
+"""Deterministic tiny Muse Glimmer + DFlash checkpoints in the real on-disk layout.
+
+    python -m museflash.demo_checkpoint --output-dir DIR [--dtype bf16] [--max-shard-bytes N]
+
+writes DIR/target (config.json with `text_config`, model.safetensors or shards, including
+`model.vision_*` keys the loader must ignore) and DIR/drafter (flat config.json, weights
+without embedding or lm_head).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from museflash.checkpoint import (
+    DTYPES,
+    drafter_checkpoint_tensors,
+    target_checkpoint_tensors,
+    write_safetensors,
+)
+from museflash.models.dflash import DFlashConfig, DFlashDrafter
+from museflash.models.muse_glimmer import MuseGlimmerConfig, MuseGlimmerWithDrafterFeatures
+
+_S, _G = "sliding_attention", "full_attention"
+
+DEMO_TARGET_CONFIG: dict[str, Any] = {
+    "architectures": ["MuseGlimmerForConditionalGeneration"],
+    "model_type": "muse_glimmer",
+    "tie_word_embeddings": False,
+    "text_config": {
+        "model_type": "muse_glimmer_text",
+        "vocab_size": 512,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 8,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "layer_types": [_S, _S, _S, _G] * 2,
+        "layer_rope_theta": [10000.0, 10000.0, 10000.0, 0.0] * 2,
+        "sliding_window": 16,
+        "rms_norm_eps": 1e-6,
+        "post_norm_eps": 1e-5,
+        "qk_scale_factor": 1.25,
+        "output_multiplier": 0.75,
+        "final_logit_softcapping": 30.0,
+    },
+    "vision_config": {"hidden_size": 32, "patch_size": 4},
+}
+
+DEMO_DRAFTER_CONFIG: dict[str, Any] = {
+    "architectures": ["DFlashDraftModel"],
+    "model_type": "dflash",
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "intermediate_size": 128,
+    "rms_norm_eps": 1e-6,
+    "block_size": 4,
+    "mask_token_id": 511,
+    "target_layer_ids": [1, 4, 6],
+    "sliding_window": 16,
+    "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
+}
+
+_VISION_SHAPES = {
+    "model.vision_tower.patch_embedding.weight": (32, 48),
+    "model.vision_tower.layers.0.mlp.fc1.weight": (64, 32),
+}
+
+
+def randomize(module: nn.Module, generator: torch.Generator) -> None:
+    """Deterministic values that keep activations O(1); norm weights are perturbed so a wrong
+    norm kind ((1 + w) vs w) changes the outputs."""
+    with torch.no_grad():
+        for name, param in module.named_parameters():
+            noise = torch.randn(param.shape, generator=generator)
+            if "norm" in name:
+                base = 0.0 if _is_unit_offset(module, name) else 1.0
+                param.copy_(base + 0.1 * noise)
+            elif param.dim() == 2 and "embed" not in name:
+                param.copy_(noise / math.sqrt(param.shape[1]))
+            else:
+                param.copy_(noise)
+
+
+def _is_unit_offset(module: nn.Module, param_name: str) -> bool:
+    owner = module.get_submodule(param_name.rpartition(".")[0])
+    return bool(getattr(owner, "unit_offset", False))
+
+
+def build_demo_models(
+    seed: int = 0,
+    target_config: dict[str, Any] | None = None,
+    drafter_config: dict[str, Any] | None = None,
+    *,
+    max_context: int = 256,
+    max_query_len: int = 8,
+    cache_dtype: torch.dtype = torch.float16,
+) -> tuple[MuseGlimmerWithDrafterFeatures, DFlashDrafter]:
+    """Randomly initialised (seeded) fused target and drafter sharing its embedding/lm_head."""
+    target_cfg = MuseGlimmerConfig.from_dict(target_config or DEMO_TARGET_CONFIG)
+    drafter_cfg = DFlashConfig.from_dict(drafter_config or DEMO_DRAFTER_CONFIG)
+    generator = torch.Generator().manual_seed(seed)
+    target = MuseGlimmerWithDrafterFeatures(target_cfg, drafter_cfg, max_context=max_context,
+                                            max_query_len=max_query_len, cache_dtype=cache_dtype)
+    drafter = DFlashDrafter.for_target(drafter_cfg, target, max_query_len=max_query_len,
+                                       cache_dtype=cache_dtype)
+    randomize(target, generator)
+    randomize(drafter.layers, generator)
+    randomize(drafter.norm, generator)
+    return target.eval(), drafter.eval()
+
+
+def write_demo_checkpoints(
+    out_dir: str | Path,
+    seed: int = 0,
+    dtype: str | torch.dtype = "bf16",
+    *,
+    max_shard_bytes: int | None = None,
+    target_config: dict[str, Any] | None = None,
+    drafter_config: dict[str, Any] | None = None,
+) -> tuple[Path, Path]:
+    """Writes out_dir/target and out_dir/drafter; returns both paths."""
+    out_dir = Path(out_dir)
+    target_config = copy.deepcopy(target_config or DEMO_TARGET_CONFIG)
+    drafter_config = copy.deepcopy(drafter_config or DEMO_DRAFTER_CONFIG)
+    target, drafter = build_demo_models(seed, target_config, drafter_config)
+    generator = torch.Generator().manual_seed(seed + 1)
+    target_tensors = target_checkpoint_tensors(target)
+    for key, shape in _VISION_SHAPES.items():
+        target_tensors[key] = torch.randn(shape, generator=generator)
+    write_safetensors(target_tensors, out_dir / "target", target_config, dtype=dtype,
+                      max_shard_bytes=max_shard_bytes)
+    write_safetensors(drafter_checkpoint_tensors(drafter, target.encoder), out_dir / "drafter",
+                      drafter_config, dtype=dtype, max_shard_bytes=max_shard_bytes)
+    return out_dir / "target", out_dir / "drafter"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--output-dir", required=True, type=Path)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    parser.add_argument("--max-shard-bytes", type=int, default=None,
+                        help="write model-0000N-of-0000M.safetensors shards of at most this size")
+    args = parser.parse_args(argv)
+    target_dir, drafter_dir = write_demo_checkpoints(
+        args.output_dir, args.seed, args.dtype, max_shard_bytes=args.max_shard_bytes
+    )
+    print(f"wrote {target_dir} and {drafter_dir}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Muse Glimmer target and DFlash drafter models (PyTorch, export-ready)."""

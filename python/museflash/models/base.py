@@ -1,0 +1,144 @@
+"""Building blocks shared by the target and drafter models.
+
+Everything here is written so that `torch.export` followed by coremltools 9.0 produces a
+stateful ML program: positions arrive as int tensors, cache slots and masks are derived from
+them with tensor ops, and cache writes use a one-hot blend (see docs/positions.md).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+# Finite so that fp16 execution never produces inf - inf; far below any real attention score.
+MASK_VALUE = -30000.0
+RING_ALIGNMENT = 32
+
+
+def ring_capacity(sliding_window: int, max_query_len: int) -> int:
+    """Slots needed so a chunk of queries never overwrites a key an earlier query still needs."""
+    needed = sliding_window + max_query_len
+    return -(-needed // RING_ALIGNMENT) * RING_ALIGNMENT
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm computed in fp32.
+
+    `unit_offset=True` is the (1 + w) kind whose checkpoint weights are stored around zero;
+    `with_weight=False` is a parameter-free normalisation (identity weight).
+    """
+
+    def __init__(self, dim: int, eps: float, *, unit_offset: bool, with_weight: bool = True):
+        super().__init__()
+        self.eps = eps
+        self.unit_offset = unit_offset
+        if with_weight:
+            initial = torch.zeros(dim) if unit_offset else torch.ones(dim)
+            self.weight = nn.Parameter(initial, requires_grad=False)
+        else:
+            self.register_parameter("weight", None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + self.eps)
+        if self.weight is not None:
+            scale = self.weight.float()
+            normed = normed * (1.0 + scale if self.unit_offset else scale)
+        return normed.to(x.dtype)
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, hidden_size: int, intermediate_size: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def rope_cos_sin(
+    positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin tables [T, head_dim] for the Hugging Face rotate-half convention."""
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim
+    inv_freq = 1.0 / (theta**exponents)
+    angles = positions.to(torch.float32).unsqueeze(-1) * inv_freq.unsqueeze(0)
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [heads, T, head_dim]; cos/sin: [T, head_dim]."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+def write_cache_slots(
+    cache: torch.Tensor, layer: int, slots: torch.Tensor, values: torch.Tensor
+) -> None:
+    """cache[layer][:, slots[t]] = values[:, t], in place.
+
+    cache: [layers, kv_heads, capacity, head_dim]; slots: [T] int, pairwise distinct;
+    values: [kv_heads, T, head_dim]. A one-hot blend rather than index_put/scatter because it
+    is the form coremltools 9.0 converts for an fp16 state (docs/positions.md).
+    """
+    capacity = cache.shape[2]
+    slot_ids = torch.arange(capacity, dtype=slots.dtype)
+    hits = slots.reshape(-1, 1) == slot_ids.reshape(1, -1)  # [T, capacity]
+    written = hits.any(dim=0).reshape(1, capacity, 1)
+    scattered = torch.matmul(hits.to(values.dtype).transpose(0, 1), values)
+    cache[layer] = torch.where(written, scattered.to(cache.dtype), cache[layer])
+
+
+def ring_slot_positions(last_position: torch.Tensor, capacity: int) -> torch.Tensor:
+    """Absolute position held by each ring slot, given the newest written position.
+
+    Slot s holds P - ((P - s) mod capacity); negative means never written.
+    """
+    slot_ids = torch.arange(capacity, dtype=last_position.dtype)
+    return last_position - torch.remainder(last_position - slot_ids, capacity)
+
+
+def sliding_causal_mask(
+    positions: torch.Tensor, capacity: int, sliding_window: int
+) -> torch.Tensor:
+    """[T, capacity] bool: query i sees slot s iff 0 <= p_i - pos(s) < window."""
+    slot_positions = ring_slot_positions(positions.amax(), capacity)
+    distance = positions.reshape(-1, 1) - slot_positions.reshape(1, -1)
+    # logical_and, not `&`: coremltools 9.0 has no converter for aten.__and__.
+    written = (slot_positions >= 0).reshape(1, -1)
+    return torch.logical_and(written, torch.logical_and(distance >= 0, distance < sliding_window))
+
+
+def global_causal_mask(positions: torch.Tensor, capacity: int) -> torch.Tensor:
+    """[T, capacity] bool for a cache indexed by absolute position."""
+    slot_positions = torch.arange(capacity, dtype=positions.dtype)
+    return positions.reshape(-1, 1) >= slot_positions.reshape(1, -1)
+
+
+def attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """Grouped-query attention without repeating K/V.
+
+    q: [n_q, T, D]; k, v: [n_kv, S, D]; mask: [T, S] bool. Query head h uses KV head
+    h // (n_q // n_kv). Returns [n_q, T, D].
+    """
+    n_q, length, head_dim = q.shape
+    n_kv = k.shape[0]
+    groups = n_q // n_kv
+    grouped = q.reshape(n_kv, groups * length, head_dim)
+    scores = torch.matmul(grouped, k.transpose(1, 2)).float() * scale
+    scores = scores.reshape(n_kv, groups, length, -1)
+    scores = torch.where(mask, scores, torch.full_like(scores, MASK_VALUE))
+    weights = scores.softmax(dim=-1).to(v.dtype).reshape(n_kv, groups * length, -1)
+    return torch.matmul(weights, v).reshape(n_q, length, head_dim)
+
+
+def softcap(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
+    if cap is None:
+        return logits
+    return torch.tanh(logits / cap) * cap

@@ -1,0 +1,334 @@
+"""DFlash block drafter for Muse Glimmer.
+
+The drafter borrows the target's embedding and lm_head. Target hidden states from
+`target_layer_ids` are compressed by the encoder (run inside the fused target) into
+"drafter features"; `inject_kv` turns those features into K/V context in every drafter layer's
+ring cache, and `draft` denoises a block [anchor, MASK, ...] in one bidirectional pass over
+that context. Caches: see docs/positions.md.
+
+Choice: draft logits are lm_head(norm(h)) followed by the target's final logit softcap when it
+is set, without the target's output_multiplier (the drafter was trained against raw lm_head
+logits; the softcap is monotonic, so greedy drafts are the same either way).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from museflash.models.base import (
+    RMSNorm,
+    SwiGLU,
+    apply_rope,
+    attend,
+    ring_capacity,
+    ring_slot_positions,
+    rope_cos_sin,
+    sliding_causal_mask,
+    softcap,
+    write_cache_slots,
+)
+
+# Settings that must agree because the drafter reads the target's embedding and lm_head.
+# Head counts and head_dim are the drafter's own business (the released drafter has 8 KV heads
+# against the target's 2), so they are not compared.
+SHARED_WITH_TARGET = ("vocab_size", "hidden_size")
+
+
+class DrafterTargetMismatchError(ValueError):
+    """The drafter cannot run on this target; the message names the setting and both values."""
+
+
+def _first_present(sources: list[dict[str, Any]], names: tuple[str, ...]) -> Any:
+    for source in sources:
+        for name in names:
+            if source.get(name) is not None:
+                return source[name]
+    return None
+
+
+@dataclass
+class DFlashConfig:
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    block_size: int
+    mask_token_id: int
+    target_layer_ids: list[int]
+    sliding_window: int
+    rope_theta: float
+    rms_norm_eps: float = 1e-6
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"num_attention_heads {self.num_attention_heads} is not a multiple of "
+                f"num_key_value_heads {self.num_key_value_heads}"
+            )
+        if not self.target_layer_ids:
+            raise ValueError("target_layer_ids is empty")
+
+    @classmethod
+    def from_dict(cls, config: dict[str, Any]) -> DFlashConfig:
+        """Flat config.json; block_size / mask_token_id / target_layer_ids may instead sit under
+        `dflash_config` (z-lab form), and mask_token_id may be spelled draft_mask_token_id."""
+        sources = [config, config.get("dflash_config") or {}]
+        rope = config.get("rope_parameters") or {}
+        values = {
+            "block_size": _first_present(sources, ("block_size",)),
+            "mask_token_id": _first_present(sources, ("mask_token_id", "draft_mask_token_id")),
+            "target_layer_ids": _first_present(sources, ("target_layer_ids",)),
+            "rope_theta": rope.get("rope_theta", config.get("rope_theta")),
+        }
+        for name in (
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "intermediate_size",
+            "sliding_window",
+        ):
+            values[name] = config.get(name)
+        missing = sorted(name for name, value in values.items() if value is None)
+        if missing:
+            raise ValueError(f"drafter config is missing {missing}")
+        head_dim = config.get("head_dim") or values["hidden_size"] // values["num_attention_heads"]
+        return cls(
+            hidden_size=int(values["hidden_size"]),
+            num_hidden_layers=int(values["num_hidden_layers"]),
+            num_attention_heads=int(values["num_attention_heads"]),
+            num_key_value_heads=int(values["num_key_value_heads"]),
+            head_dim=int(head_dim),
+            intermediate_size=int(values["intermediate_size"]),
+            block_size=int(values["block_size"]),
+            mask_token_id=int(values["mask_token_id"]),
+            target_layer_ids=[int(i) for i in values["target_layer_ids"]],
+            sliding_window=int(values["sliding_window"]),
+            rope_theta=float(values["rope_theta"]),
+            rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+            raw=dict(config),
+        )
+
+
+def _target_settings(target_cfg: Any) -> dict[str, Any]:
+    if isinstance(target_cfg, dict):
+        return dict(target_cfg.get("text_config") or target_cfg)
+    return {name: getattr(target_cfg, name) for name in vars(target_cfg) if name != "raw"}
+
+
+def validate_drafter_against_target(drafter_cfg_dict: dict[str, Any], target_cfg: Any) -> None:
+    """Raises DrafterTargetMismatchError when the drafter cannot run on the target.
+
+    target_cfg: a MuseGlimmerConfig or a target config.json dict.
+    """
+    target = _target_settings(target_cfg)
+    for name in SHARED_WITH_TARGET:
+        drafter_value, target_value = drafter_cfg_dict.get(name), target.get(name)
+        if drafter_value is not None and target_value is not None:
+            if drafter_value != target_value:
+                raise DrafterTargetMismatchError(
+                    f"{name}: drafter has {drafter_value} but target has {target_value}"
+                )
+    depth = target.get("num_hidden_layers")
+    sources = [drafter_cfg_dict, drafter_cfg_dict.get("dflash_config") or {}]
+    layer_ids = _first_present(sources, ("target_layer_ids",)) or []
+    outside = [i for i in layer_ids if depth is not None and not 0 <= int(i) < depth]
+    if outside:
+        raise DrafterTargetMismatchError(
+            f"target_layer_ids: drafter uses {list(layer_ids)} but target has "
+            f"num_hidden_layers {depth} (ids {outside} out of range)"
+        )
+
+
+class DFlashEncoder(nn.Module):
+    """features = output_norm_enc(fc(concat of target layer outputs))."""
+
+    def __init__(self, config: DFlashConfig, target_hidden_size: int):
+        super().__init__()
+        width = len(config.target_layer_ids) * target_hidden_size
+        self.fc = nn.Linear(width, config.hidden_size, bias=False)
+        self.output_norm_enc = RMSNorm(config.hidden_size, config.rms_norm_eps, unit_offset=False)
+
+    def forward(self, target_layer_outputs: list[torch.Tensor]) -> torch.Tensor:
+        return self.output_norm_enc(self.fc(torch.cat(target_layer_outputs, dim=-1)))
+
+
+class DFlashAttention(nn.Module):
+    def __init__(self, config: DFlashConfig):
+        super().__init__()
+        self.n_q = config.num_attention_heads
+        self.n_kv = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.rope_theta = config.rope_theta
+        hidden = config.hidden_size
+        self.q_proj = nn.Linear(hidden, self.n_q * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(hidden, self.n_kv * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(hidden, self.n_kv * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.n_q * self.head_dim, hidden, bias=False)
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, unit_offset=False)
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, unit_offset=False)
+
+    def _heads(self, x: torch.Tensor, count: int) -> torch.Tensor:
+        return x.reshape(x.shape[1], count, self.head_dim).transpose(0, 1)
+
+    def write_kv(
+        self, x: torch.Tensor, positions: torch.Tensor, key_cache: torch.Tensor,
+        value_cache: torch.Tensor, layer: int, slots: torch.Tensor,
+    ) -> None:
+        k = self.k_norm(self._heads(self.k_proj(x), self.n_kv))
+        cos, sin = rope_cos_sin(positions, self.head_dim, self.rope_theta, k.dtype)
+        write_cache_slots(key_cache, layer, slots, apply_rope(k, cos, sin))
+        write_cache_slots(value_cache, layer, slots, self._heads(self.v_proj(x), self.n_kv))
+
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor, key_cache: torch.Tensor,
+        value_cache: torch.Tensor, layer: int, slots: torch.Tensor, mask: torch.Tensor,
+    ) -> torch.Tensor:
+        self.write_kv(x, positions, key_cache, value_cache, layer, slots)
+        q = self.q_norm(self._heads(self.q_proj(x), self.n_q))
+        cos, sin = rope_cos_sin(positions, self.head_dim, self.rope_theta, q.dtype)
+        keys = key_cache[layer].to(q.dtype)
+        values = value_cache[layer].to(q.dtype)
+        out = attend(apply_rope(q, cos, sin), keys, values, mask, 1.0 / math.sqrt(self.head_dim))
+        return self.o_proj(out.transpose(0, 1).reshape(1, x.shape[1], -1))
+
+
+class DFlashDecoderLayer(nn.Module):
+    def __init__(self, config: DFlashConfig):
+        super().__init__()
+        self.self_attn = DFlashAttention(config)
+        self.mlp = SwiGLU(config.hidden_size, config.intermediate_size)
+        eps = config.rms_norm_eps
+        self.input_layernorm = RMSNorm(config.hidden_size, eps, unit_offset=False)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, unit_offset=False)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, *cache_args) -> torch.Tensor:
+        h = x + self.self_attn(self.input_layernorm(x), positions, *cache_args)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+def block_window_mask(positions: torch.Tensor, capacity: int, window: int) -> torch.Tensor:
+    """[T, capacity] bool, the same row for every query of the block: slots holding positions
+    in (P - window, P], P the block's last position (context and the whole block)."""
+    last = positions.amax()
+    slot_positions = ring_slot_positions(last, capacity)
+    visible = torch.logical_and(slot_positions >= 0, last - slot_positions < window)
+    return visible.reshape(1, -1).expand(positions.shape[0], capacity)
+
+
+class DFlashDrafter(nn.Module):
+    """Entry points (positions are int tensors [T]):
+      inject_kv(features [1, T, hidden], positions) -> None (writes the ring caches)
+      draft(input_ids [1, K] = [anchor, MASK x (K-1)], positions [K]) -> logits [1, K, vocab]
+      decode(input_ids [1, T], positions [T]) -> logits [1, T, vocab]  (causal, ring drafter)
+    `with_entry_point(name)` returns a view (shared weights and caches) whose forward is that
+    entry point, for torch.export. inject_kv returns a tiny tensor so the traced graph has an
+    output; ignore it.
+    """
+
+    entry_points = ("draft", "inject_kv", "decode")
+
+    def __init__(
+        self,
+        config: DFlashConfig,
+        embed_tokens: nn.Embedding,
+        lm_head: nn.Linear | None,
+        *,
+        final_logit_softcapping: float | None = None,
+        max_query_len: int = 64,
+        cache_dtype: torch.dtype = torch.float16,
+    ):
+        super().__init__()
+        if embed_tokens.embedding_dim != config.hidden_size:
+            raise DrafterTargetMismatchError(
+                f"hidden_size: drafter has {config.hidden_size} but target embedding has "
+                f"{embed_tokens.embedding_dim}"
+            )
+        self.config = config
+        self.entry_point = "draft"
+        self.final_logit_softcapping = final_logit_softcapping
+        self.max_query_len = max(max_query_len, config.block_size)
+        self.ring_capacity = ring_capacity(config.sliding_window, self.max_query_len)
+        self.cache_dtype = cache_dtype
+        # Borrowed from the target: the same module objects, never copies.
+        self.embed_tokens = embed_tokens
+        self.lm_head = lm_head
+        self.layers = nn.ModuleList(
+            DFlashDecoderLayer(config) for _ in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, unit_offset=False)
+        self.reset_caches()
+
+    @classmethod
+    def for_target(cls, config: DFlashConfig, target: nn.Module, **kwargs) -> DFlashDrafter:
+        kwargs.setdefault("final_logit_softcapping", target.config.final_logit_softcapping)
+        return cls(config, target.embed_tokens, target.lm_head, **kwargs)
+
+    def reset_caches(self) -> None:
+        cfg = self.config
+        shape = (cfg.num_hidden_layers, cfg.num_key_value_heads, self.ring_capacity, cfg.head_dim)
+        for name in ("slidingKeyCache", "slidingValueCache"):
+            self.register_buffer(name, torch.zeros(shape, dtype=self.cache_dtype, device="cpu"))
+
+    def with_entry_point(self, name: str) -> DFlashDrafter:
+        if name not in self.entry_points:
+            raise ValueError(f"unknown entry point {name!r}; choose from {self.entry_points}")
+        view = copy.copy(self)
+        view.entry_point = name
+        return view
+
+    def _check_length(self, length: int) -> None:
+        if length > self.max_query_len:
+            raise ValueError(f"query length {length} exceeds max_query_len {self.max_query_len}")
+
+    def inject_kv(self, features: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        self._check_length(features.shape[1])
+        positions = positions.reshape(-1)
+        slots = torch.remainder(positions, self.ring_capacity)
+        caches = (self.slidingKeyCache, self.slidingValueCache)
+        for layer_id, layer in enumerate(self.layers):
+            layer.self_attn.write_kv(features, positions, *caches, layer_id, slots)
+        return positions[-1:]
+
+    def _run(self, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor):
+        slots = torch.remainder(positions, self.ring_capacity)
+        caches = (self.slidingKeyCache, self.slidingValueCache)
+        x = self.embed_tokens(input_ids.reshape(1, -1))
+        for layer_id, layer in enumerate(self.layers):
+            x = layer(x, positions, *caches, layer_id, slots, mask)
+        output_weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        logits = nn.functional.linear(self.norm(x), output_weight)
+        return softcap(logits, self.final_logit_softcapping)
+
+    def draft(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        positions = positions.reshape(-1)
+        self._check_length(positions.shape[0])
+        mask = block_window_mask(positions, self.ring_capacity, self.config.sliding_window)
+        return self._run(input_ids, positions, mask)
+
+    def decode(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        positions = positions.reshape(-1)
+        self._check_length(positions.shape[0])
+        mask = sliding_causal_mask(positions, self.ring_capacity, self.config.sliding_window)
+        return self._run(input_ids, positions, mask)
+
+    def forward(self, first: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return getattr(self, self.entry_point)(first, positions)
+
+
+class DFlashRingDrafter(DFlashDrafter):
+    """The drafter backbone run autoregressively over its own tokens (older --with-drafter
+    export): forward(input_ids [1, T], positions [T]) -> logits, causal sliding-window ring."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.entry_point = "decode"

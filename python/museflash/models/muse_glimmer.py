@@ -1,0 +1,333 @@
+"""Muse Glimmer text decoder, and the fused target that also emits DFlash drafter features.
+
+Layout: interleaved sliding-window (RoPE) and global (NoPE) layers, gated attention with a
+weight-less shared q/k RMSNorm, sandwich norms of the (1 + w) kind, SwiGLU MLP.
+Caches: see docs/positions.md.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from museflash.models.base import (
+    RMSNorm,
+    SwiGLU,
+    apply_rope,
+    attend,
+    global_causal_mask,
+    ring_capacity,
+    rope_cos_sin,
+    sliding_causal_mask,
+    softcap,
+    write_cache_slots,
+)
+from museflash.models.dflash import DFlashConfig, DFlashEncoder
+
+SLIDING = "sliding_attention"
+FULL = "full_attention"
+
+
+@dataclass
+class MuseGlimmerConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    layer_types: list[str]
+    layer_rope_theta: list[float]
+    sliding_window: int
+    rms_norm_eps: float = 1e-6
+    post_norm_eps: float | None = None
+    qk_scale_factor: float = 1.0
+    output_multiplier: float = 1.0
+    final_logit_softcapping: float | None = None
+    tie_word_embeddings: bool = False
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        layers = self.num_hidden_layers
+        if len(self.layer_types) != layers:
+            raise ValueError(
+                f"layer_types has {len(self.layer_types)} entries but num_hidden_layers is {layers}"
+            )
+        unknown = sorted(set(self.layer_types) - {SLIDING, FULL})
+        if unknown:
+            raise ValueError(f"layer_types has unknown values {unknown}; use {SLIDING!r}/{FULL!r}")
+        if len(self.layer_rope_theta) != layers:
+            raise ValueError(
+                f"layer_rope_theta has {len(self.layer_rope_theta)} entries "
+                f"but num_hidden_layers is {layers}"
+            )
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"num_attention_heads {self.num_attention_heads} is not a multiple of "
+                f"num_key_value_heads {self.num_key_value_heads}"
+            )
+
+    @property
+    def sliding_layer_ids(self) -> list[int]:
+        return [i for i, kind in enumerate(self.layer_types) if kind == SLIDING]
+
+    @property
+    def global_layer_ids(self) -> list[int]:
+        return [i for i, kind in enumerate(self.layer_types) if kind == FULL]
+
+    @classmethod
+    def from_dict(cls, config: dict[str, Any]) -> MuseGlimmerConfig:
+        """Accepts a full config.json (text settings under `text_config`) or a flat one."""
+        text = config.get("text_config") or config
+        missing = [
+            name
+            for name in (
+                "vocab_size",
+                "hidden_size",
+                "intermediate_size",
+                "num_hidden_layers",
+                "num_attention_heads",
+                "num_key_value_heads",
+                "layer_types",
+                "layer_rope_theta",
+                "sliding_window",
+            )
+            if name not in text
+        ]
+        if missing:
+            raise ValueError(f"config is missing {missing}")
+        head_dim = text.get("head_dim") or text["hidden_size"] // text["num_attention_heads"]
+        tie = text.get("tie_word_embeddings", config.get("tie_word_embeddings", False))
+        return cls(
+            vocab_size=int(text["vocab_size"]),
+            hidden_size=int(text["hidden_size"]),
+            intermediate_size=int(text["intermediate_size"]),
+            num_hidden_layers=int(text["num_hidden_layers"]),
+            num_attention_heads=int(text["num_attention_heads"]),
+            num_key_value_heads=int(text["num_key_value_heads"]),
+            head_dim=int(head_dim),
+            layer_types=list(text["layer_types"]),
+            layer_rope_theta=[float(t) for t in text["layer_rope_theta"]],
+            sliding_window=int(text["sliding_window"]),
+            rms_norm_eps=float(text.get("rms_norm_eps", 1e-6)),
+            post_norm_eps=text.get("post_norm_eps"),
+            qk_scale_factor=float(text.get("qk_scale_factor", 1.0)),
+            output_multiplier=float(text.get("output_multiplier", 1.0)),
+            final_logit_softcapping=text.get("final_logit_softcapping"),
+            tie_word_embeddings=bool(tie),
+            raw=dict(config),
+        )
+
+
+class MuseGlimmerAttention(nn.Module):
+    def __init__(self, config: MuseGlimmerConfig, layer_id: int):
+        super().__init__()
+        self.n_q = config.num_attention_heads
+        self.n_kv = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.qk_scale_factor = config.qk_scale_factor
+        self.rope_theta = config.layer_rope_theta[layer_id]
+        hidden = config.hidden_size
+        q_width, kv_width = self.n_q * self.head_dim, self.n_kv * self.head_dim
+        self.q_proj = nn.Linear(hidden, q_width, bias=False)
+        self.k_proj = nn.Linear(hidden, kv_width, bias=False)
+        self.v_proj = nn.Linear(hidden, kv_width, bias=False)
+        self.o_proj = nn.Linear(q_width, hidden, bias=False)
+        self.gate_proj = nn.Linear(hidden, q_width, bias=False)
+        self.qk_norm = RMSNorm(self.head_dim, config.rms_norm_eps, unit_offset=False,
+                               with_weight=False)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        cache_layer: int,
+        slots: torch.Tensor,
+        mask: torch.Tensor,
+    ) -> torch.Tensor:
+        length = x.shape[1]
+        q = self.q_proj(x[0]).reshape(length, self.n_q, self.head_dim).transpose(0, 1)
+        k = self.k_proj(x[0]).reshape(length, self.n_kv, self.head_dim).transpose(0, 1)
+        v = self.v_proj(x[0]).reshape(length, self.n_kv, self.head_dim).transpose(0, 1)
+        q = self.qk_norm(q) * self.qk_scale_factor
+        k = self.qk_norm(k)
+        if self.rope_theta > 0:
+            cos, sin = rope_cos_sin(positions, self.head_dim, self.rope_theta, q.dtype)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        write_cache_slots(key_cache, cache_layer, slots, k)
+        write_cache_slots(value_cache, cache_layer, slots, v)
+        keys = key_cache[cache_layer].to(q.dtype)
+        values = value_cache[cache_layer].to(q.dtype)
+        out = attend(q, keys, values, mask, 1.0 / math.sqrt(self.head_dim))
+        out = out.transpose(0, 1).reshape(1, length, self.n_q * self.head_dim)
+        return self.o_proj(out * torch.sigmoid(self.gate_proj(x)))
+
+
+class MuseGlimmerDecoderLayer(nn.Module):
+    def __init__(self, config: MuseGlimmerConfig, layer_id: int):
+        super().__init__()
+        eps = config.rms_norm_eps
+        post_eps = config.post_norm_eps if config.post_norm_eps is not None else eps
+        hidden = config.hidden_size
+        self.is_sliding = config.layer_types[layer_id] == SLIDING
+        self.self_attn = MuseGlimmerAttention(config, layer_id)
+        self.mlp = SwiGLU(hidden, config.intermediate_size)
+        self.input_layernorm = RMSNorm(hidden, eps, unit_offset=True)
+        self.post_attention_layernorm = RMSNorm(hidden, post_eps, unit_offset=True)
+        self.pre_feedforward_layernorm = RMSNorm(hidden, eps, unit_offset=True)
+        self.post_feedforward_layernorm = RMSNorm(hidden, post_eps, unit_offset=True)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, *cache_args) -> torch.Tensor:
+        attn = self.self_attn(self.input_layernorm(x), positions, *cache_args)
+        h = x + self.post_attention_layernorm(attn)
+        return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
+
+
+class MuseGlimmerForCausalLM(nn.Module):
+    """Target decoder with stateful caches.
+
+    Entry points (all take input_ids [1, T] int, position_ids [T] int):
+      forward -> logits [1, T, vocab]
+      prefill -> logits [1, 1, vocab] of the last position only
+    `with_entry_point(name)` returns a view of the same module (shared weights and caches)
+    whose forward is that entry point, for torch.export.
+    """
+
+    entry_points = ("forward", "prefill")
+
+    def __init__(
+        self,
+        config: MuseGlimmerConfig,
+        *,
+        max_context: int = 4096,
+        max_query_len: int = 64,
+        cache_dtype: torch.dtype = torch.float16,
+    ):
+        super().__init__()
+        self.config = config
+        self.max_context = max_context
+        self.max_query_len = max_query_len
+        self.ring_capacity = ring_capacity(config.sliding_window, max_query_len)
+        self.entry_point = "forward"
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, unit_offset=False,
+                                  with_weight=False)
+        self.layers = nn.ModuleList(
+            MuseGlimmerDecoderLayer(config, i) for i in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, unit_offset=True)
+        if config.tie_word_embeddings:
+            self.lm_head = None
+        else:
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.cache_dtype = cache_dtype
+        self._cache_layer = {}
+        for kind_ids in (config.sliding_layer_ids, config.global_layer_ids):
+            self._cache_layer.update({layer: n for n, layer in enumerate(kind_ids)})
+        self.reset_caches()
+
+    def reset_caches(self) -> None:
+        """(Re)creates zeroed caches on the CPU; also used after building on `meta`."""
+        cfg = self.config
+        kv, dim = cfg.num_key_value_heads, cfg.head_dim
+        shapes = {
+            "globalKeyCache": (len(cfg.global_layer_ids), kv, self.max_context, dim),
+            "globalValueCache": (len(cfg.global_layer_ids), kv, self.max_context, dim),
+            "slidingKeyCache": (len(cfg.sliding_layer_ids), kv, self.ring_capacity, dim),
+            "slidingValueCache": (len(cfg.sliding_layer_ids), kv, self.ring_capacity, dim),
+        }
+        for name, shape in shapes.items():
+            self.register_buffer(name, torch.zeros(shape, dtype=self.cache_dtype, device="cpu"))
+
+    def with_entry_point(self, name: str) -> MuseGlimmerForCausalLM:
+        if name not in self.entry_points:
+            raise ValueError(f"unknown entry point {name!r}; choose from {self.entry_points}")
+        view = copy.copy(self)  # shares parameter, buffer and submodule dicts
+        view.entry_point = name
+        return view
+
+    def output_weight(self) -> torch.Tensor:
+        return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
+    def hidden_states(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        capture_layers: tuple[int, ...] = (),
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Runs the decoder, writing the caches. Returns the final hidden state (before the
+        final norm) and the outputs of `capture_layers` in that order."""
+        length = input_ids.shape[-1]
+        if length > self.max_query_len:
+            raise ValueError(f"query length {length} exceeds max_query_len {self.max_query_len}")
+        positions = position_ids.reshape(-1)
+        x = self.embed_norm(self.embed_tokens(input_ids.reshape(1, -1)))
+        sliding_mask = sliding_causal_mask(positions, self.ring_capacity,
+                                           self.config.sliding_window)
+        global_mask = global_causal_mask(positions, self.max_context)
+        ring_slots = torch.remainder(positions, self.ring_capacity)
+        captured: dict[int, torch.Tensor] = {}
+        for layer_id, layer in enumerate(self.layers):
+            if layer.is_sliding:
+                caches = (self.slidingKeyCache, self.slidingValueCache)
+                slots, mask = ring_slots, sliding_mask
+            else:
+                caches = (self.globalKeyCache, self.globalValueCache)
+                slots, mask = positions, global_mask
+            x = layer(x, positions, *caches, self._cache_layer[layer_id], slots, mask)
+            if layer_id in capture_layers:
+                captured[layer_id] = x
+        return x, [captured[i] for i in capture_layers]
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        h = self.norm(hidden) * self.config.output_multiplier
+        logits = nn.functional.linear(h, self.output_weight())
+        return softcap(logits, self.config.final_logit_softcapping)
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor):
+        if self.entry_point == "prefill":
+            return self.prefill(input_ids, position_ids)
+        hidden, _ = self.hidden_states(input_ids, position_ids)
+        return self.logits(hidden)
+
+    def prefill(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        hidden, _ = self.hidden_states(input_ids, position_ids)
+        return self.logits(hidden[:, -1:])
+
+
+class MuseGlimmerWithDrafterFeatures(MuseGlimmerForCausalLM):
+    """Target that also returns DFlash drafter features (the encoder runs inside it).
+
+      forward(input_ids, position_ids) -> (logits [1, T, vocab], features [1, T, drafter_hidden])
+      prefill(input_ids, position_ids) -> (logits [1, 1, vocab], features [1, T, drafter_hidden])
+    """
+
+    def __init__(self, config: MuseGlimmerConfig, drafter_config: DFlashConfig, **cache_kwargs):
+        super().__init__(config, **cache_kwargs)
+        bad = [i for i in drafter_config.target_layer_ids
+               if not 0 <= i < config.num_hidden_layers]
+        if bad:
+            raise ValueError(
+                f"target_layer_ids {drafter_config.target_layer_ids} include {bad}, outside the "
+                f"target's {config.num_hidden_layers} layers"
+            )
+        self.target_layer_ids = tuple(drafter_config.target_layer_ids)
+        self.encoder = DFlashEncoder(drafter_config, config.hidden_size)
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor):
+        if self.entry_point == "prefill":
+            return self.prefill(input_ids, position_ids)
+        hidden, captured = self.hidden_states(input_ids, position_ids, self.target_layer_ids)
+        return self.logits(hidden), self.encoder(captured)
+
+    def prefill(self, input_ids: torch.Tensor, position_ids: torch.Tensor):
+        hidden, captured = self.hidden_states(input_ids, position_ids, self.target_layer_ids)
+        return self.logits(hidden[:, -1:]), self.encoder(captured)

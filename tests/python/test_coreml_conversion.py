@@ -1,0 +1,85 @@
+"""The stateful entry points export with torch.export and convert with coremltools (iOS18)."""
+
+import numpy as np
+import pytest
+import torch
+
+from museflash.demo_checkpoint import DEMO_DRAFTER_CONFIG, DEMO_TARGET_CONFIG, build_demo_models
+
+ct = pytest.importorskip("coremltools")
+
+
+def _states(module, names):
+    return [
+        ct.StateType(
+            wrapped_type=ct.TensorType(shape=tuple(getattr(module, n).shape), dtype=np.float16),
+            name=n,
+        )
+        for n in names
+    ]
+
+
+def _convert(module, example_args, input_specs, state_names, tmp_path, name):
+    before = {n: getattr(module, n).clone() for n in state_names}
+    exported = torch.export.export(module, example_args).run_decompositions({})
+    mutated = set(exported.graph_signature.buffers_to_mutate.values())
+    assert mutated == set(state_names), "every cache must be written by this entry point"
+    for n in state_names:  # exporting must not have run the model on the real caches
+        assert torch.equal(getattr(module, n), before[n])
+    model = ct.convert(
+        exported,
+        inputs=input_specs,
+        states=_states(module, state_names),
+        minimum_deployment_target=ct.target.iOS18,
+        skip_model_load=True,
+    )
+    model.save(str(tmp_path / f"{name}.mlpackage"))
+    spec_states = {s.name for s in model.get_spec().description.state}
+    assert spec_states == set(state_names)
+
+
+@pytest.fixture(scope="module")
+def models():
+    # A shallower model than the demo keeps conversion quick; one [S, S, S, G] period covers
+    # both cache kinds.
+    text = dict(DEMO_TARGET_CONFIG["text_config"], num_hidden_layers=4,
+                layer_types=DEMO_TARGET_CONFIG["text_config"]["layer_types"][:4],
+                layer_rope_theta=DEMO_TARGET_CONFIG["text_config"]["layer_rope_theta"][:4])
+    drafter = dict(DEMO_DRAFTER_CONFIG, num_hidden_layers=1, target_layer_ids=[1, 3])
+    return build_demo_models(seed=0, target_config={"text_config": text},
+                             drafter_config=drafter, max_context=64, max_query_len=4)
+
+
+TARGET_STATES = ["globalKeyCache", "globalValueCache", "slidingKeyCache", "slidingValueCache"]
+DRAFTER_STATES = ["slidingKeyCache", "slidingValueCache"]
+
+
+def _int_inputs(length, first="input_ids", shape=None):
+    return [
+        ct.TensorType(name=first, shape=shape or (1, length), dtype=np.int32),
+        ct.TensorType(name="position_ids", shape=(length,), dtype=np.int32),
+    ]
+
+
+def test_fused_target_converts(models, tmp_path):
+    # prefill differs from forward only by slicing the last hidden state; converting it as
+    # well would double this file's runtime.
+    target, _ = models
+    args = (torch.zeros(1, 4, dtype=torch.int32), torch.arange(4, dtype=torch.int32))
+    _convert(target, args, _int_inputs(4), TARGET_STATES, tmp_path, "forward")
+
+
+@pytest.mark.parametrize("entry_point", ["draft", "inject_kv"])
+def test_drafter_converts(models, tmp_path, entry_point):
+    _, drafter = models
+    module = drafter.with_entry_point(entry_point)
+    if entry_point == "draft":
+        args = (torch.zeros(1, 4, dtype=torch.int32), torch.arange(4, dtype=torch.int32))
+        inputs = _int_inputs(4)
+    else:
+        args = (torch.zeros(1, 4, 64), torch.arange(4, dtype=torch.int32))
+        inputs = [
+            ct.TensorType(name="features", shape=(1, 4, 64), dtype=np.float32),
+            ct.TensorType(name="position_ids", shape=(4,), dtype=np.int32),
+        ]
+    _convert(module, args, inputs, DRAFTER_STATES, tmp_path, entry_point)
