@@ -1,0 +1,41 @@
+// swift-tools-version:5.9
+// Mirrors the Bazel build: one module per directory, no outside dependencies.
+import PackageDescription
+
+let package = Package(
+    name: "museflash",
+    products: [
+        .library(name: "ProtoWire", targets: ["ProtoWire"]),
+        .library(name: "MLPackage", targets: ["MLPackage"]),
+        .library(name: "ExportMetadata", targets: ["ExportMetadata"]),
+        .library(name: "MuseflashContract", targets: ["MuseflashContract"]),
+        .executable(name: "check-contract", targets: ["check-contract"]),
+    ],
+    targets: [
+        .target(name: "ProtoWire"),
+        .target(name: "MLPackage", dependencies: ["ProtoWire"]),
+        .target(name: "ExportMetadata"),
+        .target(name: "MuseflashContract", dependencies: ["ExportMetadata", "MLPackage"]),
+        // Bazel and plain swiftc call this module CheckContract; main.swift never names its own module.
+        .executableTarget(name: "check-contract", dependencies: ["MuseflashContract"]),
+        // Test-only helpers (spec encoder, synthetic export bundles); no tests of its own.
+        .target(name: "TestSupport", path: "Tests/TestSupport"),
+        .testTarget(name: "ProtoWireTests", dependencies: ["ProtoWire"]),
+        .testTarget(
+            name: "MLPackageTests",
+            dependencies: ["MLPackage", "ProtoWire", "TestSupport"],
+            // Fixtures are located via #filePath or MUSEFLASH_FIXTURES_DIR,
+            // not as SwiftPM resources, so plain swiftc builds find them too.
+            exclude: ["Fixtures"]
+        ),
+        .testTarget(
+            name: "MuseflashContractTests",
+            dependencies: ["MuseflashContract", "ExportMetadata", "MLPackage", "TestSupport"]
+        ),
+        // Needs MUSEFLASH_EXPORT_DIR; without it `swift test --skip ContractOnExportTests`.
+        .testTarget(
+            name: "ContractOnExportTests",
+            dependencies: ["MuseflashContract", "ExportMetadata"]
+        ),
+    ]
+)
