@@ -1,0 +1,51 @@
+import ExportMetadata
+import MLPackage
+
+extension ContractReport {
+    /// A human-readable account of what was found, printed before the verdict
+    /// so a failing property can be read against the actual interface.
+    public var summaryLines: [String] {
+        var lines = ["Export directory: \(exportDirectory.path)"]
+        guard let metadata = metadata else {
+            lines.append("metadata.json: schema not understood; interface not read")
+            return lines
+        }
+        lines.append("Model: \(metadata.modelName) (schema \(metadata.schemaVersion), "
+                     + "\(metadata.generator.name) \(metadata.generator.version))")
+        lines.append("  vocab_size \(metadata.vocabSize), context_length \(metadata.contextLength), "
+                     + "compute_precision \(metadata.computePrecision)")
+        let target = metadata.target
+        let sliding = target.layerTypes.filter { $0 == ExportMetadata.LayerType.slidingAttention }.count
+        lines.append("  target: \(target.numHiddenLayers) layers (\(sliding) sliding, "
+                     + "\(target.layerTypes.count - sliding) full), hidden \(target.hiddenSize), "
+                     + "heads \(target.numAttentionHeads)/\(target.numKeyValueHeads) kv, head_dim \(target.headDim), "
+                     + "sliding_window \(target.slidingWindow)")
+        if let speculative = metadata.speculativeDecoding {
+            lines.append("  speculative decoding: \(speculative.drafterKind), block_size \(speculative.blockSize), "
+                         + "num_draft_tokens \(speculative.numDraftTokens), drafter_hidden_size \(speculative.drafterHiddenSize), "
+                         + "target_layer_ids \(speculative.targetLayerIds), mask_token_id \(speculative.maskTokenId)")
+            let drafter = speculative.drafter
+            lines.append("  drafter: \(drafter.numHiddenLayers) layers, heads \(drafter.numAttentionHeads)/"
+                         + "\(drafter.numKeyValueHeads) kv, head_dim \(drafter.headDim), sliding_window \(drafter.slidingWindow)")
+        } else {
+            lines.append("  speculative decoding: none")
+        }
+        for role in metadata.orderedRoles {
+            guard let asset = metadata.assets[role] else { continue }
+            lines.append("")
+            lines.append("Asset \(role) (\(asset.kind)): \(asset.path)")
+            guard let package = packages[role] else {
+                lines.append("  not read (missing)")
+                continue
+            }
+            lines.append("  default function: \(package.defaultFunctionName)")
+            for function in package.functions {
+                lines.append("  function \(function.name)")
+                lines += function.inputs.map { "    in    \($0.name): \(describe($0.type))" }
+                lines += function.outputs.map { "    out   \($0.name): \(describe($0.type))" }
+                lines += function.states.map { "    state \($0.name): \(describe($0.type))" }
+            }
+        }
+        return lines
+    }
+}

@@ -1,0 +1,64 @@
+import Foundation
+import MLPackage
+
+/// What the contract inspects of one package: its functions as the device
+/// sees them. Built either from the spec (everywhere) or from Core ML itself
+/// (Apple platforms), so both sources are judged by the same properties.
+public struct PackageInterface: Sendable, Equatable {
+    public var url: URL
+    /// A single-function package appears as one function named `main`.
+    public var functions: [FunctionDescription]
+    public var defaultFunctionName: String
+    public var userDefinedMetadata: [String: String]
+    /// Function name -> why the runtime could not create its state; only the
+    /// Core ML source fills this.
+    public var stateCreationFailures: [String: String]
+
+    public init(url: URL, functions: [FunctionDescription], defaultFunctionName: String,
+                userDefinedMetadata: [String: String], stateCreationFailures: [String: String] = [:]) {
+        self.url = url
+        self.functions = functions
+        self.defaultFunctionName = defaultFunctionName
+        self.userDefinedMetadata = userDefinedMetadata
+        self.stateCreationFailures = stateCreationFailures
+    }
+
+    /// Core ML's name for the function of a package that declares none.
+    public static let singleFunctionName = "main"
+
+    public func function(named name: String) -> FunctionDescription? {
+        functions.first { $0.name == name }
+    }
+
+    public var functionNames: [String] { functions.map(\.name) }
+}
+
+extension PackageInterface {
+    /// coremltools writes a multifunction program's interface under
+    /// `description.functions`, and a single-function one at the top level of
+    /// the description with no default function name.
+    public init(package: MLPackage) {
+        let description = package.description
+        if description.functions.isEmpty {
+            let main = FunctionDescription(name: Self.singleFunctionName, inputs: description.inputs,
+                                           outputs: description.outputs, states: description.states)
+            self.init(url: package.url, functions: [main], defaultFunctionName: Self.singleFunctionName,
+                      userDefinedMetadata: package.userDefinedMetadata)
+        } else {
+            self.init(url: package.url, functions: description.functions,
+                      defaultFunctionName: description.defaultFunctionName,
+                      userDefinedMetadata: package.userDefinedMetadata)
+        }
+    }
+
+    /// Reads only Manifest.json and the spec, never the weights.
+    public static func fromSpecification(at url: URL) throws -> PackageInterface {
+        PackageInterface(package: try MLPackage.open(at: url))
+    }
+}
+
+extension FunctionDescription {
+    public func input(named name: String) -> FeatureDescription? { inputs.first { $0.name == name } }
+    public func output(named name: String) -> FeatureDescription? { outputs.first { $0.name == name } }
+    public func state(named name: String) -> FeatureDescription? { states.first { $0.name == name } }
+}

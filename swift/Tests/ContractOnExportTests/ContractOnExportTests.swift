@@ -1,0 +1,132 @@
+import XCTest
+import Foundation
+import ExportMetadata
+import MuseflashContract
+
+/// Runs the contract on a real export named by MUSEFLASH_EXPORT_DIR. Missing
+/// the variable is a failure, not a skip, so the Bazel target that sets it
+/// can never pass vacuously; SwiftPM users run `swift test --skip ContractOnExportTests`.
+final class ContractOnExportTests: XCTestCase {
+    private var scratch: URL?
+
+    override func tearDown() {
+        if let scratch = scratch { try? FileManager.default.removeItem(at: scratch) }
+        super.tearDown()
+    }
+
+    private struct ExportDirectoryUnavailable: Error, CustomStringConvertible {
+        var description: String
+    }
+
+    private func exportDirectory() throws -> URL {
+        guard let path = ProcessInfo.processInfo.environment["MUSEFLASH_EXPORT_DIR"], !path.isEmpty else {
+            throw ExportDirectoryUnavailable(description: "MUSEFLASH_EXPORT_DIR is required: set it to an export "
+                                             + "directory, or run `swift test --skip ContractOnExportTests`")
+        }
+        let base = ProcessInfo.processInfo.environment["BUILD_WORKING_DIRECTORY"] ?? FileManager.default.currentDirectoryPath
+        let url = path.hasPrefix("/") ? URL(fileURLWithPath: path) : URL(fileURLWithPath: base).appendingPathComponent(path)
+        var isDirectory: ObjCBool = false
+        guard FileManager.default.fileExists(atPath: url.path, isDirectory: &isDirectory), isDirectory.boolValue else {
+            throw ExportDirectoryUnavailable(description: "MUSEFLASH_EXPORT_DIR=\(path) is not a directory")
+        }
+        return url
+    }
+
+    /// Copies the export without weight files, which the checker never reads
+    /// and which may be many gigabytes.
+    private func interfaceCopy() throws -> URL {
+        let source = try exportDirectory()
+        let copy = FileManager.default.temporaryDirectory
+            .appendingPathComponent("museflash-export-\(UUID().uuidString)", isDirectory: true)
+        scratch = copy
+        let fileManager = FileManager.default
+        try fileManager.createDirectory(at: copy, withIntermediateDirectories: true)
+        let sourcePath = source.standardizedFileURL.resolvingSymlinksInPath().path
+        guard let walker = fileManager.enumerator(atPath: sourcePath) else {
+            throw ExportDirectoryUnavailable(description: "cannot list \(sourcePath)")
+        }
+        while let relative = walker.nextObject() as? String {
+            let from = URL(fileURLWithPath: sourcePath).appendingPathComponent(relative)
+            let to = copy.appendingPathComponent(relative)
+            var isDirectory: ObjCBool = false
+            _ = fileManager.fileExists(atPath: from.path, isDirectory: &isDirectory)
+            if relative.split(separator: "/").contains("weights") { continue }
+            if isDirectory.boolValue {
+                try fileManager.createDirectory(at: to, withIntermediateDirectories: true)
+            } else {
+                try fileManager.copyItem(at: from, to: to)
+            }
+        }
+        return copy
+    }
+
+    private func editMetadata(in directory: URL, _ edit: (inout [String: Any]) throws -> Void) throws {
+        let url = directory.appendingPathComponent("metadata.json")
+        var object = try XCTUnwrap(JSONSerialization.jsonObject(with: Data(contentsOf: url)) as? [String: Any])
+        try edit(&object)
+        try JSONSerialization.data(withJSONObject: object).write(to: url)
+    }
+
+    private func verdict(_ report: ContractReport) -> String {
+        report.verdictLines.joined(separator: "\n")
+    }
+
+    func testEveryPropertyHoldsOnTheExport() throws {
+        let report = try ContractChecker().check(exportDirectory: try exportDirectory())
+        print((report.summaryLines + [""] + report.verdictLines).joined(separator: "\n"))
+        XCTAssertGreaterThan(report.results.count, 2)
+        XCTAssertTrue(report.allHold, verdict(report))
+    }
+
+    func testChangedVocabSizeInMetadataIsCaught() throws {
+        let copy = try interfaceCopy()
+        XCTAssertTrue(try ContractChecker().check(exportDirectory: copy).allHold, "the copy must pass before the change")
+        try editMetadata(in: copy) { metadata in
+            metadata["vocab_size"] = try XCTUnwrap(metadata["vocab_size"] as? Int) + 1
+        }
+        let report = try ContractChecker().check(exportDirectory: copy)
+        XCTAssertEqual(report.result(named: "target.outputs")?.holds, false, verdict(report))
+        XCTAssertEqual(report.result(named: "target.embedded_metadata")?.holds, false, verdict(report))
+        XCTAssertEqual(report.result(named: "metadata.schema_version")?.holds, true, verdict(report))
+    }
+
+    func testRenamedFunctionInMetadataIsCaught() throws {
+        let copy = try interfaceCopy()
+        var role = ""
+        try editMetadata(in: copy) { metadata in
+            var assets = try XCTUnwrap(metadata["assets"] as? [String: Any])
+            role = assets["dflash_drafter"] != nil ? "dflash_drafter" : "target"
+            var asset = try XCTUnwrap(assets[role] as? [String: Any])
+            var functions = try XCTUnwrap(asset["functions"] as? [String: Any])
+            let name = role == "dflash_drafter" ? "draft" : "main"
+            functions[name + "_renamed"] = functions.removeValue(forKey: name)
+            asset["functions"] = functions
+            assets[role] = asset
+            metadata["assets"] = assets
+        }
+        let report = try ContractChecker().check(exportDirectory: copy)
+        XCTAssertEqual(report.result(named: "\(role).function_map")?.holds, false, verdict(report))
+    }
+
+    func testManifestPathLeavingThePackageIsRefused() throws {
+        let copy = try interfaceCopy()
+        let metadata = try ExportMetadata.load(fromExportDirectory: copy).metadata
+        let target = try XCTUnwrap(metadata.assets["target"])
+        let manifestURL = copy.appendingPathComponent(target.path).appendingPathComponent("Manifest.json")
+        var manifest = try XCTUnwrap(JSONSerialization.jsonObject(with: Data(contentsOf: manifestURL)) as? [String: Any])
+        let root = try XCTUnwrap(manifest["rootModelIdentifier"] as? String)
+        var entries = try XCTUnwrap(manifest["itemInfoEntries"] as? [String: Any])
+        var item = try XCTUnwrap(entries[root] as? [String: Any])
+        item["path"] = "../../metadata.json"
+        entries[root] = item
+        manifest["itemInfoEntries"] = entries
+        try JSONSerialization.data(withJSONObject: manifest).write(to: manifestURL)
+        XCTAssertThrowsError(try ContractChecker().check(exportDirectory: copy)) { error in
+            guard case .unreadablePackage(let role, _, let reason)? = error as? ContractInputError else {
+                return XCTFail("expected unreadablePackage, got \(error)")
+            }
+            XCTAssertEqual(role, "target")
+            XCTAssertTrue(reason.contains("points outside the package"), reason)
+        }
+    }
+}

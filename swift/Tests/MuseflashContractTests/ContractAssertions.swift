@@ -1,0 +1,74 @@
+import XCTest
+import Foundation
+import MuseflashContract
+import TestSupport
+
+/// Shared by the contract test classes; holds no tests itself.
+enum ContractAssertions {
+    static let dflashBundleProperties = [
+        "metadata.schema_version", "metadata.assets_exist",
+        "target.embedded_metadata", "dflash_drafter.embedded_metadata",
+        "target.inputs", "target.outputs", "target.drafter_vocab_agree",
+        "drafter.functions", "drafter.shared_states", "drafter.inject_kv_signature", "drafter.draft_signature",
+        "target.states", "dflash_drafter.states",
+        "target.function_map", "dflash_drafter.function_map",
+    ]
+
+    static let ringBundleProperties = [
+        "metadata.schema_version", "metadata.assets_exist",
+        "target.embedded_metadata", "ring_drafter.embedded_metadata",
+        "target.inputs", "target.outputs", "target.drafter_vocab_agree",
+        "ring_drafter.main_signature",
+        "target.states", "ring_drafter.states",
+        "target.function_map", "ring_drafter.function_map",
+    ]
+
+    /// Writes `export` to a fresh directory, lets `damage` alter the files,
+    /// checks it and removes the directory.
+    static func check(_ export: SyntheticExport, damage: (URL) throws -> Void = { _ in }) throws -> ContractReport {
+        let directory = try ScratchDirectory.make()
+        defer { ScratchDirectory.remove(directory) }
+        try export.write(to: directory)
+        try damage(directory)
+        return try ContractChecker().check(exportDirectory: directory)
+    }
+
+    /// Writes and damages like `check`, and expects the checker to refuse the input.
+    static func inputError(_ export: SyntheticExport, damage: (URL) throws -> Void) throws -> ContractInputError? {
+        let directory = try ScratchDirectory.make()
+        defer { ScratchDirectory.remove(directory) }
+        try export.write(to: directory)
+        try damage(directory)
+        do {
+            let report = try ContractChecker().check(exportDirectory: directory)
+            XCTFail("expected an input error, got a report:\n" + report.verdictLines.joined(separator: "\n"))
+            return nil
+        } catch let error as ContractInputError {
+            return error
+        }
+    }
+
+    /// Exactly `failing` fail, and every other property of `expected` runs and holds.
+    static func assertFailing(_ failing: Set<String>, in report: ContractReport,
+                              expected names: [String] = dflashBundleProperties,
+                              file: StaticString = #filePath, line: UInt = #line) {
+        let verdict = report.verdictLines.joined(separator: "\n")
+        XCTAssertEqual(report.results.map(\.name), names, verdict, file: file, line: line)
+        XCTAssertEqual(Set(report.failures.map(\.name)), failing, verdict, file: file, line: line)
+        for result in report.failures {
+            XCTAssertFalse(result.detail.isEmpty, "\(result.name) fails without a reason", file: file, line: line)
+        }
+    }
+
+    static func detail(_ name: String, in report: ContractReport) -> String {
+        report.result(named: name)?.detail ?? "<no property \(name)>"
+    }
+
+    static func packageURL(_ directory: URL, role: String) -> URL {
+        directory.appendingPathComponent(role + ".mlpackage")
+    }
+
+    static func modelURL(_ directory: URL, role: String) -> URL {
+        packageURL(directory, role: role).appendingPathComponent(PackageSpec.modelPath)
+    }
+}

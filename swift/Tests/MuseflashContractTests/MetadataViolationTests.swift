@@ -1,0 +1,117 @@
+import XCTest
+import Foundation
+import MuseflashContract
+import TestSupport
+
+/// metadata.json disagreeing with packages that are themselves well formed.
+/// Unless a test says otherwise the packages embed the changed metadata too,
+/// so only the changed value is wrong.
+final class MetadataViolationTests: XCTestCase {
+    private var export = SyntheticExport.fusedTargetWithDFlashDrafter()
+
+    private func report() throws -> ContractReport {
+        try ContractAssertions.check(export)
+    }
+
+    func testWrongVocabSizeFailsEveryLogitsWidthCheck() throws {
+        export.setMetadata(["vocab_size"], to: 65)
+        let report = try report()
+        ContractAssertions.assertFailing(["target.outputs", "drafter.draft_signature"], in: report)
+        XCTAssertTrue(ContractAssertions.detail("target.outputs", in: report).contains("vocab_size = 65"))
+    }
+
+    func testWrongBlockSizeFailsOnlyDraftSignature() throws {
+        export.setMetadata(["speculative_decoding", "block_size"], to: 5)
+        ContractAssertions.assertFailing(["drafter.draft_signature"], in: try report())
+    }
+
+    func testDrafterWindowBeyondRingCapacityFailsDrafterStates() throws {
+        export.setMetadata(["speculative_decoding", "drafter", "sliding_window"], to: 17)
+        let report = try report()
+        ContractAssertions.assertFailing(["dflash_drafter.states"], in: report)
+        XCTAssertTrue(ContractAssertions.detail("dflash_drafter.states", in: report).contains("sliding_window 17"))
+    }
+
+    func testContextLengthDifferentFromGlobalCapacityFailsTargetStates() throws {
+        export.setMetadata(["context_length"], to: 64)
+        ContractAssertions.assertFailing(["target.states"], in: try report())
+    }
+
+    func testLayerTypesDisagreeingWithCacheDepthFailTargetStates() throws {
+        export.setMetadata(["target", "layer_types"], to: ["sliding_attention", "sliding_attention", "full_attention", "full_attention"])
+        ContractAssertions.assertFailing(["target.states"], in: try report())
+    }
+
+    func testUnsupportedSchemaVersionFailsSchemaVersion() throws {
+        export.setMetadata(["schema_version"], to: 2)
+        let report = try report()
+        ContractAssertions.assertFailing(["metadata.schema_version"], in: report)
+        XCTAssertTrue(ContractAssertions.detail("metadata.schema_version", in: report).contains("schema_version 2"))
+    }
+
+    func testFutureSchemaThatNoLongerDecodesReportsOnlyTheVersion() throws {
+        export.metadata = ["schema_version": 3, "everything": "different"]
+        let report = try report()
+        XCTAssertEqual(report.results.map(\.name), ["metadata.schema_version"])
+        XCTAssertFalse(report.allHold)
+        XCTAssertNil(report.metadata)
+    }
+
+    func testMissingAssetFailsAssetsExistAndEverythingAboutIt() throws {
+        let report = try ContractAssertions.check(export) { directory in
+            try FileManager.default.removeItem(at: ContractAssertions.packageURL(directory, role: "dflash_drafter"))
+        }
+        ContractAssertions.assertFailing([
+            "metadata.assets_exist", "dflash_drafter.embedded_metadata", "target.drafter_vocab_agree",
+            "drafter.functions", "drafter.shared_states", "drafter.inject_kv_signature", "drafter.draft_signature",
+            "dflash_drafter.states", "dflash_drafter.function_map",
+        ], in: report)
+        XCTAssertTrue(ContractAssertions.detail("drafter.functions", in: report).contains("see metadata.assets_exist"))
+    }
+
+    func testAssetPathLeavingTheExportDirectoryFailsAssetsExist() throws {
+        export.setMetadata(["assets", "dflash_drafter", "path"], to: "../dflash_drafter.mlpackage")
+        let report = try report()
+        XCTAssertFalse(try XCTUnwrap(report.result(named: "metadata.assets_exist")).holds)
+        XCTAssertTrue(ContractAssertions.detail("metadata.assets_exist", in: report).contains("not a relative path inside"))
+    }
+
+    func testEmbeddedMetadataDifferingFailsOnlyThatPackage() throws {
+        var changed = export
+        changed.setMetadata(["speculative_decoding", "num_draft_tokens"], to: 2)
+        export.packages["dflash_drafter"]?.embeddedMetadata = try changed.metadataText()
+        let report = try report()
+        ContractAssertions.assertFailing(["dflash_drafter.embedded_metadata"], in: report)
+        XCTAssertTrue(ContractAssertions.detail("dflash_drafter.embedded_metadata", in: report)
+            .contains("speculative_decoding.num_draft_tokens: 3 vs 2"))
+    }
+
+    func testEmbeddedMetadataThatIsNotJSONFails() throws {
+        export.packages["target"]?.embeddedMetadata = "{\"schema_version\": 1,"
+        ContractAssertions.assertFailing(["target.embedded_metadata"], in: try report())
+    }
+
+    func testFunctionIONamesDifferingFromMetadataFailFunctionMap() throws {
+        export.setMetadata(["assets", "dflash_drafter", "functions", "inject_kv", "outputs"], to: ["done"])
+        ContractAssertions.assertFailing(["dflash_drafter.function_map"], in: try report())
+    }
+
+    func testDefaultFunctionDifferingFromMetadataFailsFunctionMap() throws {
+        export.setMetadata(["assets", "target", "default_function"], to: "prefill")
+        ContractAssertions.assertFailing(["target.function_map"], in: try report())
+    }
+
+    func testMalformedStateEntryFailsStates() throws {
+        let data = try JSONSerialization.data(withJSONObject: export.metadata)
+        var metadata = try XCTUnwrap(JSONSerialization.jsonObject(with: data) as? [String: Any])
+        var assets = try XCTUnwrap(metadata["assets"] as? [String: Any])
+        var target = try XCTUnwrap(assets["target"] as? [String: Any])
+        var states = try XCTUnwrap(target["states"] as? [[String: Any]])
+        states[0]["shape"] = [1, 32, 1, 8]
+        target["states"] = states
+        assets["target"] = target
+        metadata["assets"] = assets
+        export.metadata = metadata
+        ContractAssertions.assertFailing(["target.states"], in: try report())
+    }
+}
