@@ -233,6 +233,13 @@ def test_validation_names_key_and_both_values():
     with pytest.raises(DrafterTargetMismatchError, match=r"target_layer_ids.*\[1, 4, 9\].*8"):
         validate_drafter_against_target(dict(DEMO_DRAFTER_CONFIG, target_layer_ids=[1, 4, 9]),
                                         target)
+    with pytest.raises(DrafterTargetMismatchError, match="head_dim.*32.*16"):
+        validate_drafter_against_target(dict(DEMO_DRAFTER_CONFIG, head_dim=32), target)
+    with pytest.raises(DrafterTargetMismatchError, match="num_attention_heads.*8.*4"):
+        validate_drafter_against_target(dict(DEMO_DRAFTER_CONFIG, num_attention_heads=8), target)
+    # A value stated on one side only is skipped.
+    validate_drafter_against_target({k: v for k, v in DEMO_DRAFTER_CONFIG.items()
+                                     if k != "head_dim"}, target)
     # A shallower drafter with different KV heads is by design.
     validate_drafter_against_target(dict(DEMO_DRAFTER_CONFIG, num_key_value_heads=4,
                                          num_hidden_layers=1), DEMO_TARGET_CONFIG)

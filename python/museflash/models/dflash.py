@@ -34,10 +34,12 @@ from museflash.models.base import (
     write_cache_slots,
 )
 
-# Settings that must agree because the drafter reads the target's embedding and lm_head.
-# Head counts and head_dim are the drafter's own business (the released drafter has 8 KV heads
-# against the target's 2), so they are not compared.
-SHARED_WITH_TARGET = ("vocab_size", "hidden_size")
+# Settings that must agree whenever both configs state them. vocab_size and hidden_size follow
+# from the borrowed embedding and lm_head; head geometry is checked so a drafter trained for
+# another model family fails here rather than on device. num_key_value_heads is deliberately
+# not compared: the released drafter has 8 KV heads against the target's 2, and its KV heads
+# only address its own caches.
+SHARED_WITH_TARGET = ("vocab_size", "hidden_size", "head_dim", "num_attention_heads")
 
 
 class DrafterTargetMismatchError(ValueError):

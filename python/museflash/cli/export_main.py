@@ -1,0 +1,94 @@
+"""museflash export: Muse Glimmer (+ DFlash or ring drafter) to Core ML.
+
+  ./bazelw run //:export -- --fused-target --dflash-drafter [--checkpoint DIR
+      --drafter-checkpoint DIR] [--output-dir exported] [--overwrite]
+
+Without --checkpoint/--drafter-checkpoint the built-in tiny demo pair is exported.
+Relative paths resolve against the directory Bazel was run from.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from absl import app, flags, logging
+
+from museflash.atomic_output import OutputDirError
+from museflash.checkpoint import CheckpointError
+from museflash.export import ExportError, ExportOptions, export_bundle
+from museflash.models.dflash import DrafterTargetMismatchError
+
+flags.DEFINE_string("checkpoint", None, "Target checkpoint directory (Hugging Face layout).")
+flags.DEFINE_string("drafter-checkpoint", None, "Drafter checkpoint directory.")
+flags.DEFINE_string("output-dir", "exported", "Directory to write the bundle into.")
+flags.DEFINE_bool("overwrite", False, "Replace a non-empty --output-dir.")
+flags.DEFINE_bool("fused-target", False,
+                  "Export the fused target (logits + drafter_features in one graph).")
+flags.DEFINE_bool("dflash-drafter", False,
+                  "Export the two-entrypoint DFlash drafter (needs --fused-target).")
+flags.DEFINE_bool("with-drafter", False,
+                  "Export the older ring drafter (exclusive with --dflash-drafter).")
+flags.DEFINE_integer("num-draft-tokens", None,
+                     "Tokens proposed per step (runtime knob; default block_size - 1).")
+flags.DEFINE_integer("max-context-length", 512, "Capacity of the global KV caches.")
+flags.DEFINE_integer("prefill-length", 32, "Query length of the target's prefill function.")
+flags.DEFINE_integer("decode-length", None,
+                     "Query length of the target's main function (default: block size, or 1 "
+                     "without a drafter).")
+flags.DEFINE_string("model-name", None, "Name recorded in metadata.json.")
+
+FLAGS = flags.FLAGS
+USER_ERRORS = (ExportError, OutputDirError, CheckpointError, DrafterTargetMismatchError)
+
+
+def resolve_user_path(value: str | None) -> Path | None:
+    """`bazel run` starts tools inside the runfiles tree; the user meant their own cwd."""
+    if value is None:
+        return None
+    path = Path(value).expanduser()
+    if path.is_absolute():
+        return path
+    base = os.environ.get("BUILD_WORKING_DIRECTORY") or os.getcwd()
+    return Path(base) / path
+
+
+def options_from_flags() -> ExportOptions:
+    return ExportOptions(
+        output_dir=resolve_user_path(FLAGS["output-dir"].value),
+        checkpoint=resolve_user_path(FLAGS["checkpoint"].value),
+        drafter_checkpoint=resolve_user_path(FLAGS["drafter-checkpoint"].value),
+        overwrite=FLAGS["overwrite"].value,
+        fused_target=FLAGS["fused-target"].value,
+        dflash_drafter=FLAGS["dflash-drafter"].value,
+        with_drafter=FLAGS["with-drafter"].value,
+        num_draft_tokens=FLAGS["num-draft-tokens"].value,
+        max_context_length=FLAGS["max-context-length"].value,
+        prefill_length=FLAGS["prefill-length"].value,
+        decode_length=FLAGS["decode-length"].value,
+        model_name=FLAGS["model-name"].value,
+    )
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) > 1:
+        print(f"export: unexpected arguments {argv[1:]}; all options are --flags",
+              file=sys.stderr)
+        return 2
+    # coremltools logs every graph pass at INFO through absl's handler; keep the stage lines.
+    logging.set_verbosity(logging.WARNING)
+    try:
+        export_bundle(options_from_flags())
+    except USER_ERRORS as error:
+        print(f"export: error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def run() -> None:
+    app.run(main)
+
+
+if __name__ == "__main__":
+    run()

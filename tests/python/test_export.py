@@ -1,0 +1,399 @@
+"""The exporter: flag and output-dir rules, metadata, atomicity, and the saved packages' specs."""
+
+import copy
+import json
+import re
+import stat
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from museflash import export as export_module
+from museflash.atomic_output import OutputDirError
+from museflash.demo_checkpoint import DEMO_DRAFTER_CONFIG, DEMO_TARGET_CONFIG
+from museflash.export import (
+    EMBEDDED_METADATA_KEY,
+    ExportError,
+    ExportOptions,
+    check_flag_rules,
+    check_no_data_dependent_scalars,
+    export_bundle,
+    speculative_decoding_block,
+    trace,
+)
+from museflash.models.dflash import DFlashConfig, DrafterTargetMismatchError
+
+ct = pytest.importorskip("coremltools")
+
+
+def _quiet(_line):
+    pass
+
+
+# --- Flag rules ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (dict(dflash_drafter=True), "requires --fused-target"),
+        (dict(fused_target=True, dflash_drafter=True, with_drafter=True), "mutually exclusive"),
+        (dict(dflash_drafter=True, with_drafter=True), "mutually exclusive"),
+        (dict(fused_target=True, prefill_length=0), "--prefill-length must be at least 1"),
+        (dict(fused_target=True, prefill_length=64, max_context_length=32), "exceeds"),
+    ],
+)
+def test_flag_rules_fail_before_any_work(tmp_path, flags, message):
+    options = ExportOptions(output_dir=tmp_path / "out", **flags)
+    with pytest.raises(ExportError, match=message) as caught:
+        check_flag_rules(options)
+    assert "\n" not in str(caught.value)
+
+
+def test_only_one_of_the_two_checkpoints_is_refused(tmp_path):
+    options = ExportOptions(output_dir=tmp_path / "out", fused_target=True,
+                            checkpoint=tmp_path)
+    with pytest.raises(ExportError, match="both --checkpoint and --drafter-checkpoint"):
+        check_flag_rules(options)
+
+
+def test_missing_checkpoint_directory_is_named(tmp_path):
+    missing = tmp_path / "nope"
+    options = ExportOptions(output_dir=tmp_path / "out", fused_target=True,
+                            checkpoint=missing, drafter_checkpoint=missing)
+    with pytest.raises(ExportError, match="nope is not a directory"):
+        check_flag_rules(options)
+
+
+def test_cli_prints_a_one_line_error_and_exits_2(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "museflash.cli.export_main", "--dflash-drafter",
+         f"--output-dir={tmp_path / 'out'}"],
+        capture_output=True, text=True, check=False,
+    )
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if line.startswith("export: error")]
+    assert errors == ["export: error: --dflash-drafter requires --fused-target (the drafter "
+                      "reads the target's drafter_features output)"]
+    assert not (tmp_path / "out").exists()
+
+
+def _forbid_loading(monkeypatch):
+    def refuse(*_args, **_kwargs):
+        raise AssertionError("the export loaded weights although its input was invalid")
+
+    monkeypatch.setattr(export_module, "load_target", refuse)
+
+
+def test_non_empty_output_dir_needs_overwrite(tmp_path, monkeypatch):
+    _forbid_loading(monkeypatch)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("keep")
+    with pytest.raises(OutputDirError, match="--overwrite"):
+        export_bundle(ExportOptions(output_dir=out, fused_target=True), _Silent())
+    assert (out / "keep.txt").read_text() == "keep"
+
+
+class _Silent(export_module.Progress):
+    def __init__(self):
+        super().__init__(echo=_quiet)
+
+
+# --- Metadata --------------------------------------------------------------------------------
+
+
+def _spec(raw, num_draft_tokens=None):
+    return speculative_decoding_block(raw, DFlashConfig.from_dict(raw), "dflash",
+                                      num_draft_tokens)
+
+
+def test_speculative_block_comes_from_the_drafter_config():
+    block = _spec(DEMO_DRAFTER_CONFIG)
+    assert block["block_size"] == DEMO_DRAFTER_CONFIG["block_size"]
+    assert block["mask_token_id"] == DEMO_DRAFTER_CONFIG["mask_token_id"]
+    assert block["target_layer_ids"] == DEMO_DRAFTER_CONFIG["target_layer_ids"]
+    assert block["drafter_hidden_size"] == DEMO_DRAFTER_CONFIG["hidden_size"]
+    assert block["num_draft_tokens"] == DEMO_DRAFTER_CONFIG["block_size"] - 1
+    assert block["shared_embeddings"] is True
+    assert block["drafter"]["num_hidden_layers"] == DEMO_DRAFTER_CONFIG["num_hidden_layers"]
+
+
+def test_dflash_config_form_and_mask_alias_are_merged_and_renamed():
+    raw = {k: v for k, v in DEMO_DRAFTER_CONFIG.items()
+           if k not in ("block_size", "mask_token_id", "target_layer_ids")}
+    raw["dflash_config"] = {"block_size": 8, "draft_mask_token_id": 7,
+                            "target_layer_ids": [0, 2]}
+    block = _spec(raw)
+    assert (block["block_size"], block["mask_token_id"], block["target_layer_ids"]) == (
+        8, 7, [0, 2])
+
+
+def test_drafter_hidden_size_is_preferred_and_falls_back_to_hidden_size():
+    raw = dict(DEMO_DRAFTER_CONFIG, drafter_hidden_size=64)
+    assert _spec(raw)["drafter_hidden_size"] == 64
+    assert "drafter_hidden_size" not in DEMO_DRAFTER_CONFIG
+    assert _spec(DEMO_DRAFTER_CONFIG)["drafter_hidden_size"] == DEMO_DRAFTER_CONFIG["hidden_size"]
+
+
+def test_command_line_overrides_the_runtime_knob_within_the_block():
+    assert _spec(DEMO_DRAFTER_CONFIG, num_draft_tokens=2)["num_draft_tokens"] == 2
+    with pytest.raises(ExportError, match="--num-draft-tokens 4 must be between 1 and"):
+        _spec(DEMO_DRAFTER_CONFIG, num_draft_tokens=DEMO_DRAFTER_CONFIG["block_size"])
+
+
+def _write_pair(tmp_path, target_text=None, drafter=None):
+    from museflash.demo_checkpoint import write_demo_checkpoints
+
+    return write_demo_checkpoints(tmp_path / "ckpt", dtype="fp16",
+                                  target_config=target_text, drafter_config=drafter)
+
+
+@pytest.mark.parametrize(
+    ("key", "drafter_value", "target_value"),
+    [("vocab_size", 262144, 512), ("hidden_size", 96, 64), ("head_dim", 32, 16),
+     ("num_attention_heads", 8, 4)],
+)
+def test_divergent_drafter_fails_before_writing(tmp_path, monkeypatch, key, drafter_value,
+                                                target_value):
+    target_dir, drafter_dir = _write_pair(tmp_path)
+    config_path = drafter_dir / "config.json"
+    config = json.loads(config_path.read_text())
+    config[key] = drafter_value
+    config_path.write_text(json.dumps(config))
+    _forbid_loading(monkeypatch)
+    out = tmp_path / "out"
+    options = ExportOptions(output_dir=out, fused_target=True, dflash_drafter=True,
+                            checkpoint=target_dir, drafter_checkpoint=drafter_dir)
+    with pytest.raises(DrafterTargetMismatchError,
+                       match=f"{key}: drafter has {drafter_value} but target has {target_value}"):
+        export_bundle(options, _Silent())
+    assert not out.exists()
+
+
+def test_target_layer_ids_beyond_the_target_fail(tmp_path, monkeypatch):
+    drafter = dict(copy.deepcopy(DEMO_DRAFTER_CONFIG))
+    target_dir, drafter_dir = _write_pair(tmp_path)
+    config = json.loads((drafter_dir / "config.json").read_text())
+    config["target_layer_ids"] = [1, 4, 8]
+    (drafter_dir / "config.json").write_text(json.dumps(config))
+    _forbid_loading(monkeypatch)
+    options = ExportOptions(output_dir=tmp_path / "out", fused_target=True, dflash_drafter=True,
+                            checkpoint=target_dir, drafter_checkpoint=drafter_dir)
+    with pytest.raises(DrafterTargetMismatchError, match=r"target_layer_ids.*\[1, 4, 8\]"):
+        export_bundle(options, _Silent())
+    assert drafter["num_hidden_layers"] == DEMO_DRAFTER_CONFIG["num_hidden_layers"]
+
+
+def test_shallower_drafter_and_absent_keys_pass_validation(tmp_path):
+    from museflash.export import prepare
+
+    target_dir, drafter_dir = _write_pair(tmp_path)
+    config = json.loads((drafter_dir / "config.json").read_text())
+    config["num_hidden_layers"] = 1
+    config["num_key_value_heads"] = 4
+    del config["head_dim"]
+    (drafter_dir / "config.json").write_text(json.dumps(config))
+    options = ExportOptions(output_dir=tmp_path / "out", fused_target=True)
+    target_cfg, raw, drafter_cfg = prepare(options, target_dir, drafter_dir)
+    assert drafter_cfg.num_hidden_layers == 1 < target_cfg.num_hidden_layers
+    assert raw["num_key_value_heads"] == 4
+
+
+# --- Atomicity -------------------------------------------------------------------------------
+
+
+def test_failure_mid_export_leaves_nothing_behind(tmp_path, monkeypatch):
+    out = tmp_path / "out"
+
+    def half_then_crash(module, plans, state_names, destination, *args, **kwargs):
+        destination.mkdir()
+        (destination / "half-written").write_bytes(b"x" * 100)
+        raise RuntimeError("injected failure while saving")
+
+    monkeypatch.setattr(export_module, "save_functions", half_then_crash)
+    with pytest.raises(RuntimeError, match="injected failure"):
+        export_bundle(ExportOptions(output_dir=out, fused_target=True, dflash_drafter=True),
+                      _Silent())
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_failure_keeps_an_existing_export_intact(tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "metadata.json").write_text("previous")
+
+    def crash(*_args, **_kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(export_module, "save_functions", crash)
+    with pytest.raises(KeyboardInterrupt):
+        export_bundle(ExportOptions(output_dir=out, overwrite=True, fused_target=True),
+                      _Silent())
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+    assert (out / "metadata.json").read_text() == "previous"
+
+
+# --- Graph contract --------------------------------------------------------------------------
+
+
+def test_data_dependent_scalar_reads_are_detected():
+    class ReadsAScalar(torch.nn.Module):
+        def forward(self, x, positions):
+            return x * positions.max().item()
+
+    program = trace(ReadsAScalar(), (torch.ones(1, 4), torch.arange(4)))
+    with pytest.raises(ExportError, match=r"aten\.item|_local_scalar_dense"):
+        check_no_data_dependent_scalars(program)
+
+
+def test_bf16_outputs_are_cast_unless_disabled(monkeypatch):
+    class Bf16Outputs(torch.nn.Module):
+        def forward(self, x):
+            return x.to(torch.bfloat16), [x.to(torch.bfloat16), x]
+
+    module = Bf16Outputs()
+    handle = module.register_forward_hook(export_module._cast_bf16_outputs)
+    first, (second, third) = module(torch.ones(2))
+    assert (first.dtype, second.dtype, third.dtype) == (torch.float16, torch.float16,
+                                                       torch.float32)
+    monkeypatch.setenv("DISABLE_BFLOAT16_CAST_FOR_LOGITS", "1")
+    first, (second, _) = module(torch.ones(2))
+    assert (first.dtype, second.dtype) == (torch.bfloat16, torch.bfloat16)
+    handle.remove()
+
+
+# --- The saved bundle (one export of the demo pair, read back with coremltools) -------------
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory):
+    out = tmp_path_factory.mktemp("export") / "bundle"
+    lines = []
+    export_bundle(ExportOptions(output_dir=out, fused_target=True, dflash_drafter=True,
+                                max_context_length=64, prefill_length=8),
+                  export_module.Progress(echo=lines.append))
+    return out, lines
+
+
+def _spec_of(package):
+    return ct.utils.load_spec(str(package))
+
+
+def _features(descriptions):
+    result = {}
+    for feature in descriptions:
+        kind = feature.type.WhichOneof("Type")
+        array = feature.type.stateType.arrayType if kind == "stateType" else \
+            feature.type.multiArrayType
+        result[feature.name] = (kind, list(array.shape), array.dataType)
+    return result
+
+
+def _functions(spec):
+    return {f.name: f for f in spec.description.functions}
+
+
+FP16 = ct.proto.FeatureTypes_pb2.ArrayFeatureType.FLOAT16
+INT32 = ct.proto.FeatureTypes_pb2.ArrayFeatureType.INT32
+
+
+def test_progress_has_one_line_per_stage(bundle):
+    _, lines = bundle
+    stage_lines = [line for line in lines if not line.startswith("[export] wrote")]
+    stages = [line.split(" ")[1] for line in stage_lines]
+    assert stages.count("load") == 2
+    assert stages.count("trace") == stages.count("convert") == 4
+    assert stages.count("save") == 2
+    assert all(re.search(r": \d+\.\d s", line) for line in stage_lines)
+    assert all(re.search(r"\d (B|KB|MB)", line) for line in stage_lines
+               if line.split(" ")[1] != "trace")
+    assert lines[-1].startswith("[export] wrote")
+
+
+def test_target_package_functions_and_signatures(bundle):
+    out, _ = bundle
+    spec = _spec_of(out / "target.mlpackage")
+    functions = _functions(spec)
+    assert sorted(functions) == ["main", "prefill"]
+    assert spec.description.defaultFunctionName == "main"
+    block = DEMO_DRAFTER_CONFIG["block_size"]
+    vocab = DEMO_TARGET_CONFIG["text_config"]["vocab_size"]
+    hidden = DEMO_DRAFTER_CONFIG["hidden_size"]
+    main = functions["main"]
+    assert _features(main.input) == {"input_ids": ("multiArrayType", [1, block], INT32),
+                                     "position_ids": ("multiArrayType", [block], INT32)}
+    assert _features(main.output) == {
+        "logits": ("multiArrayType", [1, block, vocab], FP16),
+        "drafter_features": ("multiArrayType", [1, block, hidden], FP16),
+    }
+    prefill = _features(functions["prefill"].output)
+    assert prefill["logits"][1] == [1, 1, vocab]  # no full-vocabulary logits per position
+    assert prefill["drafter_features"][1] == [1, 8, hidden]  # but features for the chunk
+    for function in functions.values():
+        states = _features(function.state)
+        assert sorted(states) == sorted(export_module.TARGET_STATES)
+        assert {dtype for _, _, dtype in states.values()} == {FP16}
+
+
+def test_drafter_functions_share_one_state_set(bundle):
+    out, _ = bundle
+    spec = _spec_of(out / "dflash_drafter.mlpackage")
+    functions = _functions(spec)
+    assert sorted(functions) == ["draft", "inject_kv"]
+    inject, draft = _features(functions["inject_kv"].state), _features(functions["draft"].state)
+    assert inject == draft
+    assert sorted(inject) == ["slidingKeyCache", "slidingValueCache"]
+    block = DEMO_DRAFTER_CONFIG["block_size"]
+    vocab = DEMO_TARGET_CONFIG["text_config"]["vocab_size"]
+    assert set(_features(functions["inject_kv"].input)) == {"features", "position_ids"}
+    assert len(functions["inject_kv"].output) == 1
+    assert _features(functions["draft"].input)["input_ids"][1] == [1, block]
+    assert _features(functions["draft"].output) == {
+        "logits": ("multiArrayType", [1, block, vocab], FP16)}
+
+
+def test_shared_drafter_weights_are_stored_once(bundle):
+    out, _ = bundle
+    weights = out / "dflash_drafter.mlpackage" / "Data" / "com.apple.CoreML" / "weights"
+    stored = sum(p.stat().st_size for p in weights.iterdir())
+    text = DEMO_TARGET_CONFIG["text_config"]
+    embedding_and_head = 2 * text["vocab_size"] * text["hidden_size"] * 2
+    d = DEMO_DRAFTER_CONFIG
+    q = d["num_attention_heads"] * d["head_dim"]
+    kv = d["num_key_value_heads"] * d["head_dim"]
+    per_layer = (d["hidden_size"] * (2 * q + 2 * kv) + 3 * d["hidden_size"]
+                 * d["intermediate_size"]) * 2
+    unique = embedding_and_head + d["num_hidden_layers"] * per_layer
+    # inject_kv's k/v projections are stored again if deduplication fails (+2 * kv * hidden).
+    assert stored < unique + d["num_hidden_layers"] * d["hidden_size"] * kv * 2
+
+
+def test_metadata_file_and_embedded_copies_agree(bundle):
+    out, _ = bundle
+    metadata = json.loads((out / "metadata.json").read_text())
+    assert metadata["schema_version"] == 1
+    assert metadata["speculative_decoding"]["drafter_kind"] == "dflash"
+    assert metadata["source"] == {"checkpoint": "builtin:demo",
+                                  "drafter_checkpoint": "builtin:demo"}
+    for asset in metadata["assets"].values():
+        spec = _spec_of(out / asset["path"])
+        embedded = json.loads(spec.description.metadata.userDefined[EMBEDDED_METADATA_KEY])
+        assert embedded == metadata
+        functions = _functions(spec)
+        for name, function in asset["functions"].items():
+            assert [f.name for f in functions[name].input] == function["inputs"]
+            assert [f.name for f in functions[name].output] == function["outputs"]
+        for state in asset["states"]:
+            shapes = _features(next(iter(functions.values())).state)
+            assert shapes[state["name"]][1] == state["shape"]
+
+
+def test_exported_files_are_readable_by_everyone(bundle):
+    out, _ = bundle
+    for path in out.rglob("*"):
+        mode = stat.S_IMODE(path.stat().st_mode)
+        assert mode & 0o004, f"{path} is not world-readable ({oct(mode)})"
+    assert [p.name for p in out.parent.iterdir()] == ["bundle"]
