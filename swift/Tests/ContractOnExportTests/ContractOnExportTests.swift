@@ -54,7 +54,8 @@ final class ContractOnExportTests: XCTestCase {
             if isDirectory.boolValue {
                 try fileManager.createDirectory(at: to, withIntermediateDirectories: true)
             } else {
-                try fileManager.copyItem(at: from, to: to)
+                // Contents, not links: Bazel presents the export as symlinks to read-only files.
+                try Data(contentsOf: from).write(to: to)
             }
         }
         return copy

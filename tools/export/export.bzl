@@ -1,0 +1,30 @@
+"""museflash_export: runs the Python exporter as a build action; the bundle is a tree artifact.
+
+Tests that read the bundle depend on this target, so a change to the exporter, the models or
+the demo checkpoint re-exports and re-checks; nothing is exported by hand.
+"""
+
+def _museflash_export_impl(ctx):
+    bundle = ctx.actions.declare_directory(ctx.label.name)
+    ctx.actions.run(
+        executable = ctx.executable.exporter,
+        arguments = ["--output-dir=" + bundle.path, "--overwrite"] + ctx.attr.export_args,
+        outputs = [bundle],
+        mnemonic = "MuseflashExport",
+        progress_message = "Exporting %s to Core ML" % ctx.label,
+        # torch and coremltools look for a writable home for their caches.
+        env = {"HOME": "/tmp", "PYTHONDONTWRITEBYTECODE": "1"},
+    )
+    return [DefaultInfo(files = depset([bundle]), runfiles = ctx.runfiles(files = [bundle]))]
+
+museflash_export = rule(
+    implementation = _museflash_export_impl,
+    attrs = {
+        "exporter": attr.label(
+            default = "//:export",
+            executable = True,
+            cfg = "exec",
+        ),
+        "export_args": attr.string_list(doc = "Flags for the exporter, e.g. --fused-target."),
+    },
+)
