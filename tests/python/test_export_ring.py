@@ -1,0 +1,51 @@
+"""--with-drafter: the older ring drafter, exported beside a plain (logits-only) target."""
+
+import json
+
+import pytest
+
+from museflash.demo_checkpoint import DEMO_DRAFTER_CONFIG, DEMO_TARGET_CONFIG
+from museflash.export import ExportOptions, Progress, export_bundle
+
+ct = pytest.importorskip("coremltools")
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ring") / "bundle"
+    export_bundle(ExportOptions(output_dir=out, with_drafter=True, max_context_length=32,
+                                prefill_length=4),
+                  Progress(echo=lambda _line: None))
+    return out
+
+
+def test_ring_bundle_layout(bundle):
+    assert sorted(p.name for p in bundle.iterdir()) == [
+        "metadata.json", "ring_drafter.mlpackage", "target.mlpackage"]
+
+
+def test_ring_drafter_signature_and_states(bundle):
+    spec = ct.utils.load_spec(str(bundle / "ring_drafter.mlpackage"))
+    (function,) = spec.description.functions
+    assert function.name == "main"
+    assert [f.name for f in function.input] == ["input_ids", "position_ids"]
+    (logits,) = function.output
+    vocab = DEMO_TARGET_CONFIG["text_config"]["vocab_size"]
+    assert list(logits.type.multiArrayType.shape) == [1, 1, vocab]
+    shapes = {s.name: list(s.type.stateType.arrayType.shape) for s in function.state}
+    layers = DEMO_DRAFTER_CONFIG["num_hidden_layers"]
+    assert sorted(shapes) == ["slidingKeyCache", "slidingValueCache"]
+    assert all(shape[0] == layers for shape in shapes.values())
+
+
+def test_plain_target_has_no_drafter_features(bundle):
+    spec = ct.utils.load_spec(str(bundle / "target.mlpackage"))
+    for function in spec.description.functions:
+        assert [o.name for o in function.output] == ["logits"]
+
+
+def test_ring_metadata(bundle):
+    metadata = json.loads((bundle / "metadata.json").read_text())
+    assert metadata["speculative_decoding"]["drafter_kind"] == "ring"
+    assert metadata["assets"]["target"]["kind"] == "target"
+    assert metadata["assets"]["ring_drafter"]["functions"]["main"]["query_length"] == 1
