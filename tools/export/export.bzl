@@ -6,9 +6,12 @@ the demo checkpoint re-exports and re-checks; nothing is exported by hand.
 
 def _museflash_export_impl(ctx):
     bundle = ctx.actions.declare_directory(ctx.label.name)
-    ctx.actions.run(
-        executable = ctx.executable.exporter,
-        arguments = ["--output-dir=" + bundle.path, "--overwrite"] + ctx.attr.export_args,
+    # coremltools prints progress bars for every pass; show them only when the export fails.
+    ctx.actions.run_shell(
+        command = 'log="$(mktemp)"; "$@" >"$log" 2>&1 || { status=$?; cat "$log" >&2; exit $status; }',
+        arguments = [ctx.executable.exporter.path, "--output-dir=" + bundle.path, "--overwrite"] +
+                    ctx.attr.export_args,
+        tools = [ctx.attr.exporter[DefaultInfo].files_to_run],
         outputs = [bundle],
         mnemonic = "MuseflashExport",
         progress_message = "Exporting %s to Core ML" % ctx.label,
