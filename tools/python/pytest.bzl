@@ -1,6 +1,10 @@
 """pytest_test: a py_test whose sources are plain pytest files, one Bazel target per call."""
 
 def pytest_test(name, srcs, deps = [], data = [], args = [], **kwargs):
+    # Export tests convert real models; on a busy 2-core machine they exceed the default
+    # 300 s, so every pytest target gets Bazel's long timeout unless it asks otherwise.
+    if "timeout" not in kwargs and "size" not in kwargs:
+        kwargs["timeout"] = "long"
     native.py_test(
         name = name,
         srcs = srcs + ["//tools/python:pytest_runner.py"],
