@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import struct
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
+from museflash.models.base import RotaryTables
 from museflash.models.dflash import (
     DFlashConfig,
     DFlashDrafter,
@@ -205,8 +207,83 @@ class SafetensorsReader:
         loaded.copy_(mapped)
         return loaded
 
+    def locate(self, key: str) -> WeightLocation:
+        """Where the key's bytes sit on disk, for readers that stream instead of mapping."""
+        name = self.weight_map[key]
+        header = self._header(name)
+        entry = header[key]
+        with (self.directory / name).open("rb") as handle:
+            (data_start,) = struct.unpack("<Q", handle.read(8))  # the header's length
+        begin, end = entry["data_offsets"]
+        return WeightLocation(self.directory / name, 8 + data_start + begin, end - begin,
+                              entry["dtype"], tuple(entry["shape"]), key)
+
     def close(self) -> None:
         self._handles.clear()
+
+
+@dataclass(frozen=True)
+class WeightLocation:
+    path: Path
+    offset: int  # absolute, in bytes
+    nbytes: int
+    dtype: str  # safetensors spelling
+    shape: tuple[int, ...]
+    key: str
+
+    def read(self, dtype: torch.dtype) -> torch.Tensor:
+        """The tensor in `dtype`, through one buffer of its file bytes (no memory map: mapped
+        pages would stay resident until the whole shard is unmapped)."""
+        raw = bytearray(self.nbytes)
+        with self.path.open("rb", buffering=0) as handle:
+            handle.seek(self.offset)
+            view = memoryview(raw)
+            done = 0
+            while done < self.nbytes:
+                count = handle.readinto(view[done:])
+                if not count:
+                    raise CheckpointError(f"{self.path}: key {self.key!r} is truncated")
+                done += count
+        stored = torch.frombuffer(raw, dtype=_SAFETENSORS_DTYPES[self.dtype]).reshape(self.shape)
+        return stored if stored.dtype == dtype else stored.to(dtype)
+
+
+class PlaceholderWeights:
+    """Stand-ins for the large weights, so a model can be traced and converted without them.
+
+    Each placeholder is one random fp16 row broadcast over the weight's shape (a stride-0 view:
+    it costs one row of memory however many rows the weight has). Rows differ between weights,
+    so constant deduplication still merges exactly the uses of the same weight, and the row
+    identifies the weight again in the converted package's weight file, where the real values
+    are then written (`export.write_real_weights`)."""
+
+    MIN_ELEMENTS = 4096  # smaller tensors are loaded for real (inline or cheap either way)
+    MIN_COLUMNS = 16  # a row this long is unique among the weights with near certainty
+
+    def __init__(self, seed: int = 0x5EED):
+        self.by_row: dict[bytes, WeightLocation] = {}
+        self.by_pointer: dict[int, bytes] = {}
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def wants(self, shape: tuple[int, ...]) -> bool:
+        return (len(shape) == 2 and shape[1] >= self.MIN_COLUMNS
+                and shape[0] * shape[1] >= self.MIN_ELEMENTS)
+
+    def make(self, location: WeightLocation, dtype: torch.dtype) -> torch.Tensor:
+        rows, columns = location.shape
+        while True:
+            row = torch.randn(columns, generator=self.generator).to(dtype)
+            key = row.numpy().tobytes()
+            if key not in self.by_row:
+                break
+        self.by_row[key] = location
+        self.by_pointer[row.data_ptr()] = key
+        return row.expand(rows, columns)
+
+    def row_of(self, tensor: torch.Tensor) -> bytes | None:
+        if tensor.dim() != 2 or tensor.stride(0) != 0:
+            return None
+        return self.by_pointer.get(tensor.data_ptr())
 
 
 def _assign_parameter(model: nn.Module, name: str, tensor: torch.Tensor) -> None:
@@ -225,13 +302,37 @@ def _load_parameters(
     model: nn.Module,
     entries: list[tuple[str, str, SafetensorsReader]],
     dtype: torch.dtype,
+    placeholders: PlaceholderWeights | None = None,
 ) -> None:
     """entries: (parameter name, checkpoint key, reader), in module (layer) order."""
     for name, key, reader in entries:
         expected = tuple(model.get_parameter(name).shape)
         if key not in reader:
             raise CheckpointError(f"{reader.description}: missing key {key!r} (for {name})")
-        _assign_parameter(model, name, reader.read(key, expected, dtype))
+        if placeholders is not None and placeholders.wants(expected):
+            shape = reader.shape(key)
+            if shape != expected:
+                raise CheckpointError(
+                    f"{reader.file_of(key)}: key {key!r} has shape {list(shape)}, expected "
+                    f"{list(expected)} from the config"
+                )
+            location = reader.locate(key)
+            if location.dtype not in _SAFETENSORS_DTYPES:
+                raise CheckpointError(
+                    f"{location.path}: key {key!r} has dtype {location.dtype}, expected one "
+                    f"of {sorted(_SAFETENSORS_DTYPES)}"
+                )
+            _assign_parameter(model, name, placeholders.make(location, dtype))
+        else:
+            _assign_parameter(model, name, reader.read(key, expected, dtype))
+
+
+def _build_rotary_tables(model: nn.Module, dtype: torch.dtype) -> None:
+    # Built at construction in the default dtype; rebuilt from float64 so the tables are
+    # rounded once, straight into the compute dtype.
+    for module in model.modules():
+        if isinstance(module, RotaryTables):
+            module.build(dtype)
 
 
 def _parse_config(directory: Path, parse) -> tuple[dict[str, Any], Any]:
@@ -296,9 +397,11 @@ def load_target(
     max_context: int = 4096,
     max_query_len: int = 64,
     cache_dtype: torch.dtype = torch.float16,
+    placeholders: PlaceholderWeights | None = None,
 ) -> MuseGlimmerForCausalLM:
     """The target; with `drafter_dir`, the fused target whose forward also returns drafter
-    features (its encoder weights come from the drafter checkpoint)."""
+    features (its encoder weights come from the drafter checkpoint). With `placeholders`, the
+    large weights are stand-ins registered there instead of loaded."""
     target_dir = Path(target_dir)
     dtype = resolve_dtype(dtype)
     _, config = _parse_config(target_dir, MuseGlimmerConfig.from_dict)
@@ -323,6 +426,7 @@ def load_target(
             entries.append((name, target_checkpoint_key(name), reader))
     _check_unexpected_target_keys(reader, {key for _, key, r in entries if r is reader})
     _load_parameters(model, entries, dtype)
+    _build_rotary_tables(model, dtype)
     reader.close()
     if drafter_reader is not None:
         drafter_reader.close()
@@ -335,11 +439,15 @@ def load_drafter(
     *,
     target_dir: str | Path | None = None,
     dtype: str | torch.dtype = torch.float32,
+    max_context: int | None = None,
     max_query_len: int = 64,
     cache_dtype: torch.dtype = torch.float16,
     ring: bool = False,
+    placeholders: PlaceholderWeights | None = None,
 ) -> DFlashDrafter:
-    """The drafter, sharing `target`'s embedding and lm_head modules."""
+    """The drafter, sharing `target`'s embedding and lm_head modules.
+
+    max_context: positions the drafter's RoPE tables cover (default: the target's)."""
     from museflash.models.dflash import DFlashRingDrafter
 
     drafter_dir = Path(drafter_dir)
@@ -348,9 +456,12 @@ def load_drafter(
     drafter_cfg = _drafter_config_for(drafter_dir, target_label, target.config)
     reader = SafetensorsReader(drafter_dir)
     cls = DFlashRingDrafter if ring else DFlashDrafter
+    if max_context is None:
+        max_context = target.max_context
     with torch.device("meta"):
         shell = cls(drafter_cfg, nn.Embedding(1, drafter_cfg.hidden_size), None,
-                    max_query_len=max_query_len, cache_dtype=cache_dtype)
+                    max_context=max_context, max_query_len=max_query_len,
+                    cache_dtype=cache_dtype)
     # Attach the real (already loaded) target modules after building on meta.
     shell.embed_tokens = target.embed_tokens
     shell.lm_head = target.lm_head
@@ -360,6 +471,7 @@ def load_drafter(
         for name, _ in _own_parameters(shell, skip=DRAFTER_BORROWED)
     ]
     _load_parameters(shell, entries, dtype)
+    _build_rotary_tables(shell, dtype)
     reader.close()
     return shell.eval()
 

@@ -14,6 +14,7 @@ from museflash.demo_checkpoint import (
     build_demo_models,
     write_demo_checkpoints,
 )
+from museflash.models.base import RotaryTables
 from museflash.models.muse_glimmer import MuseGlimmerWithDrafterFeatures
 
 SEED = 5
@@ -223,3 +224,24 @@ def test_vision_keys_are_present_and_ignored(fp32_dirs):
     with safe_open(str(fp32_dirs[0] / "model.safetensors"), framework="pt") as handle:
         assert any(key.startswith("model.vision_") for key in handle.keys())
     load_target(fp32_dirs[0])
+
+
+def test_rope_tables_survive_the_meta_build_in_the_compute_dtype(fp32_dirs):
+    target_dir, drafter_dir = fp32_dirs
+    target = load_target(target_dir, drafter_dir, dtype=torch.float16, max_context=64,
+                         max_query_len=10)
+    inherited = load_drafter(drafter_dir, target, dtype=torch.float16, max_query_len=10)
+    drafter = load_drafter(drafter_dir, target, dtype=torch.float16, max_context=256,
+                           max_query_len=10, ring=True)
+    assert inherited.rotary.max_position == 64
+    assert drafter.rotary.max_position == 256
+    for model in (target, inherited, drafter):
+        tables = model.rotary
+        # Rounded once from float64, not via the fp32 tables built on construction.
+        fresh = RotaryTables(tables.head_dim, list(tables.thetas), tables.max_position,
+                             dtype=torch.float16)
+        buffers = dict(tables.named_buffers())
+        assert buffers.keys() == dict(fresh.named_buffers()).keys() and buffers
+        for name, table in buffers.items():
+            assert table.device.type == "cpu" and table.dtype == torch.float16
+            assert torch.equal(table, getattr(fresh, name))

@@ -194,6 +194,14 @@ def test_ring_drafter_decodes_like_a_causal_sliding_reference(models):
     assert torch.allclose(got, expected, atol=ATOL), (got - expected).abs().max()
 
 
+def test_drafter_rope_tables_default_to_the_target_context(models):
+    target, drafter = models
+    assert drafter.max_context == target.max_context == drafter.rotary.max_position
+    ring = DFlashRingDrafter.for_target(drafter.config, target, max_context=300)
+    assert ring.rotary.max_position == 300
+    assert ring.rotary.thetas == (drafter.config.rope_theta,)
+
+
 def test_drafter_borrows_target_modules_without_copying(models):
     target, drafter = models
     assert drafter.embed_tokens is target.embed_tokens

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from museflash.demo_checkpoint import DEMO_TARGET_CONFIG, build_demo_models
-from museflash.models.base import sliding_causal_mask
+from museflash.models.base import RotaryTables, apply_rope, sliding_causal_mask
 from museflash.models.muse_glimmer import MuseGlimmerConfig
 
 ATOL = 2e-4
@@ -212,3 +212,57 @@ def test_config_rejects_inconsistent_layer_lists():
     with pytest.raises(ValueError, match="layer_rope_theta has 3 entries"):
         MuseGlimmerConfig.from_dict(text)
 
+
+
+def _direct_cos_sin(positions, head_dim, theta):
+    """The rotate-half formula evaluated in float64: the exact values the tables round."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    angles = positions.double()[:, None] * inv_freq[None, :]
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos(), angles.sin()
+
+
+def test_rope_table_lookup_equals_the_direct_formula_up_to_max_context():
+    max_context, head_dim = 4096, 16
+    tables = RotaryTables(head_dim, [10000.0, 0.0, 1e6, 10000.0], max_context)
+    assert tables.thetas == (10000.0, 1e6)  # one table pair per distinct theta, none for NoPE
+    positions = torch.arange(max_context, dtype=torch.int32)
+    for theta in tables.thetas:
+        cos, sin = tables(positions, theta, torch.float32)
+        want_cos, want_sin = _direct_cos_sin(positions, head_dim, theta)
+        assert cos.dtype == sin.dtype == torch.float32
+        assert (cos.double() - want_cos).abs().max() < 1e-6
+        assert (sin.double() - want_sin).abs().max() < 1e-6
+
+
+def test_rope_tables_rotate_pairs_like_the_reference_at_long_positions():
+    tables = RotaryTables(16, [10000.0], 4096)
+    positions = torch.tensor([0, 1, 7, 100, 2049, 4095], dtype=torch.int32)
+    x = torch.randn(2, len(positions), 16, generator=torch.Generator().manual_seed(0))
+    got = apply_rope(x, *tables(positions, 10000.0, torch.float32))
+    cos, sin = (t[:, :8] for t in _direct_cos_sin(positions, 16, 10000.0))
+    first, second = x[..., :8].double(), x[..., 8:].double()
+    want = torch.cat([first * cos - second * sin, second * cos + first * sin], dim=-1)
+    assert (got.double() - want).abs().max() < 1e-5
+
+
+def test_positions_beyond_the_tables_are_clamped_into_range():
+    tables = RotaryTables(16, [10000.0], 64)
+    cos, sin = tables(torch.tensor([63, 64, 5000], dtype=torch.int32), 10000.0, torch.float32)
+    assert torch.equal(cos[1], cos[0]) and torch.equal(sin[2], sin[0])
+
+
+def test_rope_tables_are_shared_read_only_constants(models):
+    target, _ = models
+    names = [name for name, _ in target.named_buffers() if name.startswith("rotary.")]
+    assert names == ["rotary.cos_0", "rotary.sin_0"]  # sliding layers share theta 1e4
+    assert target.rotary.max_position == target.max_context
+    assert not any(key.startswith("rotary.") for key in target.state_dict())
+    view = target.with_entry_point("prefill")
+    assert view.rotary is target.rotary
+    before = {name: table.clone() for name, table in target.rotary.named_buffers()}
+    target.reset_caches()
+    with torch.no_grad():
+        view(torch.tensor([_tokens(8)]), torch.arange(8, dtype=torch.int32))
+    for name, table in target.rotary.named_buffers():
+        assert torch.equal(table, before[name])

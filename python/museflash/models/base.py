@@ -58,15 +58,53 @@ class SwiGLU(nn.Module):
         return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
-def rope_cos_sin(
-    positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin tables [T, head_dim] for the Hugging Face rotate-half convention."""
-    exponents = torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim
-    inv_freq = 1.0 / (theta**exponents)
-    angles = positions.to(torch.float32).unsqueeze(-1) * inv_freq.unsqueeze(0)
-    angles = torch.cat([angles, angles], dim=-1)
-    return angles.cos().to(dtype), angles.sin().to(dtype)
+class RotaryTables(nn.Module):
+    """RoPE cos/sin of every position below `max_position`, one table pair per distinct theta.
+
+    Positions are looked up rather than multiplied by the frequencies: a program converted with
+    fp16 compute precision would form `position * inv_freq` and its cos/sin in fp16, where
+    positions above 2048 are not even representable and angles are off by ~1e-3 * position
+    radians. A gather with the int32 positions is exact; only the table entries are rounded.
+    The tables are non-persistent buffers that no entry point writes, so coremltools bakes them
+    in as constants (not states) and checkpoints never contain them. Tables hold the first
+    half of the rotate-half layout (the second half repeats it), halving their size.
+    Positions at or beyond `max_position` are unsupported; they are clamped to the last entry
+    only so the gather stays in range (docs/positions.md).
+    """
+
+    def __init__(self, head_dim: int, thetas: list[float], max_position: int,
+                 dtype: torch.dtype | None = None):
+        super().__init__()
+        if head_dim % 2:
+            raise ValueError(f"RoPE needs an even head_dim, got {head_dim}")
+        if max_position < 1:
+            raise ValueError(f"max_position must be at least 1, got {max_position}")
+        self.head_dim = head_dim
+        self.max_position = max_position
+        # theta 0 marks NoPE layers: they get no table.
+        self.thetas = tuple(sorted({float(t) for t in thetas if t > 0}))
+        self.build(dtype or torch.get_default_dtype())
+
+    def build(self, dtype: torch.dtype) -> None:
+        """(Re)computes the tables on the CPU in `dtype`; also used after building on `meta`
+        and after loading weights in another dtype (rounding once from float64)."""
+        positions = torch.arange(self.max_position, dtype=torch.float64, device="cpu")
+        exponents = torch.arange(0, self.head_dim, 2, dtype=torch.float64, device="cpu")
+        for k, theta in enumerate(self.thetas):
+            inv_freq = 1.0 / torch.pow(theta, exponents / self.head_dim)
+            angles = positions.unsqueeze(-1) * inv_freq.unsqueeze(0)
+            self.register_buffer(f"cos_{k}", angles.cos().to(dtype), persistent=False)
+            self.register_buffer(f"sin_{k}", angles.sin().to(dtype), persistent=False)
+
+    def forward(
+        self, positions: torch.Tensor, theta: float, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin [T, head_dim] for int positions [T], Hugging Face rotate-half convention."""
+        k = self.thetas.index(float(theta))
+        index = torch.clamp(positions, 0, self.max_position - 1)
+        cos = getattr(self, f"cos_{k}")[index].to(dtype)
+        sin = getattr(self, f"sin_{k}")[index].to(dtype)
+        return torch.cat([cos, cos], dim=-1), torch.cat([sin, sin], dim=-1)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -23,12 +23,12 @@ from torch import nn
 
 from museflash.models.base import (
     RMSNorm,
+    RotaryTables,
     SwiGLU,
     apply_rope,
     attend,
     ring_capacity,
     ring_slot_positions,
-    rope_cos_sin,
     sliding_causal_mask,
     softcap,
     write_cache_slots,
@@ -170,7 +170,6 @@ class DFlashAttention(nn.Module):
         self.n_q = config.num_attention_heads
         self.n_kv = config.num_key_value_heads
         self.head_dim = config.head_dim
-        self.rope_theta = config.rope_theta
         hidden = config.hidden_size
         self.q_proj = nn.Linear(hidden, self.n_q * self.head_dim, bias=False)
         self.k_proj = nn.Linear(hidden, self.n_kv * self.head_dim, bias=False)
@@ -183,24 +182,23 @@ class DFlashAttention(nn.Module):
         return x.reshape(x.shape[1], count, self.head_dim).transpose(0, 1)
 
     def write_kv(
-        self, x: torch.Tensor, positions: torch.Tensor, key_cache: torch.Tensor,
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], key_cache: torch.Tensor,
         value_cache: torch.Tensor, layer: int, slots: torch.Tensor,
     ) -> None:
+        """rope: (cos, sin) [T, head_dim] of the written positions."""
         k = self.k_norm(self._heads(self.k_proj(x), self.n_kv))
-        cos, sin = rope_cos_sin(positions, self.head_dim, self.rope_theta, k.dtype)
-        write_cache_slots(key_cache, layer, slots, apply_rope(k, cos, sin))
+        write_cache_slots(key_cache, layer, slots, apply_rope(k, *rope))
         write_cache_slots(value_cache, layer, slots, self._heads(self.v_proj(x), self.n_kv))
 
     def forward(
-        self, x: torch.Tensor, positions: torch.Tensor, key_cache: torch.Tensor,
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], key_cache: torch.Tensor,
         value_cache: torch.Tensor, layer: int, slots: torch.Tensor, mask: torch.Tensor,
     ) -> torch.Tensor:
-        self.write_kv(x, positions, key_cache, value_cache, layer, slots)
+        self.write_kv(x, rope, key_cache, value_cache, layer, slots)
         q = self.q_norm(self._heads(self.q_proj(x), self.n_q))
-        cos, sin = rope_cos_sin(positions, self.head_dim, self.rope_theta, q.dtype)
         keys = key_cache[layer].to(q.dtype)
         values = value_cache[layer].to(q.dtype)
-        out = attend(apply_rope(q, cos, sin), keys, values, mask, 1.0 / math.sqrt(self.head_dim))
+        out = attend(apply_rope(q, *rope), keys, values, mask, 1.0 / math.sqrt(self.head_dim))
         return self.o_proj(out.transpose(0, 1).reshape(1, x.shape[1], -1))
 
 
@@ -213,8 +211,8 @@ class DFlashDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, eps, unit_offset=False)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, unit_offset=False)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, *cache_args) -> torch.Tensor:
-        h = x + self.self_attn(self.input_layernorm(x), positions, *cache_args)
+    def forward(self, x: torch.Tensor, rope, *cache_args) -> torch.Tensor:
+        h = x + self.self_attn(self.input_layernorm(x), rope, *cache_args)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -234,7 +232,8 @@ class DFlashDrafter(nn.Module):
       decode(input_ids [1, T], positions [T]) -> logits [1, T, vocab]  (causal, ring drafter)
     `with_entry_point(name)` returns a view (shared weights and caches) whose forward is that
     entry point, for torch.export. inject_kv returns a tiny tensor so the traced graph has an
-    output; ignore it.
+    output; ignore it. `max_context` bounds the positions RoPE supports (its tables), like the
+    target's; `for_target` copies the target's.
     """
 
     entry_points = ("draft", "inject_kv", "decode")
@@ -246,6 +245,7 @@ class DFlashDrafter(nn.Module):
         lm_head: nn.Linear | None,
         *,
         final_logit_softcapping: float | None = None,
+        max_context: int = 4096,
         max_query_len: int = 64,
         cache_dtype: torch.dtype = torch.float16,
     ):
@@ -258,6 +258,7 @@ class DFlashDrafter(nn.Module):
         self.config = config
         self.entry_point = "draft"
         self.final_logit_softcapping = final_logit_softcapping
+        self.max_context = max_context
         self.max_query_len = max(max_query_len, config.block_size)
         self.ring_capacity = ring_capacity(config.sliding_window, self.max_query_len)
         self.cache_dtype = cache_dtype
@@ -268,11 +269,15 @@ class DFlashDrafter(nn.Module):
             DFlashDecoderLayer(config) for _ in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, unit_offset=False)
+        # The ring caches are small but the positions in them are absolute target positions.
+        self.rotary = RotaryTables(config.head_dim, [config.rope_theta], max_context)
         self.reset_caches()
 
     @classmethod
     def for_target(cls, config: DFlashConfig, target: nn.Module, **kwargs) -> DFlashDrafter:
+        """max_context defaults to the target's: the drafter runs at the target's positions."""
         kwargs.setdefault("final_logit_softcapping", target.config.final_logit_softcapping)
+        kwargs.setdefault("max_context", target.max_context)
         return cls(config, target.embed_tokens, target.lm_head, **kwargs)
 
     def reset_caches(self) -> None:
@@ -297,16 +302,18 @@ class DFlashDrafter(nn.Module):
         positions = positions.reshape(-1)
         slots = torch.remainder(positions, self.ring_capacity)
         caches = (self.slidingKeyCache, self.slidingValueCache)
+        rope = self.rotary(positions, self.config.rope_theta, features.dtype)
         for layer_id, layer in enumerate(self.layers):
-            layer.self_attn.write_kv(features, positions, *caches, layer_id, slots)
+            layer.self_attn.write_kv(features, rope, *caches, layer_id, slots)
         return positions[-1:]
 
     def _run(self, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor):
         slots = torch.remainder(positions, self.ring_capacity)
         caches = (self.slidingKeyCache, self.slidingValueCache)
         x = self.embed_tokens(input_ids.reshape(1, -1))
+        rope = self.rotary(positions, self.config.rope_theta, x.dtype)
         for layer_id, layer in enumerate(self.layers):
-            x = layer(x, positions, *caches, layer_id, slots, mask)
+            x = layer(x, rope, *caches, layer_id, slots, mask)
         output_weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         logits = nn.functional.linear(self.norm(x), output_weight)
         return softcap(logits, self.final_logit_softcapping)

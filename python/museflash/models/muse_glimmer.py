@@ -17,12 +17,12 @@ from torch import nn
 
 from museflash.models.base import (
     RMSNorm,
+    RotaryTables,
     SwiGLU,
     apply_rope,
     attend,
     global_causal_mask,
     ring_capacity,
-    rope_cos_sin,
     sliding_causal_mask,
     softcap,
     write_cache_slots,
@@ -132,7 +132,6 @@ class MuseGlimmerAttention(nn.Module):
         self.n_kv = config.num_key_value_heads
         self.head_dim = config.head_dim
         self.qk_scale_factor = config.qk_scale_factor
-        self.rope_theta = config.layer_rope_theta[layer_id]
         hidden = config.hidden_size
         q_width, kv_width = self.n_q * self.head_dim, self.n_kv * self.head_dim
         self.q_proj = nn.Linear(hidden, q_width, bias=False)
@@ -146,22 +145,22 @@ class MuseGlimmerAttention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        positions: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor] | None,
         key_cache: torch.Tensor,
         value_cache: torch.Tensor,
         cache_layer: int,
         slots: torch.Tensor,
         mask: torch.Tensor,
     ) -> torch.Tensor:
+        """rope: (cos, sin) [T, head_dim] for the layer's theta, None for a NoPE layer."""
         length = x.shape[1]
         q = self.q_proj(x[0]).reshape(length, self.n_q, self.head_dim).transpose(0, 1)
         k = self.k_proj(x[0]).reshape(length, self.n_kv, self.head_dim).transpose(0, 1)
         v = self.v_proj(x[0]).reshape(length, self.n_kv, self.head_dim).transpose(0, 1)
         q = self.qk_norm(q) * self.qk_scale_factor
         k = self.qk_norm(k)
-        if self.rope_theta > 0:
-            cos, sin = rope_cos_sin(positions, self.head_dim, self.rope_theta, q.dtype)
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         write_cache_slots(key_cache, cache_layer, slots, k)
         write_cache_slots(value_cache, cache_layer, slots, v)
         keys = key_cache[cache_layer].to(q.dtype)
@@ -178,6 +177,7 @@ class MuseGlimmerDecoderLayer(nn.Module):
         post_eps = config.post_norm_eps if config.post_norm_eps is not None else eps
         hidden = config.hidden_size
         self.is_sliding = config.layer_types[layer_id] == SLIDING
+        self.rope_theta = config.layer_rope_theta[layer_id]
         self.self_attn = MuseGlimmerAttention(config, layer_id)
         self.mlp = SwiGLU(hidden, config.intermediate_size)
         self.input_layernorm = RMSNorm(hidden, eps, unit_offset=True)
@@ -185,8 +185,8 @@ class MuseGlimmerDecoderLayer(nn.Module):
         self.pre_feedforward_layernorm = RMSNorm(hidden, eps, unit_offset=True)
         self.post_feedforward_layernorm = RMSNorm(hidden, post_eps, unit_offset=True)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, *cache_args) -> torch.Tensor:
-        attn = self.self_attn(self.input_layernorm(x), positions, *cache_args)
+    def forward(self, x: torch.Tensor, rope, *cache_args) -> torch.Tensor:
+        attn = self.self_attn(self.input_layernorm(x), rope, *cache_args)
         h = x + self.post_attention_layernorm(attn)
         return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
 
@@ -228,6 +228,9 @@ class MuseGlimmerForCausalLM(nn.Module):
             self.lm_head = None
         else:
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        # Positions are absolute in every layer, the sliding ring layers included, so the
+        # tables must reach the last position the global cache holds.
+        self.rotary = RotaryTables(config.head_dim, config.layer_rope_theta, max_context)
         self.cache_dtype = cache_dtype
         self._cache_layer = {}
         for kind_ids in (config.sliding_layer_ids, config.global_layer_ids):
@@ -274,6 +277,8 @@ class MuseGlimmerForCausalLM(nn.Module):
                                            self.config.sliding_window)
         global_mask = global_causal_mask(positions, self.max_context)
         ring_slots = torch.remainder(positions, self.ring_capacity)
+        # One lookup per distinct theta, shared by its layers.
+        ropes = {theta: self.rotary(positions, theta, x.dtype) for theta in self.rotary.thetas}
         captured: dict[int, torch.Tensor] = {}
         for layer_id, layer in enumerate(self.layers):
             if layer.is_sliding:
@@ -282,7 +287,8 @@ class MuseGlimmerForCausalLM(nn.Module):
             else:
                 caches = (self.globalKeyCache, self.globalValueCache)
                 slots, mask = positions, global_mask
-            x = layer(x, positions, *caches, self._cache_layer[layer_id], slots, mask)
+            rope = ropes.get(layer.rope_theta)
+            x = layer(x, rope, *caches, self._cache_layer[layer_id], slots, mask)
             if layer_id in capture_layers:
                 captured[layer_id] = x
         return x, [captured[i] for i in capture_layers]

@@ -1,0 +1,720 @@
+"""Numpy reference interpreter for the ML programs inside saved Core ML `.mlpackage` files.
+
+There is no Core ML runtime on Linux, so this is how we check that an exported package
+computes what the PyTorch model computes:
+
+    program = load_program("drafter.mlpackage", "draft")
+    outputs = Interpreter(program, "draft").run(inputs, states)
+
+Numerics: every tensor is stored in the dtype the program declares for it (so fp16 values are
+rounded to fp16 after every op, as on device), while each op computes in fp32. Float results
+therefore reflect fp16 storage but not any particular device's accumulation order.
+
+States are numpy arrays owned by the caller; `coreml_update_state` writes into them in place,
+so functions of one multifunction package (e.g. `inject_kv` and `draft`) can share a dict.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+Kernel = Callable[[dict[str, Any]], Any]
+
+WEIGHTS_SUBDIR = Path("Data") / "com.apple.CoreML" / "weights"
+
+
+class InterpreterError(RuntimeError):
+    """An op failed or produced a value inconsistent with the program's declared types."""
+
+
+class UnsupportedOpError(InterpreterError):
+    """The program contains op types this interpreter has no kernel for."""
+
+    def __init__(self, function_name: str, ops: list[tuple[str, str]]):
+        self.ops = ops
+        listed = ", ".join(f"{op_type} (op {op_name!r})" for op_type, op_name in ops)
+        super().__init__(
+            f"function {function_name!r} uses op types the numpy interpreter does not "
+            f"support: {listed}"
+        )
+
+
+def _coremltools():
+    import coremltools
+
+    return coremltools
+
+
+def _mil_types():
+    from coremltools.converters.mil.mil import types
+
+    return types
+
+
+def list_functions(package_path: str | Path) -> tuple[list[str], str]:
+    """Names of the functions in a package, and the one Core ML runs by default."""
+    spec = _coremltools().utils.load_spec(str(package_path))
+    names = list(spec.mlProgram.functions)
+    return names, _default_function(spec, names)
+
+
+def _default_function(spec: Any, names: list[str]) -> str:
+    declared = spec.description.defaultFunctionName
+    if declared and declared in names:
+        return declared
+    if len(names) == 1:
+        return names[0]
+    return "main"
+
+
+def load_program(package_path: str | Path, function_name: str | None = None) -> Any:
+    """Loads the ML program of a saved `.mlpackage` as a coremltools MIL `Program`.
+
+    With `function_name`, only that function is loaded (faster for big multifunction
+    packages); otherwise all of them. `program.default_function_name` is set to the function
+    Core ML would run by default, which `Interpreter` uses when given no name.
+    """
+    ct = _coremltools()
+    from coremltools.converters.mil.frontend.milproto import load as milproto_load
+
+    package_path = Path(package_path)
+    if not package_path.is_dir():
+        raise FileNotFoundError(f"{package_path} is not an .mlpackage directory")
+    spec = ct.utils.load_spec(str(package_path))
+    if spec.WhichOneof("Type") != "mlProgram":
+        raise ValueError(f"{package_path} holds a {spec.WhichOneof('Type')}, not an ML program")
+    names = list(spec.mlProgram.functions)
+    default = _default_function(spec, names)
+    if function_name is not None:
+        if function_name not in names:
+            raise KeyError(
+                f"{package_path} has no function {function_name!r}; it has {sorted(names)}"
+            )
+        for other in [n for n in names if n != function_name]:
+            del spec.mlProgram.functions[other]
+    program = milproto_load.load(
+        spec,
+        specification_version=spec.specificationVersion,
+        file_weights_dir=str(package_path / WEIGHTS_SUBDIR),
+    )
+    program.default_function_name = function_name or default
+    return program
+
+
+# --------------------------------------------------------------------------------------------
+# Kernels. Each takes the op's inputs by parameter name (numpy arrays, Python lists for tuple
+# inputs, None for absent optional inputs) and returns a value or a tuple of values; the
+# interpreter then casts each to the output's declared dtype.
+
+
+def _f32(x: np.ndarray) -> np.ndarray:
+    """Floats compute in fp32 (fp16 storage is restored by the output cast)."""
+    x = np.asarray(x)
+    return x.astype(np.float32) if x.dtype == np.float16 else x
+
+
+def _int_list(x: Any) -> list[int]:
+    return [int(v) for v in np.asarray(x).reshape(-1)]
+
+
+def _flag(x: Any, default: bool = False) -> bool:
+    # Loaded scalar flags are numpy bools; numpy 2 APIs want a real bool.
+    return default if x is None else bool(np.asarray(x))
+
+
+def _binary(fn: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> Kernel:
+    return lambda a: fn(_f32(a["x"]), _f32(a["y"]))
+
+
+def _unary(fn: Callable[[np.ndarray], np.ndarray]) -> Kernel:
+    return lambda a: fn(_f32(a["x"]))
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    # Split by sign so exp never overflows for large |x|.
+    e = np.exp(-np.abs(x))
+    return np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+
+
+def _round_half_away(x: np.ndarray) -> np.ndarray:
+    return np.sign(x) * np.floor(np.abs(x) + 0.5)
+
+
+def _real_div(a: dict[str, Any]) -> np.ndarray:
+    x, y = _f32(a["x"]), _f32(a["y"])
+    if not np.issubdtype(np.result_type(x, y), np.floating):
+        x = x.astype(np.float32)
+    return x / y
+
+
+def _with_epsilon(fn: Callable[[np.ndarray], np.ndarray], default: float) -> Kernel:
+    def kernel(a: dict[str, Any]) -> np.ndarray:
+        eps = default if a.get("epsilon") is None else float(np.asarray(a["epsilon"]))
+        return fn(_f32(a["x"]) + np.float32(eps))
+
+    return kernel
+
+
+def _clip(a: dict[str, Any]) -> np.ndarray:
+    return np.clip(_f32(a["x"]), _f32(a["alpha"]), _f32(a["beta"]))
+
+
+def _cast(a: dict[str, Any]) -> np.ndarray:
+    # The output cast does the conversion; float -> int truncates like astype.
+    return np.asarray(a["x"])
+
+
+def _softmax(a: dict[str, Any]) -> np.ndarray:
+    x = _f32(a["x"])
+    axis = int(np.asarray(a["axis"])) if a.get("axis") is not None else -1
+    shifted = np.exp(x - x.max(axis=axis, keepdims=True))
+    return shifted / shifted.sum(axis=axis, keepdims=True)
+
+
+def _linear(a: dict[str, Any]) -> np.ndarray:
+    out = np.matmul(_f32(a["x"]), _f32(a["weight"]).T)
+    if a.get("bias") is not None:
+        out = out + _f32(a["bias"])
+    return out
+
+
+def _matmul(a: dict[str, Any]) -> np.ndarray:
+    x, y = _f32(a["x"]), _f32(a["y"])
+    if _flag(a.get("transpose_x")) and x.ndim >= 2:
+        x = np.swapaxes(x, -1, -2)
+    if _flag(a.get("transpose_y")) and y.ndim >= 2:
+        y = np.swapaxes(y, -1, -2)
+    return np.matmul(x, y)
+
+
+def _reduction(fn: Callable[..., np.ndarray]) -> Kernel:
+    def kernel(a: dict[str, Any]) -> np.ndarray:
+        x = _f32(a["x"])
+        axes = None if a.get("axes") is None else tuple(_int_list(a["axes"]))
+        return fn(x, axis=axes, keepdims=_flag(a.get("keep_dims")))
+
+    return kernel
+
+
+def _log_sum_exp(x: np.ndarray, axis: Any, keepdims: bool) -> np.ndarray:
+    peak = np.max(x, axis=axis, keepdims=True)
+    total = np.log(np.sum(np.exp(x - peak), axis=axis, keepdims=True)) + peak
+    return total if keepdims else np.squeeze(total, axis=axis)
+
+
+def _arg_reduction(fn: Callable[..., np.ndarray]) -> Kernel:
+    def kernel(a: dict[str, Any]) -> np.ndarray:
+        axis = int(np.asarray(a["axis"])) if a.get("axis") is not None else -1
+        out = fn(_f32(a["x"]), axis=axis)
+        return np.expand_dims(out, axis) if _flag(a.get("keep_dims")) else out
+
+    return kernel
+
+
+def _concat(a: dict[str, Any]) -> np.ndarray:
+    values = [np.asarray(v) for v in a["values"]]
+    axis = int(np.asarray(a["axis"]))
+    if not _flag(a.get("interleave")):
+        return np.concatenate(values, axis=axis)
+    axis %= values[0].ndim
+    stacked = np.stack(values, axis=axis + 1)
+    shape = list(values[0].shape)
+    shape[axis] *= len(values)
+    return stacked.reshape(shape)
+
+
+def _reshape(a: dict[str, Any]) -> np.ndarray:
+    x = np.asarray(a["x"])
+    shape = _int_list(a["shape"])
+    # iOS17 semantics: a 0 copies the input dim aligned from the right (1 if there is none).
+    for i, dim in enumerate(shape):
+        if dim == 0:
+            j = x.ndim - (len(shape) - i)
+            shape[i] = x.shape[j] if j >= 0 else 1
+    return x.reshape(shape)
+
+
+def _expand_dims(a: dict[str, Any]) -> np.ndarray:
+    x = np.asarray(a["x"])
+    axes = _int_list(a["axes"])
+    rank = x.ndim + len(axes)
+    for axis in sorted(ax % rank for ax in axes):
+        x = np.expand_dims(x, axis)
+    return x
+
+
+def _squeeze(a: dict[str, Any]) -> np.ndarray:
+    x = np.asarray(a["x"])
+    if a.get("axes") is None:
+        return np.squeeze(x)
+    return np.squeeze(x, axis=tuple(_int_list(a["axes"])))
+
+
+def _slice_index(shape: tuple[int, ...], a: dict[str, Any]) -> tuple[Any, ...]:
+    """numpy index equivalent to slice_by_index / slice_update's begin/end/stride/masks."""
+    rank = len(shape)
+
+    def per_axis(name: str, fill: Any) -> list[Any]:
+        return [fill] * rank if a.get(name) is None else list(np.asarray(a[name]).reshape(-1))
+
+    begin, end = _int_list(a["begin"]), _int_list(a["end"])
+    stride = [int(s) for s in per_axis("stride", 1)]
+    begin_mask = [bool(m) for m in per_axis("begin_mask", False)]
+    end_mask = [bool(m) for m in per_axis("end_mask", False)]
+    squeeze_mask = [bool(m) for m in per_axis("squeeze_mask", False)]
+    index: list[Any] = []
+    for axis in range(rank):
+        if squeeze_mask[axis]:
+            index.append(begin[axis])
+            continue
+        start = None if begin_mask[axis] else begin[axis]
+        stop = None if end_mask[axis] else end[axis]
+        index.append(slice(start, stop, stride[axis]))
+    return tuple(index)
+
+
+def _slice_by_index(a: dict[str, Any]) -> np.ndarray:
+    x = np.asarray(a["x"])
+    return x[_slice_index(x.shape, a)]
+
+
+def _slice_by_size(a: dict[str, Any]) -> np.ndarray:
+    x = np.asarray(a["x"])
+    index = []
+    for start, size, dim in zip(_int_list(a["begin"]), _int_list(a["size"]), x.shape,
+                                strict=True):
+        start %= dim
+        index.append(slice(start, dim if size == -1 else start + size))
+    return x[tuple(index)]
+
+
+def _slice_update(a: dict[str, Any]) -> np.ndarray:
+    out = np.array(a["x"], copy=True)
+    index = _slice_index(out.shape, a)
+    target_shape = out[index].shape
+    out[index] = np.asarray(a["update"]).astype(out.dtype).reshape(target_shape)
+    return out
+
+
+def _transpose(a: dict[str, Any]) -> np.ndarray:
+    return np.transpose(np.asarray(a["x"]), _int_list(a["perm"]))
+
+
+def _tile(a: dict[str, Any]) -> np.ndarray:
+    return np.tile(np.asarray(a["x"]), _int_list(a["reps"]))
+
+
+def _checked_indices(indices: np.ndarray, size: int, op: str) -> np.ndarray:
+    indices = np.asarray(indices).astype(np.int64)
+    if indices.size and (indices.min() < -size or indices.max() >= size):
+        raise InterpreterError(
+            f"{op}: index out of range [{-size}, {size}): min {indices.min()}, "
+            f"max {indices.max()}"
+        )
+    return np.where(indices < 0, indices + size, indices)
+
+
+def _gather(a: dict[str, Any]) -> np.ndarray:
+    x = np.asarray(a["x"])
+    axis = int(np.asarray(a["axis"])) if a.get("axis") is not None else 0
+    batch_dims = int(np.asarray(a["batch_dims"])) if a.get("batch_dims") is not None else 0
+    return _gather_batched(x, np.asarray(a["indices"]), axis % x.ndim, batch_dims)
+
+
+def _gather_batched(x: np.ndarray, indices: np.ndarray, axis: int, batch_dims: int):
+    if batch_dims == 0:
+        return np.take(x, _checked_indices(indices, x.shape[axis], "gather"), axis=axis)
+    return np.stack([
+        _gather_batched(x[i], indices[i], axis - 1, batch_dims - 1) for i in range(x.shape[0])
+    ])
+
+
+def _gather_along_axis(a: dict[str, Any]) -> np.ndarray:
+    x = np.asarray(a["x"])
+    axis = int(np.asarray(a["axis"])) % x.ndim
+    indices = _checked_indices(a["indices"], x.shape[axis], "gather_along_axis")
+    return np.take_along_axis(x, indices, axis=axis)
+
+
+def _gather_nd(a: dict[str, Any]) -> np.ndarray:
+    if a.get("batch_dims") is not None and int(np.asarray(a["batch_dims"])) != 0:
+        raise InterpreterError("gather_nd with batch_dims != 0 is not supported")
+    x, indices = np.asarray(a["x"]), np.asarray(a["indices"])
+    depth = indices.shape[-1]
+    index = tuple(
+        _checked_indices(indices[..., k], x.shape[k], "gather_nd") for k in range(depth)
+    )
+    return x[index]
+
+
+_SCATTER_MODES: dict[str, Callable[[np.ndarray, tuple, np.ndarray], None]] = {
+    "add": lambda out, idx, upd: np.add.at(out, idx, upd),
+    "sub": lambda out, idx, upd: np.subtract.at(out, idx, upd),
+    "mul": lambda out, idx, upd: np.multiply.at(out, idx, upd),
+    "div": lambda out, idx, upd: np.divide.at(out, idx, upd),
+    "max": lambda out, idx, upd: np.maximum.at(out, idx, upd),
+    "min": lambda out, idx, upd: np.minimum.at(out, idx, upd),
+}
+
+
+def _scatter_into(out: np.ndarray, index: tuple, updates: np.ndarray, mode: str) -> None:
+    if mode == "update":
+        # Sequential assignment so that, for repeated indices, the last update wins.
+        flat = np.broadcast_to(updates, out[index].shape)
+        for position in np.ndindex(*index[0].shape):
+            out[tuple(component[position] for component in index)] = flat[position]
+        return
+    if mode not in _SCATTER_MODES:
+        raise InterpreterError(f"scatter mode {mode!r} is not supported")
+    _SCATTER_MODES[mode](out, index, updates)
+
+
+def _scatter_nd(a: dict[str, Any]) -> np.ndarray:
+    out = np.array(_f32(a["data"]), copy=True)
+    indices = np.asarray(a["indices"])
+    depth = indices.shape[-1]
+    index = tuple(
+        _checked_indices(indices[..., k], out.shape[k], "scatter_nd") for k in range(depth)
+    )
+    _scatter_into(out, index, _f32(a["updates"]), str(a.get("mode") or "update"))
+    return out
+
+
+def _scatter(a: dict[str, Any]) -> np.ndarray:
+    data = np.array(_f32(a["data"]), copy=True)
+    axis = int(np.asarray(a["axis"])) % data.ndim
+    moved = np.moveaxis(data, axis, 0)  # a view: writes land in `data`
+    indices = _checked_indices(np.asarray(a["indices"]).reshape(-1), moved.shape[0], "scatter")
+    updates = np.moveaxis(_f32(a["updates"]), axis, 0)
+    _scatter_into(moved, (indices,), updates, str(a.get("mode") or "update"))
+    return data
+
+
+def _scatter_along_axis(a: dict[str, Any]) -> np.ndarray:
+    data = np.array(_f32(a["data"]), copy=True)
+    axis = int(np.asarray(a["axis"])) % data.ndim
+    indices = _checked_indices(a["indices"], data.shape[axis], "scatter_along_axis")
+    grid = list(np.indices(indices.shape, sparse=False))
+    grid[axis] = indices
+    _scatter_into(data, tuple(grid), _f32(a["updates"]), str(a.get("mode") or "update"))
+    return data
+
+
+def _select(a: dict[str, Any]) -> np.ndarray:
+    return np.where(np.asarray(a["cond"]).astype(bool), _f32(a["a"]), _f32(a["b"]))
+
+
+def _fill_like(a: dict[str, Any]) -> np.ndarray:
+    value = 0.0 if a.get("value") is None else np.asarray(a["value"])
+    return np.full(np.shape(a["ref_tensor"]), value)
+
+
+def _fill(a: dict[str, Any]) -> np.ndarray:
+    value = 0.0 if a.get("value") is None else np.asarray(a["value"])
+    return np.full(_int_list(a["shape"]), value)
+
+
+def _range_1d(a: dict[str, Any]) -> np.ndarray:
+    return np.arange(np.asarray(a["start"]), np.asarray(a["end"]), np.asarray(a["step"]))
+
+
+def _split(a: dict[str, Any]) -> tuple[np.ndarray, ...]:
+    x = np.asarray(a["x"])
+    axis = int(np.asarray(a["axis"])) % x.ndim
+    if a.get("split_sizes") is not None:
+        bounds = np.cumsum(_int_list(a["split_sizes"]))[:-1]
+        return tuple(np.split(x, bounds, axis=axis))
+    return tuple(np.split(x, int(np.asarray(a["num_splits"])), axis=axis))
+
+
+def _stack(a: dict[str, Any]) -> np.ndarray:
+    return np.stack([np.asarray(v) for v in a["values"]], axis=int(np.asarray(a["axis"])))
+
+
+def _read_state(a: dict[str, Any]) -> np.ndarray:
+    # A snapshot: later in-place writes to the state must not change values already read.
+    return np.array(a["input"], copy=True)
+
+
+def _update_state(a: dict[str, Any]) -> np.ndarray:
+    state = a["state"]
+    state[...] = np.asarray(a["value"]).astype(state.dtype)
+    return np.array(state, copy=True)
+
+
+KERNELS: dict[str, Kernel] = {
+    # elementwise binary
+    "add": _binary(np.add),
+    "sub": _binary(np.subtract),
+    "mul": _binary(np.multiply),
+    "real_div": _real_div,
+    "floor_div": _binary(np.floor_divide),
+    "mod": _binary(np.mod),
+    "pow": _binary(np.power),
+    "maximum": _binary(np.maximum),
+    "minimum": _binary(np.minimum),
+    "equal": _binary(np.equal),
+    "not_equal": _binary(np.not_equal),
+    "less": _binary(np.less),
+    "less_equal": _binary(np.less_equal),
+    "greater": _binary(np.greater),
+    "greater_equal": _binary(np.greater_equal),
+    "logical_and": _binary(np.logical_and),
+    "logical_or": _binary(np.logical_or),
+    "logical_xor": _binary(np.logical_xor),
+    # elementwise unary
+    "abs": _unary(np.abs),
+    "ceil": _unary(np.ceil),
+    "floor": _unary(np.floor),
+    "round": _unary(_round_half_away),
+    "sign": _unary(np.sign),
+    "square": _unary(np.square),
+    "sqrt": _unary(np.sqrt),
+    "exp": _unary(np.exp),
+    "exp2": _unary(np.exp2),
+    "sin": _unary(np.sin),
+    "cos": _unary(np.cos),
+    "tan": _unary(np.tan),
+    "tanh": _unary(np.tanh),
+    "logical_not": _unary(np.logical_not),
+    "rsqrt": _with_epsilon(lambda x: 1.0 / np.sqrt(x), 1e-12),
+    "inverse": _with_epsilon(lambda x: 1.0 / x, 1e-4),
+    "log": _with_epsilon(np.log, 1e-45),
+    "clip": _clip,
+    "cast": _cast,
+    "identity": lambda a: np.asarray(a["x"]),
+    # activations
+    "relu": _unary(lambda x: np.maximum(x, 0)),
+    "sigmoid": _unary(_sigmoid),
+    "silu": _unary(lambda x: x * _sigmoid(x)),
+    "softplus": _unary(lambda x: np.logaddexp(0, x)),
+    "softmax": _softmax,
+    # linear algebra
+    "linear": _linear,
+    "matmul": _matmul,
+    # reductions
+    "reduce_sum": _reduction(np.sum),
+    "reduce_mean": _reduction(np.mean),
+    "reduce_max": _reduction(np.max),
+    "reduce_min": _reduction(np.min),
+    "reduce_prod": _reduction(np.prod),
+    "reduce_sum_square": _reduction(lambda x, **k: np.sum(x * x, **k)),
+    "reduce_l1_norm": _reduction(lambda x, **k: np.sum(np.abs(x), **k)),
+    "reduce_l2_norm": _reduction(lambda x, **k: np.sqrt(np.sum(x * x, **k))),
+    "reduce_log_sum": _reduction(lambda x, **k: np.log(np.sum(x, **k))),
+    "reduce_log_sum_exp": _reduction(_log_sum_exp),
+    "reduce_argmax": _arg_reduction(np.argmax),
+    "reduce_argmin": _arg_reduction(np.argmin),
+    # shape and data movement
+    "concat": _concat,
+    "stack": _stack,
+    "split": _split,
+    "reshape": _reshape,
+    "transpose": _transpose,
+    "expand_dims": _expand_dims,
+    "squeeze": _squeeze,
+    "tile": _tile,
+    "slice_by_index": _slice_by_index,
+    "slice_by_size": _slice_by_size,
+    "slice_update": _slice_update,
+    "gather": _gather,
+    "gather_along_axis": _gather_along_axis,
+    "gather_nd": _gather_nd,
+    "scatter": _scatter,
+    "scatter_nd": _scatter_nd,
+    "scatter_along_axis": _scatter_along_axis,
+    "select": _select,
+    "fill": _fill,
+    "fill_like": _fill_like,
+    "range_1d": _range_1d,
+    "shape": lambda a: np.array(np.shape(a["x"]), dtype=np.int32),
+    # states
+    "read_state": _read_state,
+    "coreml_update_state": _update_state,
+}
+
+SUPPORTED_OP_TYPES = frozenset(KERNELS) | {"const"}
+
+
+# --------------------------------------------------------------------------------------------
+
+
+def _numpy_dtype(builtin: Any) -> np.dtype:
+    types = _mil_types()
+    if builtin == types.str:
+        return np.dtype(object)
+    return np.dtype(types.nptype_from_builtin(builtin))
+
+
+def _static_shape(var: Any) -> tuple[int, ...] | None:
+    shape = var.shape
+    if shape is None or not all(isinstance(d, (int, np.integer)) for d in shape):
+        return None
+    return tuple(int(d) for d in shape)
+
+
+class Interpreter:
+    """Runs one function of a loaded ML program with numpy."""
+
+    def __init__(self, program: Any, function_name: str | None = None):
+        name = function_name or getattr(program, "default_function_name", "main")
+        if name not in program.functions:
+            raise KeyError(
+                f"program has no function {name!r}; it has {sorted(program.functions)}"
+            )
+        self.function_name = name
+        self.function = program.functions[name]
+        types = _mil_types()
+        self.input_specs: dict[str, tuple[tuple[int, ...] | None, np.dtype]] = {}
+        self.state_specs: dict[str, tuple[tuple[int, ...] | None, np.dtype]] = {}
+        for input_name, var in self.function.inputs.items():
+            if types.is_state(var.sym_type):
+                wrapped = var.sym_type.wrapped_type()
+                shape = tuple(int(d) for d in wrapped.get_shape())
+                self.state_specs[input_name] = (shape, _numpy_dtype(wrapped.get_primitive()))
+            else:
+                self.input_specs[input_name] = (_static_shape(var), _numpy_dtype(var.dtype))
+        self.output_names = [var.name for var in self.function.outputs]
+        self.constants: dict[str, Any] = {}
+        self._ops: list[Any] = []
+        unsupported: list[tuple[str, str]] = []
+        for op in self.function.operations:
+            if op.op_type == "const" or op.op_type.startswith("constexpr_"):
+                self._load_constant(op)
+            elif op.op_type in KERNELS:
+                self._ops.append(op)
+            else:
+                unsupported.append((op.op_type, op.name))
+        if unsupported:
+            raise UnsupportedOpError(name, unsupported)
+
+    def _load_constant(self, op: Any) -> None:
+        if op.op_type == "const":
+            values = [op.outputs[0].val]
+        elif hasattr(op, "materialized_val_inference"):
+            values = op.materialized_val_inference()
+            values = list(values) if isinstance(values, (tuple, list)) else [values]
+        else:
+            raise UnsupportedOpError(self.function_name, [(op.op_type, op.name)])
+        for var, value in zip(op.outputs, values, strict=True):
+            if isinstance(value, str):
+                self.constants[var.name] = value
+            else:
+                self.constants[var.name] = np.asarray(value).astype(_numpy_dtype(var.dtype))
+
+    @property
+    def op_types(self) -> set[str]:
+        return {op.op_type for op in self._ops}
+
+    def run(
+        self, inputs: Mapping[str, np.ndarray], states: Mapping[str, np.ndarray] | None = None
+    ) -> dict[str, np.ndarray]:
+        """Executes the function. `states` arrays are updated in place by state writes."""
+        env: dict[str, Any] = dict(self.constants)
+        env.update(self._bind_inputs(inputs))
+        env.update(self._bind_states(states or {}))
+        for op in self._ops:
+            args = {param: self._resolve(env, value) for param, value in op.inputs.items()}
+            try:
+                result = KERNELS[op.op_type](args)
+            except InterpreterError:
+                raise
+            except Exception as error:
+                raise InterpreterError(
+                    f"{op.op_type} (op {op.name!r}) failed: {type(error).__name__}: {error}"
+                ) from error
+            results = result if isinstance(result, tuple) else (result,)
+            if len(results) != len(op.outputs):
+                raise InterpreterError(
+                    f"{op.op_type} (op {op.name!r}) produced {len(results)} values for "
+                    f"{len(op.outputs)} outputs"
+                )
+            for var, value in zip(op.outputs, results, strict=True):
+                env[var.name] = self._conform(op, var, value)
+        return {var.name: env[var.name] for var in self.function.outputs}
+
+    @staticmethod
+    def _resolve(env: dict[str, Any], value: Any) -> Any:
+        if isinstance(value, (list, tuple)):
+            return [env[v.name] for v in value]
+        return env[value.name]
+
+    @staticmethod
+    def _conform(op: Any, var: Any, value: Any) -> np.ndarray:
+        """Stores the value in its declared dtype (this is where fp16 rounding happens) and
+        checks the declared static shape, which catches kernel mistakes early."""
+        value = np.asarray(value).astype(_numpy_dtype(var.dtype), copy=False)
+        expected = _static_shape(var)
+        if expected is not None and value.shape != expected:
+            raise InterpreterError(
+                f"{op.op_type} (op {op.name!r}) produced shape {value.shape} for output "
+                f"{var.name!r}, but the program declares {expected}"
+            )
+        return value
+
+    def _bind_inputs(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        missing = sorted(set(self.input_specs) - set(inputs))
+        unknown = sorted(set(inputs) - set(self.input_specs))
+        if missing or unknown:
+            raise ValueError(
+                f"function {self.function_name!r} takes inputs {sorted(self.input_specs)}; "
+                f"missing {missing}, unknown {unknown}"
+            )
+        bound = {}
+        for name, (shape, dtype) in self.input_specs.items():
+            value = np.asarray(inputs[name])
+            if shape is not None and value.shape != shape:
+                raise ValueError(f"input {name!r} has shape {value.shape}, expected {shape}")
+            bound[name] = value.astype(dtype)
+        return bound
+
+    def _bind_states(self, states: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        missing = sorted(set(self.state_specs) - set(states))
+        if missing:
+            raise ValueError(
+                f"function {self.function_name!r} needs states {sorted(self.state_specs)}; "
+                f"missing {missing}"
+            )
+        bound = {}
+        for name, (shape, dtype) in self.state_specs.items():
+            value = states[name]
+            # Writes must land in the caller's array, so no conversion is allowed here.
+            if not isinstance(value, np.ndarray) or value.shape != shape or value.dtype != dtype:
+                raise ValueError(
+                    f"state {name!r} must be a numpy array of shape {shape} and dtype {dtype}; "
+                    f"got {type(value).__name__} {getattr(value, 'shape', None)} "
+                    f"{getattr(value, 'dtype', None)}"
+                )
+            bound[name] = value
+        return bound
+
+    def zero_states(self) -> dict[str, np.ndarray]:
+        return {name: np.zeros(shape, dtype) for name, (shape, dtype) in self.state_specs.items()}
+
+
+def run_package(
+    package_path: str | Path,
+    inputs: Mapping[str, np.ndarray],
+    states: Mapping[str, np.ndarray] | None = None,
+    function_name: str | None = None,
+) -> dict[str, np.ndarray]:
+    """One-shot convenience: load, interpret, return the outputs."""
+    program = load_program(package_path, function_name)
+    return Interpreter(program, function_name).run(inputs, states)
+
+
+__all__ = [
+    "KERNELS",
+    "SUPPORTED_OP_TYPES",
+    "Interpreter",
+    "InterpreterError",
+    "UnsupportedOpError",
+    "list_functions",
+    "load_program",
+    "run_package",
+]
+
