@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import struct
 import tempfile
 import time
 from collections.abc import Iterator
@@ -24,7 +25,13 @@ import torch
 
 from museflash import __version__
 from museflash.atomic_output import check_destination, publish_directory
-from museflash.checkpoint import CheckpointError, load_drafter, load_target, read_config
+from museflash.checkpoint import (
+    CheckpointError,
+    PlaceholderWeights,
+    load_drafter,
+    load_target,
+    read_config,
+)
 from museflash.models.dflash import DFlashConfig, validate_drafter_against_target
 from museflash.models.muse_glimmer import MuseGlimmerConfig
 
@@ -92,6 +99,13 @@ def check_flag_rules(options: ExportOptions) -> None:
     for name in ("max_context_length", "prefill_length"):
         if getattr(options, name) < 1:
             raise ExportError(f"--{name.replace('_', '-')} must be at least 1")
+    if options.max_context_length % 32:
+        suggestion = -(-options.max_context_length // 32) * 32
+        raise ExportError(
+            f"--max-context-length {options.max_context_length} is not a multiple of 32 (the "
+            f"global KV cache is a Core ML state and the Neural Engine wants state dimensions "
+            f"in multiples of 32); use {suggestion}"
+        )
     if options.prefill_length > options.max_context_length:
         raise ExportError(
             f"--prefill-length {options.prefill_length} exceeds --max-context-length "
@@ -312,12 +326,23 @@ def save_functions(
     default_function: str,
     progress: Progress,
     label: str,
+    placeholders: PlaceholderWeights | None = None,
 ) -> None:
-    """Converts each plan to its own package, then merges them into one multifunction package
-    (identical weights are stored once)."""
-    import coremltools as ct
+    """Converts each plan, then merges the functions into one multifunction package (identical
+    weights are stored once), as coremltools' save_multifunction does, but from the converted
+    programs in memory: save_multifunction reloads every function's weights from disk.
 
-    parts = []
+    With `placeholders`, the module's large weights are stand-ins; the real values are
+    streamed into the package's weight file afterwards, one tensor at a time."""
+    import coremltools as ct
+    from coremltools.converters.mil import mil as ct_mil
+    from coremltools.converters.mil.converter import mil_convert
+    from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
+    from coremltools.proto import Model_pb2
+
+    programs = {}
+    descriptions = {}
+    spec_version = 0
     for plan in plans:
         view = module.with_entry_point(plan.entry_point)
         with progress.stage("trace", f"{label}.{plan.name}"):
@@ -325,18 +350,135 @@ def save_functions(
             check_no_data_dependent_scalars(program)
         with progress.stage("convert", f"{label}.{plan.name}") as info:
             model = convert(program, plan.inputs, plan.outputs, module, state_names)
-            part = scratch / f"{label}-{plan.name}.mlpackage"
-            model.save(str(part))
-            info["bytes"] = tree_bytes(part)
-        parts.append((plan.name, part))
-        del model, program
+            # The single-function package coremltools wrote is not needed: its program (after
+            # every pass) and its function description are.
+            info["bytes"] = tree_bytes(Path(model.package_path))
+            spec = model.get_spec()
+            described = spec.description
+            descriptions[plan.name] = Model_pb2.FunctionDescription(
+                name=plan.name, input=described.input, output=described.output,
+                state=described.state, predictedFeatureName=described.predictedFeatureName,
+                predictedProbabilitiesName=described.predictedProbabilitiesName)
+            spec_version = max(spec_version, spec.specificationVersion)
+            programs[plan.name] = model._mil_program
+        del model, program, spec
     with progress.stage("save", f"{destination.name}") as info:
-        descriptor = ct.utils.MultiFunctionDescriptor()
-        for name, part in parts:
-            descriptor.add_function(str(part), src_function_name="main", target_function_name=name)
-        descriptor.default_function_name = default_function
-        ct.utils.save_multifunction(descriptor, str(destination))
+        merged = ct_mil.Program()
+        for name, single in programs.items():
+            merged.add_function(name, single.functions["main"])
+        programs.clear()
+        PASS_REGISTRY["common::const_deduplication"]._deduplicate_const_across_functions(merged)
+        merged.default_function_name = default_function
+        merged.skip_all_passes = True
+        merged.export_as_multifunction = True
+        model = mil_convert(
+            merged,
+            convert_to="mlprogram",
+            convert_from="milinternal",
+            specification_version=max(spec_version, ct.target.iOS18.value),
+            compute_units=ct.ComputeUnit.CPU_ONLY,
+            model_description=Model_pb2.ModelDescription(
+                functions=[descriptions[name] for name in merged.functions],
+                defaultFunctionName=default_function),
+            skip_model_load=True,
+        )
+        del merged
+        model.save(str(destination))
+        del model
+        if placeholders is not None:
+            write_real_weights(destination, module, placeholders)
         info["bytes"] = tree_bytes(destination)
+
+
+# --- Real weights into a package converted with placeholders ---------------------------------
+
+_BLOB_SENTINEL = 0xDEADBEEF
+_BLOB_METADATA = struct.Struct("<IIQQ")  # sentinel, dtype, size in bytes, data offset
+_VERIFY_CHUNK_BYTES = 32 << 20
+
+
+def _blob_constants(spec) -> dict[int, tuple[str, tuple[int, ...]]]:
+    """Offset in the weight file -> (const name, shape), for every const stored there."""
+    found: dict[int, tuple[str, tuple[int, ...]]] = {}
+
+    def visit(block) -> None:
+        for op in block.operations:
+            for nested in op.blocks:
+                visit(nested)
+            if op.type != "const" or "val" not in op.attributes:
+                continue
+            value = op.attributes["val"]
+            if value.WhichOneof("value") != "blobFileValue":
+                continue
+            dims = tuple(d.constant.size for d in value.type.tensorType.dimensions)
+            found.setdefault(value.blobFileValue.offset, (op.outputs[0].name, dims))
+
+    for function in spec.mlProgram.functions.values():
+        for block in function.block_specializations.values():
+            visit(block)
+    return found
+
+
+def write_real_weights(package: Path, module: torch.nn.Module,
+                       placeholders: PlaceholderWeights) -> int:
+    """Replaces every placeholder blob in the package's weight file by the real weight, read
+    from the checkpoint one tensor at a time. A placeholder is only replaced where the blob is
+    exactly the placeholder (same shape, every row the placeholder's row), so a weight that a
+    conversion pass had transposed, folded or cast fails loudly instead of being mis-written.
+    Returns the number of blobs written."""
+    from coremltools.proto import Model_pb2
+
+    data = package / "Data" / "com.apple.CoreML"
+    spec = Model_pb2.Model()
+    spec.ParseFromString((data / "model.mlmodel").read_bytes())
+    expected = {placeholders.row_of(p) for p in module.parameters()} - {None}
+    written = 0
+    seen: set[bytes] = set()
+    with (data / "weights" / "weight.bin").open("r+b", buffering=0) as weights:
+        for offset, (name, shape) in sorted(_blob_constants(spec).items()):
+            weights.seek(offset)
+            sentinel, _, size, start = _BLOB_METADATA.unpack(weights.read(_BLOB_METADATA.size))
+            if sentinel != _BLOB_SENTINEL:
+                raise ExportError(f"{package}: const {name} points at offset {offset} of "
+                                  "weight.bin, which holds no blob header")
+            if len(shape) != 2:
+                continue
+            weights.seek(start)
+            row = weights.read(shape[1] * 2)
+            location = placeholders.by_row.get(row)
+            if location is None:
+                continue
+            if shape != location.shape or size != 2 * shape[0] * shape[1]:
+                raise ExportError(f"{package}: const {name} holds the placeholder of "
+                                  f"{location.key} {list(location.shape)} with shape "
+                                  f"{list(shape)}; conversion changed the weight")
+            _verify_repeated_row(weights, start, size, row, name, location.key)
+            real = location.read(torch.float16).contiguous()
+            weights.seek(start)
+            weights.write(real.numpy().tobytes())
+            del real
+            seen.add(row)
+            written += 1
+    missing = expected - seen
+    if missing:
+        keys = sorted(placeholders.by_row[row].key for row in missing)
+        raise ExportError(f"{package}: weights {keys[:5]} are not stored as they were given "
+                          "(a conversion pass folded or transformed them)")
+    return written
+
+
+def _verify_repeated_row(handle, start: int, size: int, row: bytes, name: str, key: str):
+    rows_per_chunk = max(1, _VERIFY_CHUNK_BYTES // len(row))
+    pattern = np.frombuffer(row, dtype=np.uint8)
+    done = 0
+    handle.seek(start)
+    while done < size:
+        chunk = handle.read(min(size - done, rows_per_chunk * len(row)))
+        block = np.frombuffer(chunk, dtype=np.uint8).reshape(-1, len(row))
+        if not (block == pattern).all():
+            raise ExportError(f"const {name} starts like the placeholder of {key} but differs "
+                              "further on; conversion changed the weight")
+        done += len(chunk)
 
 
 def embed_metadata(package: Path, metadata: dict[str, Any]) -> None:
@@ -462,6 +604,9 @@ def export_bundle(options: ExportOptions, progress: Progress | None = None) -> P
                               f"{options.max_context_length}")
         max_query = max(options.prefill_length, decode_length, block)
 
+        # The large weights stay on disk until the packages are written (see
+        # docs/export-memory.md); only their stand-ins are traced and converted.
+        placeholders = PlaceholderWeights()
         with progress.stage("load", "target") as info:
             target = load_target(
                 target_dir,
@@ -469,14 +614,17 @@ def export_bundle(options: ExportOptions, progress: Progress | None = None) -> P
                 dtype=TRACE_DTYPE,
                 max_context=options.max_context_length,
                 max_query_len=max_query,
+                placeholders=placeholders,
             )
             info["bytes"] = module_weight_bytes(target)
         drafter = None
         if options.dflash_drafter or options.with_drafter:
             with progress.stage("load", "drafter") as info:
                 drafter = load_drafter(drafter_dir, target, target_dir=target_dir,
-                                       dtype=TRACE_DTYPE, max_query_len=max_query,
-                                       ring=options.with_drafter)
+                                       dtype=TRACE_DTYPE, max_context=options.max_context_length,
+                                       max_query_len=max_query,
+                                       ring=options.with_drafter,
+                                       placeholders=placeholders)
                 info["bytes"] = module_weight_bytes(drafter) - module_weight_bytes(
                     target.embed_tokens) - (module_weight_bytes(target.lm_head)
                                             if target.lm_head is not None else 0)
@@ -484,7 +632,8 @@ def export_bundle(options: ExportOptions, progress: Progress | None = None) -> P
         with publish_directory(options.output_dir, options.overwrite) as staging:
             scratch = Path(tempfile.mkdtemp(prefix=".parts-", dir=staging))
             metadata = _export_packages(options, target, target_cfg, drafter, spec,
-                                        decode_length, staging, scratch, progress, source)
+                                        decode_length, staging, scratch, progress, source,
+                                        placeholders)
             shutil.rmtree(scratch)
             for asset in metadata["assets"].values():
                 embed_metadata(staging / asset["path"], metadata)
@@ -495,7 +644,7 @@ def export_bundle(options: ExportOptions, progress: Progress | None = None) -> P
 
 
 def _export_packages(options, target, target_cfg, drafter, spec, decode_length, staging,
-                     scratch, progress, source) -> dict[str, Any]:
+                     scratch, progress, source, placeholders=None) -> dict[str, Any]:
     fused = options.fused_target
     target_outputs = ["logits", "drafter_features"] if fused else ["logits"]
     target_plans = [
@@ -508,7 +657,7 @@ def _export_packages(options, target, target_cfg, drafter, spec, decode_length, 
                      _example_ids(options.prefill_length), options.prefill_length),
     ]
     save_functions(target, target_plans, TARGET_STATES, staging / "target.mlpackage", scratch,
-                   "main", progress, "target")
+                   "main", progress, "target", placeholders)
     ring_names = {"slidingKeyCache", "slidingValueCache"}
     assets = {
         "target": _asset("target.mlpackage", "fused_target" if fused else "target", "main",
@@ -526,7 +675,7 @@ def _export_packages(options, target, target_cfg, drafter, spec, decode_length, 
                          ["input_ids", "position_ids"], ["logits"], _example_ids(block), block),
         ]
         save_functions(drafter, plans, DRAFTER_STATES, staging / "dflash_drafter.mlpackage",
-                       scratch, "draft", progress, "dflash_drafter")
+                       scratch, "draft", progress, "dflash_drafter", placeholders)
         assets["dflash_drafter"] = _asset("dflash_drafter.mlpackage", "dflash_drafter", "draft",
                                           plans, _state_entries(drafter, DRAFTER_STATES,
                                                                 ring_names))
@@ -534,7 +683,7 @@ def _export_packages(options, target, target_cfg, drafter, spec, decode_length, 
         plans = [FunctionPlan("main", "decode", "decode", _int_inputs("input_ids", 1),
                               ["input_ids", "position_ids"], ["logits"], _example_ids(1), 1)]
         save_functions(drafter, plans, DRAFTER_STATES, staging / "ring_drafter.mlpackage",
-                       scratch, "main", progress, "ring_drafter")
+                       scratch, "main", progress, "ring_drafter", placeholders)
         assets["ring_drafter"] = _asset("ring_drafter.mlpackage", "ring_drafter", "main", plans,
                                         _state_entries(drafter, DRAFTER_STATES, ring_names))
     return {

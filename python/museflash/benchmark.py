@@ -1,0 +1,513 @@
+"""Export memory and speed benchmark: the streaming export against a naive conversion.
+
+For each size (GB of fp16 weights) a synthetic target + DFlash drafter checkpoint pair is
+written in the real layout (bf16 safetensors, sharded, [S,S,S,G] layers), then each path
+exports the fused target and the drafter in its own process while this process samples the
+child's memory. Writes benchmark.json and benchmark.png and prints a table.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from museflash.demo_checkpoint import DEMO_DRAFTER_CONFIG, DEMO_TARGET_CONFIG
+
+PATHS = ("naive", "streaming")
+GB = 10**9
+SAMPLE_INTERVAL_S = 0.05
+EXPORT_ARGS = dict(max_context_length=256, prefill_length=16)
+
+_S, _G = "sliding_attention", "full_attention"
+
+
+# --- Synthetic checkpoints -------------------------------------------------------------------
+
+
+def synthetic_configs(weight_bytes: float) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Target and drafter configs whose fp16 weights total about `weight_bytes`.
+
+    Width grows with the cube root of the size and depth takes the rest, so both scale (the
+    claim under test is that memory stops growing with depth)."""
+    head_dim = 64 if weight_bytes < 0.05 * GB else 128
+    heads = max(2, 2 * round(3 * (max(weight_bytes, 1) / (0.25 * GB)) ** (1 / 3)))
+    if weight_bytes < 0.05 * GB:
+        heads = 2
+    hidden = heads * head_dim
+    vocab = 8192 if weight_bytes >= 0.05 * GB else 2048
+    intermediate = 4 * hidden
+    per_layer = 2 * (hidden * heads * head_dim * 3 + 2 * hidden * 2 * head_dim
+                     + 3 * hidden * intermediate + 4 * hidden)
+    drafter_layers = 1
+    fixed = 2 * (2 * vocab * hidden + 3 * hidden * hidden + hidden)
+    fixed += drafter_layers * per_layer
+    groups = max(1, round((weight_bytes - fixed) / per_layer / 4))
+    layers = 4 * groups
+    text = copy.deepcopy(DEMO_TARGET_CONFIG["text_config"])
+    text.update({
+        "vocab_size": vocab,
+        "hidden_size": hidden,
+        "intermediate_size": intermediate,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": 2,
+        "head_dim": head_dim,
+        "layer_types": [_S, _S, _S, _G] * groups,
+        "layer_rope_theta": [10000.0, 10000.0, 10000.0, 0.0] * groups,
+        "sliding_window": 64,
+    })
+    target = copy.deepcopy(DEMO_TARGET_CONFIG)
+    target["text_config"] = text
+    drafter = copy.deepcopy(DEMO_DRAFTER_CONFIG)
+    drafter.update({
+        "hidden_size": hidden,
+        "num_hidden_layers": drafter_layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": 2,
+        "head_dim": head_dim,
+        "intermediate_size": intermediate,
+        "mask_token_id": vocab - 1,
+        "target_layer_ids": [1, layers // 2, layers - 2],
+        "sliding_window": 64,
+    })
+    return target, drafter
+
+
+def _synthetic_tensor(name: str, shape: tuple[int, ...], generator: torch.Generator):
+    # Values that keep activations O(1), like the demo checkpoint, generated one tensor at a
+    # time so writing a large checkpoint needs no more than one shard of memory.
+    noise = torch.randn(shape, generator=generator)
+    if "norm" in name:
+        return 0.1 * noise
+    if len(shape) == 2 and "embed" not in name:
+        return noise.mul_(1 / math.sqrt(shape[1]))
+    return noise
+
+
+def write_synthetic_checkpoints(directory: Path, weight_bytes: float, seed: int = 0,
+                                max_shard_bytes: int = 500_000_000) -> tuple[Path, Path]:
+    """Writes directory/target and directory/drafter (bf16, sharded); returns both paths."""
+    from museflash.checkpoint import (
+        DRAFTER_BORROWED,
+        ENCODER_PREFIX,
+        target_checkpoint_key,
+        write_safetensors,
+    )
+    from museflash.models.dflash import DFlashConfig, DFlashDrafter
+    from museflash.models.muse_glimmer import MuseGlimmerConfig, MuseGlimmerWithDrafterFeatures
+
+    target_config, drafter_config = synthetic_configs(weight_bytes)
+    drafter_cfg = DFlashConfig.from_dict(drafter_config)
+    with torch.device("meta"):
+        target = MuseGlimmerWithDrafterFeatures(MuseGlimmerConfig.from_dict(target_config),
+                                                drafter_cfg, max_context=8, max_query_len=8)
+        drafter = DFlashDrafter.for_target(drafter_cfg, target, max_query_len=8)
+    generator = torch.Generator().manual_seed(seed)
+    target_items = (
+        (target_checkpoint_key(name), _synthetic_tensor(name, tuple(p.shape), generator))
+        for name, p in target.named_parameters() if not name.startswith(ENCODER_PREFIX)
+    )
+    write_safetensors(target_items, directory / "target", target_config,
+                      max_shard_bytes=max_shard_bytes)
+    drafter_items = [
+        (name, p.shape) for name, p in drafter.named_parameters()
+        if not name.startswith(DRAFTER_BORROWED)
+    ] + [(ENCODER_PREFIX + name, p.shape) for name, p in target.encoder.named_parameters()]
+    write_safetensors(
+        ((name, _synthetic_tensor(name, tuple(shape), generator)) for name, shape in
+         drafter_items),
+        directory / "drafter", drafter_config, max_shard_bytes=max_shard_bytes)
+    return directory / "target", directory / "drafter"
+
+
+# --- One export per process ------------------------------------------------------------------
+
+
+def _export_options(checkpoints: Path, output: Path):
+    from museflash.export import ExportOptions
+
+    return ExportOptions(output_dir=output, overwrite=True, fused_target=True,
+                         dflash_drafter=True, checkpoint=checkpoints / "target",
+                         drafter_checkpoint=checkpoints / "drafter", **EXPORT_ARGS)
+
+
+def naive_export(checkpoints: Path, output: Path) -> None:
+    """What one writes without care: the whole model in fp32, one plain ct.convert per
+    function, save_multifunction to merge. Same functions, inputs and states as the export."""
+    import coremltools as ct
+
+    from museflash import export as ex
+    from museflash.checkpoint import load_drafter, load_target
+
+    options = _export_options(checkpoints, output)
+    _, drafter_raw, drafter_cfg = ex.prepare(options, options.checkpoint,
+                                             options.drafter_checkpoint)
+    spec = ex.speculative_decoding_block(drafter_raw, drafter_cfg, "dflash", None)
+    block, width = spec["block_size"], spec["drafter_hidden_size"]
+    target = load_target(options.checkpoint, options.drafter_checkpoint, dtype=torch.float32,
+                         max_context=options.max_context_length,
+                         max_query_len=max(options.prefill_length, block))
+    drafter = load_drafter(options.drafter_checkpoint, target, dtype=torch.float32,
+                           max_query_len=max(options.prefill_length, block))
+    output.mkdir(parents=True, exist_ok=True)
+    packages = [
+        (target, ex.TARGET_STATES, "target.mlpackage", "main", [
+            ("main", "forward", ex._int_inputs("input_ids", block), ["logits", "drafter_features"],
+             ex._example_ids(block)),
+            ("prefill", "prefill", ex._int_inputs("input_ids", options.prefill_length),
+             ["logits", "drafter_features"], ex._example_ids(options.prefill_length)),
+        ]),
+        (drafter, ex.DRAFTER_STATES, "dflash_drafter.mlpackage", "draft", [
+            ("inject_kv", "inject_kv", ex._features_inputs(block, width),
+             ["last_injected_position"],
+             (torch.zeros(1, block, width), torch.arange(block, dtype=torch.int32))),
+            ("draft", "draft", ex._int_inputs("input_ids", block), ["logits"],
+             ex._example_ids(block)),
+        ]),
+    ]
+    for module, states, name, default, functions in packages:
+        descriptor = ct.utils.MultiFunctionDescriptor()
+        for function, entry, inputs, outputs, example in functions:
+            program = torch.export.export(module.with_entry_point(entry), example)
+            model = ex.convert(program.run_decompositions({}), inputs, outputs, module, states)
+            part = output / f"{function}.part.mlpackage"
+            model.save(str(part))
+            descriptor.add_function(str(part), src_function_name="main",
+                                    target_function_name=function)
+        descriptor.default_function_name = default
+        ct.utils.save_multifunction(descriptor, str(output / name))
+        for function, *_ in functions:
+            shutil.rmtree(output / f"{function}.part.mlpackage")
+
+
+def streaming_export(checkpoints: Path, output: Path) -> None:
+    from museflash.export import Progress, export_bundle
+
+    export_bundle(_export_options(checkpoints, output), Progress(echo=lambda _line: None))
+
+
+def _status_kib(pid: int, field: str) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    except (FileNotFoundError, ProcessLookupError):
+        pass
+    return 0
+
+
+def _process_tree(pid: int) -> list[int]:
+    found, pending = [], [pid]
+    while pending:
+        current = pending.pop()
+        found.append(current)
+        for task in Path(f"/proc/{current}/task").glob("*"):
+            try:
+                pending.extend(int(c) for c in (task / "children").read_text().split())
+            except (FileNotFoundError, ProcessLookupError):
+                pass
+    return found
+
+
+class TreeSampler:
+    """Samples VmHWM and RssAnon of a process and its children every SAMPLE_INTERVAL_S."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        self.peak_rss = self.peak_anon = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            tree = _process_tree(self.pid)
+            self.peak_rss = max(self.peak_rss, sum(_status_kib(p, "VmHWM") for p in tree) * 1024)
+            self.peak_anon = max(self.peak_anon,
+                                 sum(_status_kib(p, "RssAnon") for p in tree) * 1024)
+            self._stop.wait(SAMPLE_INTERVAL_S)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+@dataclass
+class Record:
+    path: str
+    size_gb: float
+    weight_bytes: int
+    num_hidden_layers: int
+    hidden_size: int
+    wall_s: float
+    peak_rss_bytes: int
+    peak_anon_bytes: int
+    output_bytes: int
+    baseline_rss_bytes: int  # the interpreter with torch and coremltools imported, no export
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.weight_bytes / 1e6 / self.wall_s
+
+
+def checkpoint_weight_bytes(checkpoints: Path) -> int:
+    """fp16 bytes of every tensor the export uses (the vision tower's are not exported)."""
+    from museflash.checkpoint import SafetensorsReader
+
+    total = 0
+    for name in ("target", "drafter"):
+        reader = SafetensorsReader(checkpoints / name)
+        total += sum(2 * math.prod(reader.shape(k)) for k in reader.keys()
+                     if not k.startswith("model.vision_"))
+    return total
+
+
+def run_one(path: str, checkpoints: Path, output: Path) -> tuple[float, int, int]:
+    """(wall seconds, peak RSS, peak anonymous RSS) of one export in a fresh process."""
+    command = [sys.executable, "-m", "museflash.benchmark", "--child", path,
+               "--checkpoints", str(checkpoints), "--output", str(output)]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    began = time.monotonic()
+    child = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    sampler = TreeSampler(child.pid)
+    _, status, usage = os.wait4(child.pid, 0)
+    wall = time.monotonic() - began
+    sampler.stop()
+    child.returncode = os.waitstatus_to_exitcode(status)
+    stderr = child.stderr.read().decode(errors="replace")
+    child.stdout.close()
+    child.stderr.close()
+    if child.returncode != 0:
+        raise RuntimeError(f"{path} export failed ({child.returncode}):\n{stderr[-3000:]}")
+    # ru_maxrss of wait4 is the child's own peak, which the sampler can miss between samples.
+    return wall, max(sampler.peak_rss, usage.ru_maxrss * 1024), sampler.peak_anon
+
+
+def baseline_rss() -> int:
+    code = ("import coremltools, torch, museflash.export; "
+            "print(open('/proc/self/status').read())")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True).stdout
+    for line in out.splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def tree_bytes(root: Path) -> int:
+    return sum(p.stat().st_size for p in Path(root).rglob("*") if p.is_file())
+
+
+# --- Same model from both paths --------------------------------------------------------------
+
+
+def compare_exports(naive: Path, streaming: Path) -> list[str]:
+    """Differences between the two exports' packages: the specs (without the embedded metadata,
+    which only the real export writes) and every weight constant. Empty when equal."""
+    from coremltools.proto import Model_pb2
+
+    problems = []
+    for package in ("target.mlpackage", "dflash_drafter.mlpackage"):
+        specs = []
+        for root in (naive, streaming):
+            spec = Model_pb2.Model()
+            spec.ParseFromString((root / package / "Data" / "com.apple.CoreML" /
+                                  "model.mlmodel").read_bytes())
+            spec.description.ClearField("metadata")
+            specs.append(spec)
+        if specs[0] != specs[1]:
+            ops = [_op_counts(spec) for spec in specs]
+            changed = {k: (ops[0].get(k, 0), ops[1].get(k, 0)) for k in set(ops[0]) | set(ops[1])
+                       if ops[0].get(k, 0) != ops[1].get(k, 0)}
+            problems.append(f"{package}: specs differ (op counts naive vs streaming: "
+                            f"{dict(sorted(changed.items()))})")
+        weights = [_const_values(root / package, spec) for root, spec in
+                   zip((naive, streaming), specs, strict=True)]
+        # Const names follow the traced graph, which fp32 tracing changes; the stored values
+        # are compared as a multiset, so every weight must be present, bit for bit, in both.
+        stored = [sorted(hashlib.sha1(v).hexdigest() for v in w.values()) for w in weights]
+        big = [sorted(hashlib.sha1(v).hexdigest() for v in w.values() if len(v) >= 8192)
+               for w in weights]
+        if big[0] != big[1]:
+            problems.append(f"{package}: large weight constants differ in value "
+                            f"({len(set(big[0]) ^ set(big[1]))} unmatched)")
+        elif stored[0] != stored[1]:
+            problems.append(f"{package}: large weights equal; small constants differ "
+                            f"({len(set(stored[0]) ^ set(stored[1]))} unmatched)")
+    return problems
+
+
+def _op_counts(spec) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for function in spec.mlProgram.functions.values():
+        for block in function.block_specializations.values():
+            for op in block.operations:
+                counts[op.type] = counts.get(op.type, 0) + 1
+    return counts
+
+
+def _const_values(package: Path, spec) -> dict[str, bytes]:
+    """(function, const name) -> the stored bytes, for every const in the weight file."""
+    from museflash.export import _BLOB_METADATA
+
+    blob = (package / "Data" / "com.apple.CoreML" / "weights" / "weight.bin").read_bytes()
+    values = {}
+
+    def visit(function: str, block) -> None:
+        for op in block.operations:
+            for nested in op.blocks:
+                visit(function, nested)
+            if op.type == "const" and "val" in op.attributes and \
+                    op.attributes["val"].WhichOneof("value") == "blobFileValue":
+                offset = op.attributes["val"].blobFileValue.offset
+                _, _, size, start = _BLOB_METADATA.unpack_from(blob, offset)
+                values[f"{function}:{op.outputs[0].name}"] = blob[start:start + size]
+
+    for name, function in spec.mlProgram.functions.items():
+        for block in function.block_specializations.values():
+            visit(name, block)
+    return values
+
+
+# --- The benchmark ---------------------------------------------------------------------------
+
+
+def run_benchmark(sizes_gb: list[float], output_dir: Path, work_dir: Path | None = None,
+                  paths: tuple[str, ...] = PATHS, echo=print) -> list[Record]:
+    output_dir.mkdir(parents=True, exist_ok=True)
+    work = Path(work_dir) if work_dir else output_dir / "work"
+    baseline = baseline_rss()
+    records: list[Record] = []
+    checked = False
+    for size in sizes_gb:
+        checkpoints = work / f"checkpoints-{size:g}gb"
+        shutil.rmtree(checkpoints, ignore_errors=True)
+        write_synthetic_checkpoints(checkpoints, size * GB)
+        weight_bytes = checkpoint_weight_bytes(checkpoints)
+        text = json.loads((checkpoints / "target" / "config.json").read_text())["text_config"]
+        outputs = {}
+        for path in paths:
+            out = work / f"export-{size:g}gb-{path}"
+            shutil.rmtree(out, ignore_errors=True)
+            wall, peak, anon = run_one(path, checkpoints, out)
+            record = Record(path, size, weight_bytes, text["num_hidden_layers"],
+                            text["hidden_size"], round(wall, 2), peak, anon,
+                            sum(tree_bytes(out / p) for p in
+                                ("target.mlpackage", "dflash_drafter.mlpackage")), baseline)
+            records.append(record)
+            outputs[path] = out
+            echo(f"[benchmark] {size:g} GB {path}: {wall:.1f} s, peak RSS "
+                 f"{peak / 1e9:.2f} GB, peak anon {anon / 1e9:.2f} GB")
+        if not checked and set(outputs) == set(PATHS):
+            problems = compare_exports(outputs["naive"], outputs["streaming"])
+            (output_dir / "equivalence.txt").write_text(
+                f"size {size:g} GB: " + ("; ".join(problems) or
+                                        "specs and every weight constant equal") + "\n")
+            echo(f"[benchmark] equivalence at {size:g} GB: {problems or 'equal'}")
+            checked = True
+        for out in outputs.values():
+            shutil.rmtree(out, ignore_errors=True)
+        shutil.rmtree(checkpoints, ignore_errors=True)
+        write_results(records, output_dir)
+    if work_dir is None:
+        shutil.rmtree(work, ignore_errors=True)
+    echo(format_table(records))
+    return records
+
+
+def write_results(records: list[Record], output_dir: Path) -> None:
+    (output_dir / "benchmark.json").write_text(json.dumps(
+        [dict(asdict(r), mb_per_s=round(r.mb_per_s, 2)) for r in records], indent=2) + "\n")
+    plot(records, output_dir / "benchmark.png")
+
+
+def slope(records: list[Record], path: str) -> float | None:
+    points = [(r.weight_bytes, r.peak_rss_bytes) for r in records if r.path == path]
+    if len(points) < 2:
+        return None
+    mean_x = sum(x for x, _ in points) / len(points)
+    mean_y = sum(y for _, y in points) / len(points)
+    var = sum((x - mean_x) ** 2 for x, _ in points)
+    return sum((x - mean_x) * (y - mean_y) for x, y in points) / var if var else None
+
+
+def format_table(records: list[Record]) -> str:
+    lines = [f"{'path':<10} {'weights GB':>10} {'layers':>6} {'wall s':>8} {'MB/s':>7} "
+             f"{'peak RSS GB':>11} {'x weights':>9} {'peak anon GB':>12} {'output GB':>9}"]
+    for r in records:
+        lines.append(f"{r.path:<10} {r.weight_bytes / 1e9:>10.3f} {r.num_hidden_layers:>6} "
+                     f"{r.wall_s:>8.1f} {r.mb_per_s:>7.1f} {r.peak_rss_bytes / 1e9:>11.2f} "
+                     f"{r.peak_rss_bytes / r.weight_bytes:>9.2f} "
+                     f"{r.peak_anon_bytes / 1e9:>12.2f} {r.output_bytes / 1e9:>9.3f}")
+    for path in PATHS:
+        value = slope(records, path)
+        if value is not None:
+            lines.append(f"slope of peak RSS over weight bytes ({path}): {value:.3f}")
+    if records:
+        largest = max(r.weight_bytes for r in records)
+        at = {r.path: r for r in records if r.weight_bytes == largest}
+        if set(at) == set(PATHS):
+            lines.append(f"throughput at the largest size: streaming/naive = "
+                         f"{at['streaming'].mb_per_s / at['naive'].mb_per_s:.2f}x")
+    lines.append(f"baseline RSS (interpreter + imports): {records[0].baseline_rss_bytes / 1e9:.2f}"
+                 " GB" if records else "")
+    return "\n".join(lines)
+
+
+def plot(records: list[Record], destination: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot
+
+    figure, (memory, speed) = pyplot.subplots(1, 2, figsize=(11, 4.5))
+    for path, colour in zip(PATHS, ("tab:red", "tab:blue"), strict=True):
+        rows = sorted((r for r in records if r.path == path), key=lambda r: r.weight_bytes)
+        if not rows:
+            continue
+        x = [r.weight_bytes / 1e9 for r in rows]
+        memory.plot(x, [r.peak_rss_bytes / 1e9 for r in rows], "o-", color=colour,
+                    label=f"{path} peak RSS")
+        memory.plot(x, [r.peak_anon_bytes / 1e9 for r in rows], "s--", color=colour,
+                    label=f"{path} peak anonymous")
+        speed.plot(x, [r.wall_s for r in rows], "o-", color=colour, label=path)
+    top = max((r.weight_bytes / 1e9 for r in records), default=1)
+    memory.plot([0, top], [0, top], ":", color="grey", label="1x weight bytes")
+    memory.set(xlabel="fp16 weight bytes (GB)", ylabel="GB", title="Peak memory per export")
+    speed.set(xlabel="fp16 weight bytes (GB)", ylabel="seconds", title="Export wall time")
+    memory.legend(fontsize=8)
+    speed.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(destination, dpi=100)
+    pyplot.close(figure)
+
+
+def _child_main(argv: list[str]) -> None:
+    import argparse
+    import logging
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--child", choices=PATHS, required=True)
+    parser.add_argument("--checkpoints", type=Path, required=True)
+    parser.add_argument("--output", type=Path, required=True)
+    args = parser.parse_args(argv)
+    logging.getLogger("coremltools").setLevel(logging.ERROR)
+    (naive_export if args.child == "naive" else streaming_export)(args.checkpoints, args.output)
+
+
+if __name__ == "__main__":
+    _child_main(sys.argv[1:])

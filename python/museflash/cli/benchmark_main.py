@@ -1,0 +1,46 @@
+"""museflash export benchmark: streaming export against a naive conversion.
+
+  ./bazelw run //:benchmark -- --sizes 0.25,0.5,1,2 --output-dir DIR
+
+Relative paths resolve against the directory Bazel was run from.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from absl import app, flags, logging
+
+from museflash.benchmark import run_benchmark
+from museflash.cli.export_main import resolve_user_path
+
+flags.DEFINE_list("sizes", ["0.25", "0.5", "1", "2"], "Checkpoint sizes in GB of fp16 weights.")
+flags.DEFINE_string("output-dir", "benchmark", "Where benchmark.json and benchmark.png go.")
+flags.DEFINE_string("work-dir", None, "Scratch space for checkpoints and exports (default: "
+                    "inside --output-dir, removed afterwards).")
+flags.DEFINE_list("paths", ["naive", "streaming"], "Which export paths to run.")
+
+FLAGS = flags.FLAGS
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) > 1:
+        print(f"benchmark: unexpected arguments {argv[1:]}", file=sys.stderr)
+        return 2
+    logging.set_verbosity(logging.WARNING)
+    try:
+        sizes = [float(s) for s in FLAGS.sizes]
+    except ValueError:
+        print(f"benchmark: --sizes must be numbers, got {FLAGS.sizes}", file=sys.stderr)
+        return 2
+    run_benchmark(sizes, resolve_user_path(FLAGS["output-dir"].value),
+                  resolve_user_path(FLAGS["work-dir"].value), tuple(FLAGS.paths))
+    return 0
+
+
+def run() -> None:
+    app.run(main)
+
+
+if __name__ == "__main__":
+    run()
