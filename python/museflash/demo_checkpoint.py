@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import copy
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -153,8 +154,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-shard-bytes", type=int, default=None,
                         help="write model-0000N-of-0000M.safetensors shards of at most this size")
     args = parser.parse_args(argv)
+    output_dir = args.output_dir
+    if not output_dir.is_absolute():
+        # `bazel run` starts tools inside the runfiles tree; the user meant their own cwd.
+        output_dir = Path(os.environ.get("BUILD_WORKING_DIRECTORY") or os.getcwd()) / output_dir
     target_dir, drafter_dir = write_demo_checkpoints(
-        args.output_dir, args.seed, args.dtype, max_shard_bytes=args.max_shard_bytes
+        output_dir, args.seed, args.dtype, max_shard_bytes=args.max_shard_bytes
     )
     print(f"wrote {target_dir} and {drafter_dir}")
 

@@ -43,6 +43,7 @@ def _quiet(_line):
         (dict(dflash_drafter=True, with_drafter=True), "mutually exclusive"),
         (dict(fused_target=True, prefill_length=0), "--prefill-length must be at least 1"),
         (dict(fused_target=True, prefill_length=64, max_context_length=32), "exceeds"),
+        (dict(fused_target=True, max_context_length=100), "multiple of 32.*use 128"),
     ],
 )
 def test_flag_rules_fail_before_any_work(tmp_path, flags, message):

@@ -1,0 +1,72 @@
+"""museflash verify: check an export against its source checkpoints and decode with it.
+
+  ./bazelw run //:verify -- --export-dir exported [--prompt-tokens N --new-tokens M]
+      [--checkpoint DIR --drafter-checkpoint DIR]
+
+The checkpoints default to the `source` record of metadata.json (`builtin:demo` regenerates the
+demo pair). Exit status: 0 everything passed, 1 a mismatch, 2 unusable input.
+Relative paths resolve against the directory Bazel was run from.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from absl import app, flags, logging
+
+from museflash.verify import VerifyOptions, run_verify
+
+flags.DEFINE_string("export-dir", None, "Export directory (holds metadata.json).")
+flags.DEFINE_integer("prompt-tokens", None,
+                     "Length of the deterministic prompt (default: 1.5 prefill chunks).")
+flags.DEFINE_integer("new-tokens", 24, "Tokens to generate with speculative decoding.")
+flags.DEFINE_string("checkpoint", None,
+                    "Target checkpoint (default: metadata.json source.checkpoint).")
+flags.DEFINE_string("drafter-checkpoint", None,
+                    "Drafter checkpoint (default: metadata.json source.drafter_checkpoint).")
+
+FLAGS = flags.FLAGS
+
+
+def resolve_user_path(value: str | None) -> Path | None:
+    """`bazel run` starts tools inside the runfiles tree; the user meant their own cwd.
+    (Not imported from export_main: importing it would define its flags, whose names clash.)"""
+    if value is None:
+        return None
+    path = Path(value).expanduser()
+    if path.is_absolute():
+        return path
+    return Path(os.environ.get("BUILD_WORKING_DIRECTORY") or os.getcwd()) / path
+
+
+def options_from_flags() -> VerifyOptions:
+    return VerifyOptions(
+        export_dir=resolve_user_path(FLAGS["export-dir"].value),
+        prompt_tokens=FLAGS["prompt-tokens"].value,
+        new_tokens=FLAGS["new-tokens"].value,
+        checkpoint=resolve_user_path(FLAGS["checkpoint"].value),
+        drafter_checkpoint=resolve_user_path(FLAGS["drafter-checkpoint"].value),
+    )
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) > 1:
+        print(f"verify: error: unexpected arguments {argv[1:]}; all options are --flags",
+              file=sys.stderr)
+        return 2
+    if FLAGS["export-dir"].value is None:
+        print("verify: error: --export-dir is required", file=sys.stderr)
+        return 2
+    # coremltools logs graph passes at INFO through absl's handler; keep the figures readable.
+    logging.set_verbosity(logging.WARNING)
+    return run_verify(options_from_flags())
+
+
+def run() -> None:
+    app.run(main)
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,439 @@
+"""Reference greedy speculative decoding (DFlash) over an exported bundle.
+
+The loop drives only what the app would drive: the target's `prefill` and `main` functions and
+the drafter's `inject_kv` and `draft` functions, run by the numpy ML-program interpreter with
+caller-owned fp16 states. It is the executable statement of the runtime contract in
+docs/metadata.md and docs/positions.md:
+
+  prefill   prompt chunks of the fixed prefill length; a prompt that is not a multiple lets the
+            last chunk overlap the previous one (re-writing a position writes the same K/V).
+  inject    the drafter gets target features in blocks of exactly block_size rows ending at the
+            newest accepted position; overlapping rows re-write identical values.
+  step      draft [anchor, MASK x (K-1)] at anchor_pos .. anchor_pos+K-1, verify the same
+            positions with ONE target `main` call, accept the longest agreeing prefix plus the
+            target's own token, then continue from the first unaccepted position. Nothing is
+            truncated: rejected slots are overwritten by the next call (docs/positions.md).
+
+Backends are small adapters so the same loop runs over the exported packages (the reference)
+and over eager torch modules (used to measure acceptance while training a drafter).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from museflash.mlprogram_interpreter import Interpreter, load_program
+
+METADATA_FILE = "metadata.json"
+
+
+class BundleError(ValueError):
+    """The export directory cannot be used for speculative decoding; says why."""
+
+
+# --- Backends --------------------------------------------------------------------------------
+
+
+class Target(Protocol):
+    prefill_length: int
+    verify_length: int
+
+    def prefill(self, ids: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """-> (logits of the chunk's last position [vocab], features [T, width])."""
+
+    def verify(self, ids: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """-> (logits [T, vocab], features [T, width])."""
+
+    def reset(self) -> None: ...
+
+
+class Drafter(Protocol):
+    block_size: int
+
+    def inject(self, features: np.ndarray, positions: np.ndarray) -> None: ...
+
+    def draft(self, ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """-> logits [K, vocab]."""
+
+    def reset(self) -> None: ...
+
+
+def read_metadata(export_dir: str | Path) -> dict[str, Any]:
+    path = Path(export_dir) / METADATA_FILE
+    if not path.is_file():
+        raise BundleError(f"{path} not found; point at a directory written by //:export")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise BundleError(f"{path} is not valid JSON ({error})") from error
+
+
+def _asset(metadata: dict[str, Any], role: str) -> dict[str, Any]:
+    asset = metadata.get("assets", {}).get(role)
+    if asset is None:
+        raise BundleError(f"the bundle has no {role!r} asset (assets: "
+                          f"{sorted(metadata.get('assets', {}))})")
+    return asset
+
+
+class _Package:
+    """The interpreters of one package's functions and the states they share."""
+
+    def __init__(self, export_dir: Path, asset: dict[str, Any]):
+        self.path = export_dir / asset["path"]
+        if not self.path.is_dir():
+            raise BundleError(f"{self.path} not found (listed in metadata.json)")
+        program = load_program(self.path)
+        self.functions = {name: Interpreter(program, name) for name in asset["functions"]}
+        self.query_length = {name: int(f["query_length"])
+                             for name, f in asset["functions"].items()}
+        self.states = next(iter(self.functions.values())).zero_states()
+
+    def run(self, function: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return self.functions[function].run(inputs, self.states)
+
+    def reset(self) -> None:
+        for value in self.states.values():
+            value.fill(0)
+
+
+class ExportedTarget:
+    """The fused target package: `prefill` and `main`, both returning drafter_features."""
+
+    def __init__(self, export_dir: str | Path, metadata: dict[str, Any] | None = None):
+        export_dir = Path(export_dir)
+        metadata = metadata or read_metadata(export_dir)
+        asset = _asset(metadata, "target")
+        if asset.get("kind") != "fused_target":
+            raise BundleError(f"target kind is {asset.get('kind')!r}; speculative decoding "
+                              "with DFlash needs --fused-target (drafter_features output)")
+        self.package = _Package(export_dir, asset)
+        self.prefill_length = self.package.query_length["prefill"]
+        self.verify_length = self.package.query_length["main"]
+
+    def _call(self, function: str, ids: np.ndarray, positions: np.ndarray):
+        out = self.package.run(function, {
+            "input_ids": np.asarray(ids, np.int32).reshape(1, -1),
+            "position_ids": np.asarray(positions, np.int32),
+        })
+        return out["logits"][0].astype(np.float32), out["drafter_features"][0]
+
+    def prefill(self, ids, positions):
+        logits, features = self._call("prefill", ids, positions)
+        return logits[-1], features
+
+    def verify(self, ids, positions):
+        return self._call("main", ids, positions)
+
+    def reset(self) -> None:
+        self.package.reset()
+
+
+class ExportedDrafter:
+    """The DFlash drafter package: `inject_kv` and `draft` sharing one ring cache."""
+
+    def __init__(self, export_dir: str | Path, metadata: dict[str, Any] | None = None):
+        export_dir = Path(export_dir)
+        metadata = metadata or read_metadata(export_dir)
+        self.package = _Package(export_dir, _asset(metadata, "dflash_drafter"))
+        self.block_size = self.package.query_length["draft"]
+
+    def inject(self, features, positions) -> None:
+        self.package.run("inject_kv", {
+            "features": np.asarray(features, np.float16)[None],
+            "position_ids": np.asarray(positions, np.int32),
+        })
+
+    def draft(self, ids, positions):
+        out = self.package.run("draft", {
+            "input_ids": np.asarray(ids, np.int32).reshape(1, -1),
+            "position_ids": np.asarray(positions, np.int32),
+        })
+        return out["logits"][0].astype(np.float32)
+
+    def reset(self) -> None:
+        self.package.reset()
+
+
+class EagerTarget:
+    """A fused torch target (e.g. from checkpoint.load_target with a drafter dir)."""
+
+    def __init__(self, model: torch.nn.Module, prefill_length: int, verify_length: int):
+        self.model = model
+        self.prefill_length = prefill_length
+        self.verify_length = verify_length
+
+    def _call(self, ids, positions):
+        with torch.no_grad():
+            logits, features = self.model(torch.as_tensor(np.asarray(ids), dtype=torch.int32)
+                                          .reshape(1, -1),
+                                          torch.as_tensor(np.asarray(positions),
+                                                          dtype=torch.int32))
+        return logits[0].float().numpy(), features[0].float().numpy()
+
+    def prefill(self, ids, positions):
+        logits, features = self._call(ids, positions)
+        return logits[-1], features
+
+    def verify(self, ids, positions):
+        return self._call(ids, positions)
+
+    def reset(self) -> None:
+        self.model.reset_caches()
+
+
+class EagerDrafter:
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+        self.block_size = model.config.block_size
+
+    def inject(self, features, positions) -> None:
+        with torch.no_grad():
+            weight = next(self.model.layers.parameters())
+            self.model.inject_kv(torch.as_tensor(np.asarray(features)).to(weight.dtype)[None],
+                                 torch.as_tensor(np.asarray(positions), dtype=torch.int32))
+
+    def draft(self, ids, positions):
+        with torch.no_grad():
+            logits = self.model.draft(torch.as_tensor(np.asarray(ids), dtype=torch.int32)
+                                      .reshape(1, -1),
+                                      torch.as_tensor(np.asarray(positions), dtype=torch.int32))
+        return logits[0].float().numpy()
+
+    def reset(self) -> None:
+        self.model.reset_caches()
+
+
+# --- The loop --------------------------------------------------------------------------------
+
+
+@dataclass
+class DecodeResult:
+    tokens: list[int]
+    target_calls: int = 0
+    prefill_calls: int = 0
+    verify_calls: int = 0
+    drafter_calls: int = 0
+    inject_calls: int = 0
+    draft_calls: int = 0
+    accepted: list[int] = field(default_factory=list)  # drafted tokens accepted, per step
+    num_draft_tokens: int = 0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Mean drafted tokens accepted per step (the target's own token not counted)."""
+        return float(np.mean(self.accepted)) if self.accepted else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Mean fraction of the proposed tokens that were accepted."""
+        if not self.accepted or not self.num_draft_tokens:
+            return 0.0
+        return self.mean_accepted_length / self.num_draft_tokens
+
+    @property
+    def tokens_per_target_call(self) -> float:
+        return len(self.tokens) / self.target_calls if self.target_calls else 0.0
+
+    @property
+    def tokens_per_verify_call(self) -> float:
+        """Tokens produced by decode steps per `main` call (mean accepted length + 1 before
+        the final step is cut to the requested length)."""
+        decoded = len(self.tokens) - 1  # the first token comes from prefill
+        return decoded / self.verify_calls if self.verify_calls else 0.0
+
+    def summary(self) -> str:
+        return (f"{len(self.tokens)} tokens, {self.target_calls} target calls "
+                f"({self.prefill_calls} prefill + {self.verify_calls} main), "
+                f"{self.drafter_calls} drafter calls ({self.inject_calls} inject_kv + "
+                f"{self.draft_calls} draft), mean accepted length "
+                f"{self.mean_accepted_length:.2f}/{self.num_draft_tokens} "
+                f"({100 * self.acceptance_rate:.1f}%), "
+                f"{self.tokens_per_target_call:.2f} tokens per target call, "
+                f"{self.tokens_per_verify_call:.2f} per main call")
+
+
+def chunk_starts(length: int, chunk: int) -> list[int]:
+    """Starts of fixed-size chunks covering 0..length-1; the last one overlaps its
+    predecessor instead of running past the end."""
+    if length < chunk:
+        raise ValueError(f"{length} positions cannot fill one chunk of {chunk}")
+    starts = list(range(0, length - chunk + 1, chunk))
+    if starts[-1] + chunk < length:
+        starts.append(length - chunk)
+    return starts
+
+
+def _check_prompt(prompt: list[int], target: Target, block: int) -> None:
+    needed = max(target.prefill_length, block)
+    if len(prompt) < needed:
+        raise ValueError(
+            f"prompt has {len(prompt)} tokens; this bundle needs at least {needed} (one prefill "
+            f"chunk of {target.prefill_length} and one inject_kv block of {block})")
+
+
+def _prefill(target: Target, prompt: list[int], result: DecodeResult):
+    """Returns the first generated token and the features of every prompt position."""
+    ids = np.asarray(prompt, np.int32)
+    features: dict[int, np.ndarray] = {}
+    length = target.prefill_length
+    logits = None
+    for start in chunk_starts(len(prompt), length):
+        positions = np.arange(start, start + length, dtype=np.int32)
+        logits, rows = target.prefill(ids[start:start + length], positions)
+        result.prefill_calls += 1
+        features.update(zip(positions.tolist(), rows, strict=True))
+    return int(np.argmax(logits)), features
+
+
+def _check_room(metadata_context: int | None, prompt_len: int, new_tokens: int, block: int):
+    if metadata_context is None:
+        return
+    # The last verify block starts at most at prompt_len + new_tokens - 1.
+    needed = prompt_len + new_tokens + block - 1
+    if needed > metadata_context:
+        raise ValueError(f"prompt {prompt_len} + {new_tokens} new tokens need positions up to "
+                         f"{needed - 1}, beyond the bundle's context_length {metadata_context}")
+
+
+def speculative_generate(
+    target: Target,
+    drafter: Drafter,
+    prompt: list[int],
+    max_new_tokens: int,
+    *,
+    mask_token_id: int,
+    num_draft_tokens: int | None = None,
+    context_length: int | None = None,
+) -> DecodeResult:
+    """Greedy speculative decoding; the output equals the target's own greedy output."""
+    block = drafter.block_size
+    if target.verify_length != block:
+        raise ValueError(f"target main takes {target.verify_length} tokens but the drafter's "
+                         f"block is {block}; verification needs one main call per block")
+    proposals = num_draft_tokens if num_draft_tokens is not None else block - 1
+    if not 1 <= proposals <= block - 1:
+        raise ValueError(f"num_draft_tokens {proposals} must be in 1..{block - 1}")
+    _check_prompt(prompt, target, block)
+    _check_room(context_length, len(prompt), max_new_tokens, block)
+    target.reset()
+    drafter.reset()
+    result = DecodeResult(tokens=[], num_draft_tokens=proposals)
+    anchor, features = _prefill(target, prompt, result)
+    result.tokens.append(anchor)
+    for start in chunk_starts(len(prompt), block):
+        positions = np.arange(start, start + block, dtype=np.int32)
+        drafter.inject(np.stack([features[p] for p in positions.tolist()]), positions)
+        result.inject_calls += 1
+    anchor_pos = len(prompt)
+    while len(result.tokens) < max_new_tokens:
+        positions = np.arange(anchor_pos, anchor_pos + block, dtype=np.int32)
+        drafted = drafter.draft(np.array([anchor] + [mask_token_id] * (block - 1), np.int32),
+                                positions)
+        result.draft_calls += 1
+        guesses = np.argmax(drafted[1:], axis=-1).astype(np.int32)
+        logits, rows = target.verify(np.concatenate([[anchor], guesses]).astype(np.int32),
+                                     positions)
+        result.verify_calls += 1
+        greedy = np.argmax(logits, axis=-1)
+        accepted = 0
+        while accepted < proposals and guesses[accepted] == greedy[accepted]:
+            accepted += 1
+        result.accepted.append(accepted)
+        result.tokens.extend(int(t) for t in guesses[:accepted])
+        result.tokens.append(int(greedy[accepted]))
+        # Rows 0..accepted were computed from correct tokens; later rows saw rejected drafts.
+        last = anchor_pos + accepted
+        features.update(zip(range(anchor_pos, last + 1), rows[:accepted + 1], strict=True))
+        window = np.arange(last - block + 1, last + 1, dtype=np.int32)
+        drafter.inject(np.stack([features[p] for p in window.tolist()]), window)
+        result.inject_calls += 1
+        for old in [p for p in features if p <= last - block]:
+            del features[old]
+        anchor, anchor_pos = int(greedy[accepted]), last + 1
+    del result.tokens[max_new_tokens:]
+    result.drafter_calls = result.inject_calls + result.draft_calls
+    result.target_calls = result.prefill_calls + result.verify_calls
+    return result
+
+
+def greedy_generate(
+    target: Target,
+    prompt: list[int],
+    max_new_tokens: int,
+    *,
+    pad_token_id: int = 0,
+    context_length: int | None = None,
+) -> DecodeResult:
+    """Target-only greedy decoding over the same functions: one new token per `main` call.
+
+    `main` has a fixed query length, so each call feeds [newest token, pad ...]: only row 0 is
+    used, and the pad rows' cache writes sit at later positions that the next call overwrites
+    before any query can see them (the same rollback argument as rejected drafts).
+    """
+    block = target.verify_length
+    _check_prompt(prompt, target, 1)
+    _check_room(context_length, len(prompt), max_new_tokens, block)
+    target.reset()
+    result = DecodeResult(tokens=[])
+    token, _ = _prefill(target, prompt, result)
+    result.tokens.append(token)
+    position = len(prompt)
+    while len(result.tokens) < max_new_tokens:
+        ids = np.array([token] + [pad_token_id] * (block - 1), np.int32)
+        logits, _ = target.verify(ids, np.arange(position, position + block, dtype=np.int32))
+        result.verify_calls += 1
+        token = int(np.argmax(logits[0]))
+        result.tokens.append(token)
+        position += 1
+    result.target_calls = result.prefill_calls + result.verify_calls
+    return result
+
+
+def eager_greedy_generate(model: torch.nn.Module, prompt: list[int],
+                          max_new_tokens: int) -> list[int]:
+    """Greedy decoding with an eager torch target (fp32 reference), one token per call.
+
+    Works with the plain and the fused target (the fused one returns (logits, features)).
+    """
+    model.reset_caches()
+    tokens: list[int] = []
+    ids = torch.tensor([prompt], dtype=torch.int32)
+    positions = torch.arange(len(prompt), dtype=torch.int32)
+    with torch.no_grad():
+        while len(tokens) < max_new_tokens:
+            out = model(ids, positions)
+            logits = out[0] if isinstance(out, tuple) else out
+            token = int(torch.argmax(logits[0, -1]))
+            tokens.append(token)
+            ids = torch.tensor([[token]], dtype=torch.int32)
+            positions = positions[-1:] + 1
+    return tokens
+
+
+def load_exported_pair(export_dir: str | Path) -> tuple[ExportedTarget, ExportedDrafter, dict]:
+    metadata = read_metadata(export_dir)
+    if not metadata.get("speculative_decoding"):
+        raise BundleError(f"{export_dir} was exported without a drafter "
+                          "(speculative_decoding is null)")
+    kind = metadata["speculative_decoding"].get("drafter_kind")
+    if kind != "dflash":
+        raise BundleError(f"drafter_kind is {kind!r}; this loop drives the DFlash drafter")
+    return ExportedTarget(export_dir, metadata), ExportedDrafter(export_dir, metadata), metadata
+
+
+def run_exported(export_dir: str | Path, prompt: list[int], max_new_tokens: int,
+                 num_draft_tokens: int | None = None) -> DecodeResult:
+    """Convenience: speculative decoding over an export directory with its own settings."""
+    target, drafter, metadata = load_exported_pair(export_dir)
+    spec = metadata["speculative_decoding"]
+    return speculative_generate(
+        target, drafter, prompt, max_new_tokens, mask_token_id=int(spec["mask_token_id"]),
+        num_draft_tokens=num_draft_tokens or int(spec["num_draft_tokens"]),
+        context_length=int(metadata["context_length"]))

@@ -1,0 +1,336 @@
+"""Train the demo DFlash drafter to imitate the demo target (self-distillation), on CPU.
+
+    python -m museflash.tools.train_demo_drafter --output-dir DIR [--train-seconds 150]
+
+Data: random prompts, continued greedily by the demo target itself (eager torch, fp32). For an
+anchor position a the drafter sees what it sees at run time: the target features injected for
+the context positions inside its window, and the block [token_a, MASK x (K-1)]; it learns to
+predict the target's next K-1 tokens. The encoder (which runs inside the fused target but is
+stored in the drafter checkpoint), the drafter layers and its final norm are trained; the
+borrowed embedding and lm_head stay the target's.
+
+Writes DIR/drafter (trained, the real checkpoint layout, block_size 4 like the demo) plus
+DIR/drafter-k8 and DIR/drafter-k16 (same weights, block_size 8 / 16: the weights do not depend
+on the block size), and reports acceptance for K = 4, 8, 16 before and after training, measured
+with the speculative loop over EAGER torch modules (not an export):
+  acceptance  = mean over steps of (drafted tokens accepted) / (K - 1)
+  accepted length = mean drafted tokens accepted per step (the target's own token not counted)
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from museflash.checkpoint import (
+    drafter_checkpoint_tensors,
+    load_drafter,
+    load_target,
+    read_config,
+    write_safetensors,
+)
+from museflash.speculative import EagerDrafter, EagerTarget, speculative_generate
+
+UPSTREAM_ACCEPTANCE = {4: 0.64, 8: 0.30, 16: 0.17}
+EVAL_BLOCKS = (4, 8, 16)
+MAX_CONTEXT = 256
+MAX_QUERY = 128
+
+
+@dataclass
+class Corpus:
+    tokens: torch.Tensor  # [N, L] int64: prompt followed by the target's greedy continuation
+    captured: torch.Tensor  # [N, L, layers * hidden]: target layer outputs feeding the encoder
+    starts: torch.Tensor  # [N]: first generated position of each row (its prompt length)
+
+
+def load_pair(target_dir: Path, drafter_dir: Path):
+    """fp32 fused target and drafter with fp32 caches (eager reference numerics)."""
+    target = load_target(target_dir, drafter_dir, dtype=torch.float32, max_context=MAX_CONTEXT,
+                         max_query_len=MAX_QUERY, cache_dtype=torch.float32)
+    drafter = load_drafter(drafter_dir, target, target_dir=target_dir, dtype=torch.float32,
+                           max_query_len=MAX_QUERY, cache_dtype=torch.float32)
+    return target, drafter
+
+
+def random_prompts(count: int, length: int, vocab: int, mask_token_id: int, seed: int):
+    rng = np.random.default_rng(seed)
+    prompts = rng.integers(0, vocab, (count, length))
+    prompts[prompts == mask_token_id] = 0
+    return prompts.tolist()
+
+
+def generate_corpus(target, prompts: list[list[int]], length: int) -> Corpus:
+    """Each prompt continued greedily by the target up to `length` tokens in all."""
+    rows, captures = [], []
+    with torch.no_grad():
+        for prompt in prompts:
+            tokens = list(prompt)
+            target.reset_caches()
+            ids = torch.tensor([tokens], dtype=torch.int32)
+            positions = torch.arange(len(tokens), dtype=torch.int32)
+            while len(tokens) < length:
+                logits, _ = target(ids, positions)
+                tokens.append(int(torch.argmax(logits[0, -1])))
+                ids = torch.tensor([[tokens[-1]]], dtype=torch.int32)
+                positions = positions[-1:] + 1
+            # One pass over the whole sequence gives every position's encoder input.
+            target.reset_caches()
+            _, captured = target.hidden_states(torch.tensor([tokens], dtype=torch.int32),
+                                               torch.arange(length, dtype=torch.int32),
+                                               target.target_layer_ids)
+            rows.append(tokens)
+            captures.append(torch.cat(captured, dim=-1)[0])
+    return Corpus(torch.tensor(rows), torch.stack(captures),
+                  torch.tensor([len(p) for p in prompts]))
+
+
+# --- A batched, cache-free drafter forward for training --------------------------------------
+# The exported entry points work on batch 1 with in-place cache writes, which is slow to train
+# through; this computes the same function for many blocks at once. `check_training_forward`
+# compares it with the drafter's own inject_kv + draft before any training.
+
+
+def _rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """x [B, heads, T, D], positions [B, T]; rotate-half convention."""
+    dim = x.shape[-1]
+    inv_freq = 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)
+    angles = positions.float()[..., None] * inv_freq
+    angles = torch.cat([angles, angles], dim=-1)[:, None]
+    half = dim // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * angles.cos() + rotated * angles.sin()
+
+
+def _heads(x: torch.Tensor, count: int, dim: int) -> torch.Tensor:
+    batch, length, _ = x.shape
+    return x.reshape(batch, length, count, dim).transpose(1, 2)
+
+
+def drafter_block_logits(drafter, features: torch.Tensor, ctx_positions: torch.Tensor,
+                         block_ids: torch.Tensor, block_positions: torch.Tensor) -> torch.Tensor:
+    """features [B, C, H] (C may be 0), block_ids [B, K] -> logits [B, K, vocab]; every
+    context row and block row visible to every block query (the draft mask inside the
+    window)."""
+    cfg = drafter.config
+    n_q, n_kv, dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    x = drafter.embed_tokens(block_ids)
+    positions = torch.cat([ctx_positions, block_positions], dim=1)
+    for layer in drafter.layers:
+        attn = layer.self_attn
+        h = layer.input_layernorm(x)
+        source = torch.cat([features, h], dim=1)
+        k = _rope(attn.k_norm(_heads(attn.k_proj(source), n_kv, dim)), positions, cfg.rope_theta)
+        v = _heads(attn.v_proj(source), n_kv, dim)
+        q = _rope(attn.q_norm(_heads(attn.q_proj(h), n_q, dim)), block_positions,
+                  cfg.rope_theta)
+        groups = n_q // n_kv
+        k = k.repeat_interleave(groups, dim=1)
+        v = v.repeat_interleave(groups, dim=1)
+        weights = (q @ k.transpose(-1, -2) / math.sqrt(dim)).softmax(dim=-1)
+        out = (weights @ v).transpose(1, 2).reshape(x.shape[0], x.shape[1], n_q * dim)
+        x = x + attn.o_proj(out)
+        x = x + layer.mlp(layer.post_attention_layernorm(x))
+    weight = drafter.embed_tokens.weight if drafter.lm_head is None else drafter.lm_head.weight
+    logits = nn.functional.linear(drafter.norm(x), weight)
+    cap = drafter.final_logit_softcapping
+    return logits if cap is None else torch.tanh(logits / cap) * cap
+
+
+def _context_span(anchor: int, block: int, window: int) -> range:
+    """Injected positions the draft of a block at `anchor` sees (its window ends at the
+    block's last position)."""
+    return range(max(0, anchor + block - window), anchor)
+
+
+def check_training_forward(target, drafter, corpus: Corpus, block: int = 4) -> float:
+    """Max |difference| between the training forward and inject_kv + draft, relative to the
+    logits' scale; raises when they disagree (e.g. the model code changed)."""
+    tokens, captured = corpus.tokens[0], corpus.captured[0]
+    anchor = int(corpus.starts[0]) + 4
+    span = _context_span(anchor, block, drafter.config.sliding_window)
+    with torch.no_grad():
+        features = target.encoder([captured[list(span)][None]])
+        ctx_pos = torch.tensor([list(span)], dtype=torch.int32)
+        block_pos = torch.arange(anchor, anchor + block, dtype=torch.int32)[None]
+        ids = torch.tensor([[int(tokens[anchor])] + [drafter.config.mask_token_id] * (block - 1)])
+        ours = drafter_block_logits(drafter, features, ctx_pos, ids, block_pos)[0]
+        view = copy.copy(drafter)
+        view.config = copy.copy(drafter.config)
+        view.config.block_size = block
+        view.reset_caches()
+        view.inject_kv(features, ctx_pos[0])
+        reference = view.draft(ids.to(torch.int32), block_pos[0])[0]
+    error = float((ours - reference).abs().max() / reference.abs().max())
+    if error > 1e-4:
+        raise RuntimeError(f"training forward disagrees with inject_kv + draft ({error:.2e}); "
+                           "update drafter_block_logits to the model code")
+    return error
+
+
+def train(target, drafter, corpus: Corpus, *, steps: int | None, seconds: float | None,
+          batch: int = 64, lr: float = 3e-3, seed: int = 0, log=print) -> int:
+    """Trains in place; stops after `steps` or `seconds`, whichever comes first."""
+    generator = torch.Generator().manual_seed(seed)
+    params = (list(target.encoder.parameters()) + list(drafter.layers.parameters())
+              + list(drafter.norm.parameters()))
+    for p in params:
+        p.requires_grad_(True)
+    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    window, mask_id = drafter.config.sliding_window, drafter.config.mask_token_id
+    sequences, length = corpus.tokens.shape
+    began, step = time.monotonic(), 0
+    total_planned = steps or 10**9
+    while step < total_planned and (seconds is None or time.monotonic() - began < seconds):
+        block = EVAL_BLOCKS[step % len(EVAL_BLOCKS)]
+        ctx = max(0, window - block)
+        # Anchors inside the continuation, with a full context window behind them.
+        rows = torch.randint(0, sequences, (batch,), generator=generator)
+        low = corpus.starts[rows].clamp(min=ctx)
+        spread = (length - block + 1 - low).clamp(min=1)
+        anchors = low + (torch.rand(batch, generator=generator) * spread).long()
+        # Rows too short for this block keep their last whole block (prompt labels included).
+        anchors = anchors.clamp(min=ctx, max=length - block)
+        offsets = torch.arange(-ctx, 0)
+        ctx_pos = anchors[:, None] + offsets
+        block_pos = anchors[:, None] + torch.arange(block)
+        features = target.encoder([corpus.captured[rows[:, None], ctx_pos]])
+        ids = torch.full((batch, block), mask_id)
+        ids[:, 0] = corpus.tokens[rows, anchors]
+        labels = corpus.tokens[rows[:, None], block_pos[:, 1:]]
+        logits = drafter_block_logits(drafter, features, ctx_pos, ids, block_pos)[:, 1:]
+        # Acceptance stops at the first miss, so early block positions matter most.
+        decay = torch.exp(-torch.arange(block - 1, dtype=torch.float32) / 4.0)
+        losses = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                             labels.reshape(-1), reduction="none")
+        loss = (losses.reshape(batch, -1) * decay).sum() / (decay.sum() * batch)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        step += 1
+        if step % 100 == 0:
+            log(f"[train] step {step}: loss {loss.item():.3f} "
+                f"({time.monotonic() - began:.0f} s)")
+    for p in params:
+        p.requires_grad_(False)
+    return step
+
+
+def write_drafter(target, drafter, source_dir: Path, out_dir: Path, block_size: int) -> Path:
+    config = read_config(source_dir)
+    config["block_size"] = block_size
+    write_safetensors(drafter_checkpoint_tensors(drafter, target.encoder), out_dir, config,
+                      dtype="bf16")
+    return out_dir
+
+
+def measure_acceptance(target_dir: Path, drafter_dir: Path, block: int, prompts: list[list[int]],
+                       new_tokens: int) -> tuple[float, float, float]:
+    """(acceptance, mean accepted length, tokens per main call) of the eager speculative loop,
+    with the checkpoint as written (bf16 weights, like an export would read them)."""
+    target, drafter = load_pair(target_dir, drafter_dir)
+    mask = drafter.config.mask_token_id
+    eager_target = EagerTarget(target, prefill_length=len(prompts[0]), verify_length=block)
+    eager_drafter = EagerDrafter(drafter)
+    accepted, per_call = [], []
+    for prompt in prompts:
+        result = speculative_generate(eager_target, eager_drafter, prompt, new_tokens,
+                                      mask_token_id=mask)
+        accepted.extend(result.accepted)
+        per_call.append(result.tokens_per_verify_call)
+    mean = float(np.mean(accepted))
+    return mean / (block - 1), mean, float(np.mean(per_call))
+
+
+def with_block_sizes(target, drafter, source_dir: Path, out_root: Path, name: str):
+    """Checkpoint dirs for every evaluated block size (same weights)."""
+    dirs = {}
+    for block in EVAL_BLOCKS:
+        suffix = "" if block == 4 else f"-k{block}"
+        dirs[block] = write_drafter(target, drafter, source_dir, out_root / f"{name}{suffix}",
+                                    block)
+    return dirs
+
+
+def run(output_dir: Path, *, train_seconds: float | None, train_steps: int | None,
+        sequences: int, continuation: int = 80, seed: int = 0, eval_prompts_count: int = 4,
+        new_tokens: int = 32, log=print) -> dict:
+    from museflash.demo_checkpoint import write_demo_checkpoints
+
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    report: dict = {"acceptance_definition": "mean over decode steps of accepted/(K-1); "
+                    "accepted length = drafted tokens accepted per step", "measured_with":
+                    "eager torch (fp32 compute, bf16 checkpoint weights), not an export"}
+    with tempfile.TemporaryDirectory(prefix="museflash-train-") as scratch:
+        # The default seed and dtype: the pair `//:export` builds for builtin:demo.
+        target_dir, base_drafter_dir = write_demo_checkpoints(Path(scratch) / "demo")
+        target, drafter = load_pair(target_dir, base_drafter_dir)
+        mask, vocab = drafter.config.mask_token_id, target.config.vocab_size
+        began = time.monotonic()
+        corpus = generate_corpus(target, random_prompts(sequences, 16, vocab, mask, seed),
+                                 16 + continuation)
+        log(f"[train] corpus: {sequences} sequences x {corpus.tokens.shape[1]} tokens in "
+            f"{time.monotonic() - began:.0f} s")
+        log(f"[train] training forward vs inject_kv+draft: rel error "
+            f"{check_training_forward(target, drafter, corpus):.1e}")
+        prompts = random_prompts(eval_prompts_count, 16, vocab, mask, seed + 1000)
+        untrained = with_block_sizes(target, drafter, base_drafter_dir, Path(scratch),
+                                     "untrained")
+        report["untrained"] = {k: measure_acceptance(target_dir, d, k, prompts, new_tokens)
+                               for k, d in untrained.items()}
+        began = time.monotonic()
+        steps = train(target, drafter, corpus, steps=train_steps, seconds=train_seconds,
+                      seed=seed, log=log)
+        report["train_steps"], report["train_seconds"] = steps, time.monotonic() - began
+        trained = with_block_sizes(target, drafter, base_drafter_dir, output_dir, "drafter")
+        report["trained"] = {k: measure_acceptance(target_dir, d, k, prompts, new_tokens)
+                             for k, d in trained.items()}
+    report["drafter_dirs"] = {k: str(d) for k, d in trained.items()}
+    return report
+
+
+def format_report(report: dict) -> str:
+    lines = [f"acceptance ({report['acceptance_definition']}; {report['measured_with']}), "
+             f"after {report['train_steps']} steps / {report['train_seconds']:.0f} s:",
+             "  K   upstream | untrained: accept  len   tok/main | trained: accept  len   "
+             "tok/main"]
+    for k in EVAL_BLOCKS:
+        ua, ul, ut = report["untrained"][k]
+        ta, tl, tt = report["trained"][k]
+        lines.append(f"  {k:<3} {100 * UPSTREAM_ACCEPTANCE[k]:6.0f}%  |  {100 * ua:14.1f}% "
+                     f"{ul:5.2f} {ut:8.2f}  | {100 * ta:12.1f}% {tl:5.2f} {tt:8.2f}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--output-dir", required=True, type=Path)
+    parser.add_argument("--train-seconds", type=float, default=150.0)
+    parser.add_argument("--train-steps", type=int, default=None)
+    parser.add_argument("--sequences", type=int, default=48,
+                        help="random prompts continued by the target (about 2 s each)")
+    parser.add_argument("--continuation", type=int, default=80)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch CPU threads (the model is tiny; 1 is usually fastest)")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    report = run(args.output_dir, train_seconds=args.train_seconds, train_steps=args.train_steps,
+                 sequences=args.sequences, continuation=args.continuation, seed=args.seed)
+    print(format_report(report))
+    (args.output_dir / "acceptance.json").write_text(json.dumps(report, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,447 @@
+"""Check an export against the checkpoints it was made from, then decode with it.
+
+1. Parity: every exported function, run by the numpy ML-program interpreter, against eager
+   torch loaded from the source checkpoints (fp32 compute, fp16 caches like the states), from
+   the same random cache contents, on positions that wrap every ring.
+2. Speculative decoding over the exported artifacts only, on a deterministic prompt; it must
+   reproduce the exported target's own greedy output (lossless). Agreement with eager fp32
+   greedy decoding is reported but not required (the export computes in fp16).
+
+Exit status of `run_verify`: 0 all passed, 1 a mismatch, 2 unusable input (VerifyInputError).
+"""
+
+from __future__ import annotations
+
+import inspect
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from museflash.checkpoint import CheckpointError, load_drafter, load_target
+from museflash.mlprogram_interpreter import Interpreter, load_program
+from museflash.parity import (
+    Discrepancy,
+    ParityReport,
+    Tolerance,
+    parity_step,
+    sync_states,
+)
+from museflash.speculative import (
+    BundleError,
+    ExportedDrafter,
+    ExportedTarget,
+    eager_greedy_generate,
+    greedy_generate,
+    read_metadata,
+    speculative_generate,
+)
+
+BUILTIN_DEMO = "builtin:demo"
+
+# Relative to each tensor's largest magnitude (parity.Tolerance). The packages keep every
+# activation, weight and cache entry in fp16 (unit roundoff ~4.9e-4) while the reference
+# computes in fp32; the roundings accumulate through the residual stream of the 8 demo layers
+# to a few 1e-3 at positions below ~100 (RoPE angles are also formed in fp16). A real defect
+# (swapped or wrong weights, a mis-addressed cache slot) moves outputs by O(1) of scale.
+OUTPUT_TOLERANCE = Tolerance(rel_tol=3e-2)
+STATE_TOLERANCE = Tolerance(rel_tol=2e-2)
+STEPS_PER_CHECK = 4
+
+
+class VerifyInputError(ValueError):
+    """The export or the checkpoints cannot be used; one line saying what to fix."""
+
+
+@dataclass
+class VerifyOptions:
+    export_dir: Path
+    prompt_tokens: int | None = None
+    new_tokens: int = 24
+    checkpoint: Path | None = None
+    drafter_checkpoint: Path | None = None
+    echo: Callable[[str], None] = print
+
+
+@dataclass
+class CheckResult:
+    """Worst discrepancy per output/state name over all steps of one function check."""
+
+    name: str
+    outputs: dict[str, Discrepancy] = field(default_factory=dict)
+    states: dict[str, Discrepancy] = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)
+    note: str = ""
+
+    def add(self, report: ParityReport) -> None:
+        for table, new in ((self.outputs, report.outputs), (self.states, report.states)):
+            for key, value in new.items():
+                if key not in table or _worse(value, table[key]):
+                    table[key] = value
+        bad = report.failures(OUTPUT_TOLERANCE, STATE_TOLERANCE)
+        self.failures.extend(str(d) for d in bad)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+    def line(self) -> str:
+        parts = [f"{d.name} max abs {d.max_abs:.3g} rel {d.max_rel:.3g}"
+                 for d in self.outputs.values()]
+        if self.states:
+            worst = max(self.states.values(), key=lambda d: d.max_rel)
+            parts.append(f"states max rel {worst.max_rel:.3g} ({worst.name})")
+        note = f" [{self.note}]" if self.note else ""
+        return f"parity {self.name}: " + "; ".join(parts) + (" OK" if self.ok else " FAILED") + note
+
+
+def _worse(a: Discrepancy, b: Discrepancy) -> bool:
+    if a.mismatched_shape or not np.isfinite(a.max_abs):
+        return True
+    return a.max_rel > b.max_rel
+
+
+# --- Sources ---------------------------------------------------------------------------------
+
+
+@contextmanager
+def checkpoint_dirs(metadata: dict[str, Any], checkpoint: Path | None,
+                    drafter_checkpoint: Path | None) -> Iterator[tuple[Path, Path | None, str]]:
+    """(target dir, drafter dir, description); flags override metadata's `source` record and
+    `builtin:demo` regenerates the demo pair exactly as the exporter did (default seed, bf16)."""
+    source = metadata.get("source") or {}
+    wanted = {
+        "checkpoint": str(checkpoint) if checkpoint else source.get("checkpoint"),
+        "drafter_checkpoint": (str(drafter_checkpoint) if drafter_checkpoint
+                               else source.get("drafter_checkpoint")),
+    }
+    if not wanted["checkpoint"]:
+        raise VerifyInputError("metadata.json records no source checkpoint; pass --checkpoint "
+                               "and --drafter-checkpoint")
+    needs_drafter = bool(metadata.get("speculative_decoding"))
+    if needs_drafter and not wanted["drafter_checkpoint"]:
+        raise VerifyInputError("metadata.json records no drafter checkpoint; pass "
+                               "--drafter-checkpoint")
+    description = f"target {wanted['checkpoint']}, drafter {wanted['drafter_checkpoint']}"
+    with tempfile.TemporaryDirectory(prefix="museflash-verify-") as scratch:
+        demo = None
+        resolved: dict[str, Path | None] = {}
+        for key, flag in (("checkpoint", "--checkpoint"),
+                          ("drafter_checkpoint", "--drafter-checkpoint")):
+            value = wanted[key]
+            if value is None:
+                resolved[key] = None
+            elif value == BUILTIN_DEMO:
+                if demo is None:
+                    from museflash.demo_checkpoint import write_demo_checkpoints
+
+                    demo = write_demo_checkpoints(scratch)
+                resolved[key] = demo[0] if key == "checkpoint" else demo[1]
+            elif not Path(value).is_dir():
+                given = checkpoint if key == "checkpoint" else drafter_checkpoint
+                origin = "the command line" if given else "metadata.json source"
+                raise VerifyInputError(f"{key} {value} (from {origin}) is not a directory; "
+                                       f"pass {flag} DIR")
+            else:
+                resolved[key] = Path(value)
+        yield resolved["checkpoint"], resolved["drafter_checkpoint"], description
+
+
+# --- Parity ----------------------------------------------------------------------------------
+
+
+def _query_lengths(metadata: dict[str, Any]) -> int:
+    return max(int(f["query_length"]) for asset in metadata["assets"].values()
+               for f in asset["functions"].values())
+
+
+def _capacity(asset: dict[str, Any], kind: str) -> int | None:
+    for state in asset["states"]:
+        if state["kind"] == kind:
+            return int(state["capacity"])
+    return None
+
+
+def _random_states(interpreter: Interpreter, seed: int) -> dict[str, np.ndarray]:
+    """Nonzero everywhere, so reading a never-written or stale slot shows up."""
+    rng = np.random.default_rng(seed)
+    return {name: rng.standard_normal(shape).astype(np.float16)
+            for name, (shape, _) in interpreter.state_specs.items()}
+
+
+def _wrapping_starts(capacity: int, length: int, limit: int) -> list[int]:
+    """STEPS_PER_CHECK consecutive chunk starts whose span crosses `capacity` (a ring wrap)
+    while staying below `limit` (the global cache's last position + 1)."""
+    start = max(0, capacity - (STEPS_PER_CHECK * length) // 2)
+    start = min(start, max(0, limit - STEPS_PER_CHECK * length))
+    return [start + i * length for i in range(STEPS_PER_CHECK)
+            if start + (i + 1) * length <= limit]
+
+
+def _load_kwargs(function, **wanted) -> dict[str, Any]:
+    """Only the keyword arguments this loader accepts (model signatures may grow)."""
+    accepted = inspect.signature(function).parameters
+    return {k: v for k, v in wanted.items() if k in accepted}
+
+
+def load_reference_models(metadata, target_dir: Path, drafter_dir: Path | None):
+    context = int(metadata["context_length"])
+    max_query = _query_lengths(metadata)
+    fused = metadata["assets"]["target"]["kind"] == "fused_target"
+    target = load_target(target_dir, drafter_dir if fused else None, dtype=torch.float32,
+                         max_context=context, max_query_len=max_query)
+    drafters = {}
+    for role, ring in (("dflash_drafter", False), ("ring_drafter", True)):
+        if role in metadata["assets"]:
+            drafters[role] = load_drafter(
+                drafter_dir, target, target_dir=target_dir,
+                **_load_kwargs(load_drafter, dtype=torch.float32, max_query_len=max_query,
+                               ring=ring, max_context=context))
+    return target, drafters
+
+
+def _check_geometry(name: str, module: torch.nn.Module, interpreter: Interpreter) -> None:
+    for state, (shape, _) in interpreter.state_specs.items():
+        mine = tuple(getattr(module, state).shape)
+        if mine != tuple(shape):
+            raise VerifyInputError(
+                f"{name}: state {state} has shape {list(shape)} in the package but "
+                f"{list(mine)} in the model rebuilt from the checkpoint; the checkpoint's "
+                "config.json does not describe this export")
+
+
+def check_target(export_dir: Path, metadata, target, function: str, entry: str,
+                 seed: int) -> CheckResult:
+    asset = metadata["assets"]["target"]
+    interpreter = Interpreter(load_program(export_dir / asset["path"], function), function)
+    _check_geometry(f"target.{function}", target, interpreter)
+    length = int(asset["functions"][function]["query_length"])
+    states = _random_states(interpreter, seed)
+    sync_states(target, states)
+    result = CheckResult(f"target.{function}")
+    rng = np.random.default_rng(seed + 1)
+    ring = _capacity(asset, "sliding_kv") or 0
+    starts = _wrapping_starts(ring, length, int(metadata["context_length"]))
+    for start in starts:
+        inputs = {"input_ids": rng.integers(0, metadata["vocab_size"], (1, length))
+                  .astype(np.int32),
+                  "position_ids": np.arange(start, start + length, dtype=np.int32)}
+        result.add(parity_step(interpreter, target.with_entry_point(entry), inputs, states))
+    result.note = _span_note(starts, length, ring)
+    return result
+
+
+def _span_note(starts: list[int], length: int, ring: int) -> str:
+    if not starts:
+        return "no positions fit"
+    last = starts[-1] + length - 1
+    wrapped = "wraps" if ring and last >= ring else "does NOT wrap"
+    return f"positions {starts[0]}..{last}, {wrapped} the ring of {ring}"
+
+
+class _Fp32Inputs:
+    """The package takes fp16 features; the fp32 reference module gets the same values as
+    fp32 (cache buffers are read through to the module for the state comparison)."""
+
+    def __init__(self, module: torch.nn.Module):
+        self.module = module
+
+    def __call__(self, *args: torch.Tensor):
+        return self.module(*(a.float() if a.is_floating_point() else a for a in args))
+
+    def __getattr__(self, name: str):
+        return getattr(self.module, name)
+
+
+def check_dflash_drafter(export_dir: Path, metadata, drafter, seed: int) -> CheckResult:
+    asset = metadata["assets"]["dflash_drafter"]
+    program = load_program(export_dir / asset["path"])
+    inject, draft = Interpreter(program, "inject_kv"), Interpreter(program, "draft")
+    _check_geometry("dflash_drafter", drafter, inject)
+    spec = metadata["speculative_decoding"]
+    block, width = int(spec["block_size"]), int(spec["drafter_hidden_size"])
+    states = _random_states(inject, seed)
+    sync_states(drafter, states)
+    result = CheckResult("dflash_drafter.inject_kv+draft")
+    rng = np.random.default_rng(seed + 1)
+    ring = _capacity(asset, "sliding_kv") or 0
+    # Context block then a draft block right after it, as in the decoding loop; the next
+    # inject starts where the draft block did (its rows are overwritten).
+    starts = _wrapping_starts(ring, block, int(metadata["context_length"]) - block)
+    for start in starts:
+        features = rng.standard_normal((1, block, width)).astype(np.float16)
+        positions = np.arange(start, start + block, dtype=np.int32)
+        result.add(parity_step(inject, _Fp32Inputs(drafter.with_entry_point("inject_kv")),
+                               {"features": features, "position_ids": positions}, states))
+        anchor = int(rng.integers(0, metadata["vocab_size"]))
+        ids = np.array([[anchor] + [spec["mask_token_id"]] * (block - 1)], dtype=np.int32)
+        result.add(parity_step(draft, drafter.with_entry_point("draft"),
+                               {"input_ids": ids, "position_ids": positions + block}, states))
+    result.note = _span_note(starts, 2 * block, ring)
+    return result
+
+
+def check_ring_drafter(export_dir: Path, metadata, ring_drafter, seed: int) -> CheckResult:
+    asset = metadata["assets"]["ring_drafter"]
+    interpreter = Interpreter(load_program(export_dir / asset["path"], "main"), "main")
+    _check_geometry("ring_drafter", ring_drafter, interpreter)
+    states = _random_states(interpreter, seed)
+    sync_states(ring_drafter, states)
+    result = CheckResult("ring_drafter.main")
+    rng = np.random.default_rng(seed + 1)
+    ring = _capacity(asset, "sliding_kv") or 0
+    first = max(0, ring - 4)
+    positions = range(first, min(first + 8, int(metadata["context_length"])))
+    for position in positions:
+        inputs = {"input_ids": rng.integers(0, metadata["vocab_size"], (1, 1)).astype(np.int32),
+                  "position_ids": np.array([position], dtype=np.int32)}
+        result.add(parity_step(interpreter, ring_drafter, inputs, states))
+    result.note = _span_note([positions[0]], len(positions), ring)
+    return result
+
+
+# --- Decoding --------------------------------------------------------------------------------
+
+
+def default_prompt_length(metadata: dict[str, Any]) -> int:
+    """One and a half prefill chunks (so the overlapping last chunk is exercised)."""
+    prefill = int(metadata["assets"]["target"]["functions"]["prefill"]["query_length"])
+    block = int((metadata.get("speculative_decoding") or {}).get("block_size", 1))
+    return max(prefill + prefill // 2 + 1, block)
+
+
+def deterministic_prompt(length: int, vocab: int, avoid: int) -> list[int]:
+    rng = np.random.default_rng(20240601)
+    tokens = rng.integers(0, vocab, length)
+    tokens[tokens == avoid] = 0
+    return tokens.tolist()
+
+
+@dataclass
+class DecodeCheck:
+    ok: bool
+    lines: list[str]
+    acceptance: float
+    tokens_per_target_call: float
+
+
+def check_decoding(export_dir: Path, metadata, target_dir: Path, prompt_tokens: int,
+                   new_tokens: int) -> DecodeCheck:
+    spec = metadata["speculative_decoding"]
+    context = int(metadata["context_length"])
+    prompt = deterministic_prompt(prompt_tokens, int(metadata["vocab_size"]),
+                                  int(spec["mask_token_id"]))
+    target, drafter = ExportedTarget(export_dir, metadata), ExportedDrafter(export_dir, metadata)
+    speculative = speculative_generate(target, drafter, prompt, new_tokens,
+                                       mask_token_id=int(spec["mask_token_id"]),
+                                       num_draft_tokens=int(spec["num_draft_tokens"]),
+                                       context_length=context)
+    plain = greedy_generate(target, prompt, new_tokens, context_length=context)
+    eager_model = load_target(target_dir, dtype=torch.float32, max_context=context,
+                              max_query_len=max(len(prompt), 1), cache_dtype=torch.float32)
+    eager = eager_greedy_generate(eager_model, prompt, new_tokens)
+    lossless = speculative.tokens == plain.tokens
+    agree = _common_prefix(eager, plain.tokens)
+    lines = [
+        f"speculative: prompt {len(prompt)} tokens, {new_tokens} new: {speculative.summary()}",
+        f"lossless: speculative {'==' if lossless else '!='} target-only greedy over the "
+        f"export ({_common_prefix(speculative.tokens, plain.tokens)}/{new_tokens} tokens agree)",
+        f"eager fp32 greedy (informational): first {agree}/{new_tokens} tokens agree with the "
+        "export",
+    ]
+    return DecodeCheck(lossless, lines, speculative.acceptance_rate,
+                       speculative.tokens_per_target_call)
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    count = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        count += 1
+    return count
+
+
+# --- Driver ----------------------------------------------------------------------------------
+
+
+def _validate(options: VerifyOptions) -> dict[str, Any]:
+    export_dir = Path(options.export_dir)
+    if not export_dir.is_dir():
+        raise VerifyInputError(f"--export-dir {export_dir} is not a directory")
+    try:
+        metadata = read_metadata(export_dir)
+    except BundleError as error:
+        raise VerifyInputError(str(error)) from error
+    spec = metadata.get("speculative_decoding")
+    if not spec or spec.get("drafter_kind") != "dflash":
+        raise VerifyInputError(f"{export_dir} has no DFlash drafter; verify needs an export "
+                               "made with --fused-target --dflash-drafter")
+    for role in ("target", "dflash_drafter"):
+        path = export_dir / metadata["assets"][role]["path"]
+        if not path.is_dir():
+            raise VerifyInputError(f"{path} is missing (listed in metadata.json)")
+    prompt = options.prompt_tokens or default_prompt_length(metadata)
+    needed = max(int(metadata["assets"]["target"]["functions"]["prefill"]["query_length"]),
+                 int(spec["block_size"]))
+    if prompt < needed:
+        raise VerifyInputError(f"--prompt-tokens {prompt} is shorter than one prefill chunk / "
+                               f"drafter block ({needed})")
+    if options.new_tokens < 1:
+        raise VerifyInputError("--new-tokens must be at least 1")
+    last = prompt + options.new_tokens + int(spec["block_size"]) - 1
+    if last > int(metadata["context_length"]):
+        raise VerifyInputError(
+            f"--prompt-tokens {prompt} + --new-tokens {options.new_tokens} need "
+            f"{last} positions but the export's context_length is {metadata['context_length']}")
+    return metadata
+
+
+def run_verify(options: VerifyOptions) -> int:
+    echo = options.echo
+    try:
+        metadata = _validate(options)
+        export_dir = Path(options.export_dir)
+        prompt = options.prompt_tokens or default_prompt_length(metadata)
+        with checkpoint_dirs(metadata, options.checkpoint, options.drafter_checkpoint) as (
+                target_dir, drafter_dir, described):
+            echo(f"verify: {export_dir} ({metadata.get('model_name')}) against {described}")
+            try:
+                target, drafters = load_reference_models(metadata, target_dir, drafter_dir)
+            except CheckpointError as error:
+                raise VerifyInputError(str(error)) from error
+            checks = [
+                check_target(export_dir, metadata, target, "main", "forward", seed=1),
+                check_target(export_dir, metadata, target, "prefill", "prefill", seed=3),
+                check_dflash_drafter(export_dir, metadata, drafters["dflash_drafter"], seed=5),
+            ]
+            if "ring_drafter" in drafters:
+                checks.append(check_ring_drafter(export_dir, metadata,
+                                                 drafters["ring_drafter"], seed=7))
+            for check in checks:
+                echo(check.line())
+            decoding = check_decoding(export_dir, metadata, target_dir, prompt,
+                                      options.new_tokens)
+            for line in decoding.lines:
+                echo(line)
+    except VerifyInputError as error:
+        echo(f"verify: error: {error}")
+        return 2
+    failed = [c for c in checks if not c.ok]
+    figures = (f"acceptance {100 * decoding.acceptance:.1f}%, "
+               f"{decoding.tokens_per_target_call:.2f} tokens per target call")
+    if failed or not decoding.ok:
+        reasons = [f"{c.name} ({c.failures[0]})" for c in failed]
+        if not decoding.ok:
+            reasons.append("speculative output differs from the target's greedy output")
+        echo(f"verify: FAILED {'; '.join(reasons)} [{figures}]")
+        return 1
+    echo(f"verify: OK parity of {len(checks)} checks within tolerance "
+         f"(outputs {OUTPUT_TOLERANCE.rel_tol:g}, states {STATE_TOLERANCE.rel_tol:g} of scale), "
+         f"lossless, {figures}")
+    return 0

@@ -1,0 +1,164 @@
+"""Greedy speculative decoding over an exported bundle is lossless.
+
+The module exports the demo target once, with a drafter fitted (a short self-distillation run
+of tools/train_demo_drafter on these prompts' own target continuations) so that drafts are
+actually accepted, partly and fully, and the rollback paths of the loop are exercised. The
+untrained demo drafter accepts almost nothing, which would make "lossless" vacuous.
+"""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from museflash.checkpoint import load_target
+from museflash.demo_checkpoint import write_demo_checkpoints
+from museflash.export import ExportOptions, Progress, export_bundle
+from museflash.speculative import (
+    chunk_starts,
+    eager_greedy_generate,
+    greedy_generate,
+    load_exported_pair,
+    speculative_generate,
+)
+from museflash.tools import train_demo_drafter as trainer
+from museflash.verify import check_target, load_reference_models
+
+ct = pytest.importorskip("coremltools")
+
+NEW_TOKENS = 20
+FITTED_LENGTH = 30
+PROMPT_LENGTHS = (8, 13, 21)  # one prefill chunk exactly, an overlapping last chunk, three
+
+
+def _prompts():
+    rng = np.random.default_rng(11)
+    prompts = []
+    for length in PROMPT_LENGTHS:
+        tokens = rng.integers(0, 511, length)  # 511 is the mask token
+        prompts.append(tokens.tolist())
+    return prompts
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory):
+    work = tmp_path_factory.mktemp("speculative")
+    target_dir, drafter_dir = write_demo_checkpoints(work / "demo")
+    torch.manual_seed(0)
+    target, drafter = trainer.load_pair(target_dir, drafter_dir)
+    # Continuations fitted only up to position 30: the longer prompts run past what the drafter
+    # memorised, so rejections follow full acceptances.
+    corpus = trainer.generate_corpus(target, _prompts(), FITTED_LENGTH)
+    trainer.train(target, drafter, corpus, steps=150, seconds=None, batch=32, log=lambda _: None)
+    fitted = trainer.write_drafter(target, drafter, drafter_dir, work / "fitted", block_size=4)
+    out = work / "bundle"
+    export_bundle(ExportOptions(output_dir=out, checkpoint=target_dir, drafter_checkpoint=fitted,
+                                fused_target=True, dflash_drafter=True, max_context_length=64,
+                                prefill_length=8), Progress(echo=lambda _: None))
+    return {"dir": out, "work": work, "target_dir": target_dir, "drafter_dir": fitted}
+
+
+def _run(export_dir, prompt):
+    target, drafter, metadata = load_exported_pair(export_dir)
+    spec = metadata["speculative_decoding"]
+    speculative = speculative_generate(target, drafter, prompt, NEW_TOKENS,
+                                       mask_token_id=spec["mask_token_id"],
+                                       num_draft_tokens=spec["num_draft_tokens"],
+                                       context_length=metadata["context_length"])
+    plain = greedy_generate(target, prompt, NEW_TOKENS, context_length=metadata["context_length"])
+    return speculative, plain
+
+
+def _swap_blobs(package, pairs):
+    """Rewrites `package` in place so each pair of weight constants reads the other's blob."""
+    model_file = package / "Data" / "com.apple.CoreML" / "model.mlmodel"
+    spec = ct.utils.load_spec(str(package))
+    swapped = 0
+    for function in spec.mlProgram.functions.values():
+        blobs = {}
+        for op in function.block_specializations[function.opset].operations:
+            if op.type != "const":
+                continue
+            for fragment in (f for pair in pairs for f in pair):
+                if fragment in op.outputs[0].name:
+                    blobs[fragment] = op.attributes["val"].blobFileValue
+        for first, second in pairs:
+            if first in blobs and second in blobs:
+                blobs[first].offset, blobs[second].offset = (blobs[second].offset,
+                                                             blobs[first].offset)
+                swapped += 1
+    assert swapped, f"none of {pairs} found in {package}"
+    model_file.write_bytes(spec.SerializeToString())
+
+
+def test_chunk_starts_overlap_instead_of_running_past_the_end():
+    assert chunk_starts(8, 8) == [0]
+    assert chunk_starts(13, 8) == [0, 5]
+    assert chunk_starts(21, 4) == [0, 4, 8, 12, 16, 17]
+    with pytest.raises(ValueError, match="cannot fill"):
+        chunk_starts(3, 4)
+
+
+def test_speculative_equals_target_only_greedy(bundle):
+    eager_target = load_target(bundle["target_dir"], dtype=torch.float32, max_context=64,
+                               max_query_len=32, cache_dtype=torch.float32)
+    accepted = []
+    for prompt in _prompts():
+        speculative, plain = _run(bundle["dir"], prompt)
+        assert speculative.tokens == plain.tokens, (len(prompt), speculative.tokens, plain.tokens)
+        assert len(speculative.tokens) == NEW_TOKENS
+        assert speculative.verify_calls < plain.verify_calls
+        accepted.extend(speculative.accepted)
+        eager = eager_greedy_generate(eager_target, prompt, NEW_TOKENS)
+        same = sum(a == b for a, b in zip(eager, plain.tokens, strict=True))
+        print(f"prompt {len(prompt)}: {speculative.summary()}; eager fp32 greedy agrees on "
+              f"{same}/{NEW_TOKENS} tokens (informational)")
+    print(f"accepted per step: {accepted}")
+    # Full acceptances and rejections both happened, so the rollback path ran.
+    assert max(accepted) == 3 and min(accepted) < 3, accepted
+
+
+def test_broken_drafter_is_still_lossless_but_accepts_less(bundle, tmp_path):
+    broken = tmp_path / "broken"
+    shutil.copytree(bundle["dir"], broken)
+    _swap_blobs(broken / "dflash_drafter.mlpackage",
+                [(f"layers_{i}_self_attn_k_proj_weight", f"layers_{i}_self_attn_v_proj_weight")
+                 for i in (0, 1)] + [("layers_0_mlp_gate_proj_weight",
+                                      "layers_0_mlp_up_proj_weight")])
+    good_total = broken_total = 0
+    for prompt in _prompts():
+        good, _ = _run(bundle["dir"], prompt)
+        bad, plain = _run(broken, prompt)
+        assert bad.tokens == plain.tokens
+        good_total += sum(good.accepted)
+        broken_total += sum(bad.accepted)
+        print(f"prompt {len(prompt)}: fitted {good.acceptance_rate:.2f}, "
+              f"broken {bad.acceptance_rate:.2f}")
+    assert broken_total < good_total / 2, (broken_total, good_total)
+
+
+def test_broken_target_export_is_caught_by_parity(bundle, tmp_path):
+    broken = tmp_path / "broken"
+    shutil.copytree(bundle["dir"], broken)
+    _swap_blobs(broken / "target.mlpackage",
+                [("layers_1_self_attn_k_proj_weight", "layers_1_self_attn_v_proj_weight")])
+
+    metadata = json.loads((broken / "metadata.json").read_text())
+    target, _ = load_reference_models(metadata, bundle["target_dir"], bundle["drafter_dir"])
+    intact = check_target(bundle["dir"], metadata, target, "main", "forward", seed=1)
+    assert intact.ok, intact.line()
+    result = check_target(broken, metadata, target, "main", "forward", seed=1)
+    print(result.line())
+    assert not result.ok
+    assert result.outputs["logits"].max_rel > 0.1
+
+
+def test_prompts_too_short_or_too_long_are_refused(bundle):
+    target, drafter, metadata = load_exported_pair(bundle["dir"])
+    with pytest.raises(ValueError, match="at least 8"):
+        speculative_generate(target, drafter, [1, 2, 3], 4, mask_token_id=511)
+    with pytest.raises(ValueError, match="context_length 64"):
+        speculative_generate(target, drafter, list(range(40)), 30, mask_token_id=511,
+                             context_length=64)

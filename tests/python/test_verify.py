@@ -1,0 +1,90 @@
+"""`verify` checks an export against the checkpoints it was made from, then decodes with it.
+
+One export of the built-in demo pair per module; its metadata says `builtin:demo`, so verify
+regenerates the pair itself.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from museflash.demo_checkpoint import write_demo_checkpoints
+from museflash.export import ExportOptions, Progress, export_bundle
+from museflash.verify import VerifyOptions, run_verify
+
+pytest.importorskip("coremltools")
+
+PYTHON_DIR = Path(__file__).resolve().parents[2] / "python"
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory):
+    out = tmp_path_factory.mktemp("verify") / "bundle"
+    export_bundle(ExportOptions(output_dir=out, fused_target=True, dflash_drafter=True,
+                                max_context_length=64, prefill_length=8),
+                  Progress(echo=lambda _: None))
+    return out
+
+
+def _verify(export_dir, **kwargs):
+    lines = []
+    status = run_verify(VerifyOptions(export_dir=export_dir, echo=lines.append, **kwargs))
+    print("\n".join(lines))
+    return status, lines
+
+
+def test_builtin_demo_export_verifies(bundle):
+    status, lines = _verify(bundle, new_tokens=16)
+    assert status == 0
+    assert lines[-1].startswith("verify: OK")
+    parity = [line for line in lines if line.startswith("parity ")]
+    assert [line.split(":")[0] for line in parity] == [
+        "parity target.main", "parity target.prefill", "parity dflash_drafter.inject_kv+draft"]
+    assert all(line.count(" OK") == 1 and "wraps the ring" in line for line in parity)
+    assert any(line.startswith("lossless: speculative == ") for line in lines)
+
+
+def test_checkpoint_of_another_seed_is_a_mismatch(bundle, tmp_path):
+    copy = tmp_path / "bundle"
+    shutil.copytree(bundle, copy)
+    target_dir, drafter_dir = write_demo_checkpoints(tmp_path / "seed1", seed=1)
+    metadata = json.loads((copy / "metadata.json").read_text())
+    metadata["source"] = {"checkpoint": str(target_dir), "drafter_checkpoint": str(drafter_dir)}
+    (copy / "metadata.json").write_text(json.dumps(metadata))
+    status, lines = _verify(copy, new_tokens=8)
+    assert status == 1
+    assert lines[-1].startswith("verify: FAILED target.main")
+    assert sum(" FAILED" in line for line in lines if line.startswith("parity ")) == 3
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"prompt_tokens": 3}, "--prompt-tokens 3 is shorter"),
+    ({"prompt_tokens": 40, "new_tokens": 30}, "context_length is 64"),
+    ({"checkpoint": Path("/nonexistent/target")}, "checkpoint /nonexistent/target (from the "
+                                                  "command line) is not a directory"),
+])
+def test_bad_input_exits_2_with_one_line(bundle, kwargs, message):
+    status, lines = _verify(bundle, **kwargs)
+    assert status == 2
+    assert lines[-1].startswith("verify: error: ") and message in lines[-1]
+
+
+def test_missing_metadata_exits_2(tmp_path):
+    status, lines = _verify(tmp_path)
+    assert status == 2 and "metadata.json not found" in lines[-1]
+
+
+def test_cli_resolves_relative_paths_against_the_bazel_working_directory(tmp_path):
+    env = dict(os.environ, BUILD_WORKING_DIRECTORY=str(tmp_path),
+               PYTHONPATH=str(PYTHON_DIR) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    done = subprocess.run([sys.executable, "-m", "museflash.cli.verify_main",
+                           "--export-dir", "exported"], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 2, done.stderr
+    errors = [line for line in done.stdout.splitlines() if line.startswith("verify: error")]
+    assert errors == [f"verify: error: --export-dir {tmp_path / 'exported'} is not a directory"]
