@@ -9,14 +9,13 @@ Relative paths resolve against the directory Bazel was run from.
 
 from __future__ import annotations
 
-import os
 import sys
-from pathlib import Path
 
 from absl import app, flags, logging
 
 from museflash.atomic_output import OutputDirError
 from museflash.checkpoint import CheckpointError
+from museflash.cli.paths import resolve_user_path
 from museflash.export import ExportError, ExportOptions, export_bundle
 from museflash.models.dflash import DrafterTargetMismatchError
 
@@ -41,17 +40,6 @@ flags.DEFINE_string("model-name", None, "Name recorded in metadata.json.")
 
 FLAGS = flags.FLAGS
 USER_ERRORS = (ExportError, OutputDirError, CheckpointError, DrafterTargetMismatchError)
-
-
-def resolve_user_path(value: str | None) -> Path | None:
-    """`bazel run` starts tools inside the runfiles tree; the user meant their own cwd."""
-    if value is None:
-        return None
-    path = Path(value).expanduser()
-    if path.is_absolute():
-        return path
-    base = os.environ.get("BUILD_WORKING_DIRECTORY") or os.getcwd()
-    return Path(base) / path
 
 
 def options_from_flags() -> ExportOptions:

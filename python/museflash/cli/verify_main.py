@@ -10,12 +10,11 @@ Relative paths resolve against the directory Bazel was run from.
 
 from __future__ import annotations
 
-import os
 import sys
-from pathlib import Path
 
 from absl import app, flags, logging
 
+from museflash.cli.paths import resolve_user_path
 from museflash.verify import VerifyOptions, run_verify
 
 flags.DEFINE_string("export-dir", None, "Export directory (holds metadata.json).")
@@ -28,17 +27,6 @@ flags.DEFINE_string("drafter-checkpoint", None,
                     "Drafter checkpoint (default: metadata.json source.drafter_checkpoint).")
 
 FLAGS = flags.FLAGS
-
-
-def resolve_user_path(value: str | None) -> Path | None:
-    """`bazel run` starts tools inside the runfiles tree; the user meant their own cwd.
-    (Not imported from export_main: importing it would define its flags, whose names clash.)"""
-    if value is None:
-        return None
-    path = Path(value).expanduser()
-    if path.is_absolute():
-        return path
-    return Path(os.environ.get("BUILD_WORKING_DIRECTORY") or os.getcwd()) / path
 
 
 def options_from_flags() -> VerifyOptions:
