@@ -5,6 +5,7 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
+from reference_rope import rotate
 
 from museflash.demo_checkpoint import DEMO_DRAFTER_CONFIG, DEMO_TARGET_CONFIG, build_demo_models
 from museflash.models.dflash import (
@@ -28,20 +29,11 @@ def _rms(x, weight, eps):
     return x * (x.pow(2).mean(-1, keepdim=True) + eps).rsqrt() * weight
 
 
-def _rotate(x, positions, theta):
-    half = x.shape[-1] // 2
-    freqs = theta ** (-torch.arange(half, dtype=torch.float64) * 2 / x.shape[-1])
-    angle = (positions.double()[:, None] * freqs[None, :]).float()
-    cos, sin = angle.cos(), angle.sin()
-    first, second = x[..., :half], x[..., half:]
-    return torch.cat([first * cos - second * sin, second * cos + first * sin], dim=-1)
-
-
 def _layer_kv(drafter, layer, inputs, positions):
     cfg = drafter.config
     attn = drafter.layers[layer].self_attn
     k = (inputs @ attn.k_proj.weight.T).view(len(positions), cfg.num_key_value_heads, -1)
-    k = _rotate(_rms(k, attn.k_norm.weight, cfg.rms_norm_eps).transpose(0, 1), positions,
+    k = rotate(_rms(k, attn.k_norm.weight, cfg.rms_norm_eps).transpose(0, 1), positions,
                 cfg.rope_theta)
     v = (inputs @ attn.v_proj.weight.T).view(len(positions), cfg.num_key_value_heads, -1)
     return k, v.transpose(0, 1)
@@ -71,7 +63,7 @@ def reference_drafter(drafter, tokens, positions, context=None, context_position
         if causal:
             allowed &= key_positions[None, :] <= positions[:, None]
         q = (h @ block.self_attn.q_proj.weight.T).view(n, cfg.num_attention_heads, -1)
-        q = _rotate(_rms(q, block.self_attn.q_norm.weight, cfg.rms_norm_eps).transpose(0, 1),
+        q = rotate(_rms(q, block.self_attn.q_norm.weight, cfg.rms_norm_eps).transpose(0, 1),
                     positions, cfg.rope_theta)
         group = cfg.num_attention_heads // cfg.num_key_value_heads
         out = F.scaled_dot_product_attention(

@@ -3,6 +3,7 @@
 import pytest
 import torch
 import torch.nn.functional as F
+from reference_rope import rotate
 
 from museflash.demo_checkpoint import DEMO_TARGET_CONFIG, build_demo_models
 from museflash.models.base import RotaryTables, apply_rope, sliding_causal_mask
@@ -16,15 +17,6 @@ def _rms(x, weight=None, eps=1e-6, unit_offset=True):
     if weight is None:
         return y
     return y * (1 + weight) if unit_offset else y * weight
-
-
-def _rotate(x, positions, theta):
-    half = x.shape[-1] // 2
-    freqs = theta ** (-torch.arange(half, dtype=torch.float64) * 2 / x.shape[-1])
-    angle = (positions.double()[:, None] * freqs[None, :]).float()
-    cos, sin = angle.cos(), angle.sin()
-    first, second = x[..., :half], x[..., half:]
-    return torch.cat([first * cos - second * sin, second * cos + first * sin], dim=-1)
 
 
 def reference_logits(model, tokens):
@@ -48,8 +40,8 @@ def reference_logits(model, tokens):
         k = _rms(k, eps=cfg.rms_norm_eps)
         theta = cfg.layer_rope_theta[layer]
         if theta:
-            q = _rotate(q.transpose(0, 1), positions, theta).transpose(0, 1)
-            k = _rotate(k.transpose(0, 1), positions, theta).transpose(0, 1)
+            q = rotate(q.transpose(0, 1), positions, theta).transpose(0, 1)
+            k = rotate(k.transpose(0, 1), positions, theta).transpose(0, 1)
         allowed = j <= i
         if cfg.layer_types[layer] == "sliding_attention":
             allowed = allowed & (i - j < cfg.sliding_window)
