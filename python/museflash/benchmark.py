@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from museflash.demo_checkpoint import DEMO_DRAFTER_CONFIG, DEMO_TARGET_CONFIG
+from museflash.export import tree_bytes
 
 PATHS = ("naive", "streaming")
 GB = 10**9
@@ -306,10 +307,6 @@ def baseline_rss() -> int:
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) * 1024
     return 0
-
-
-def tree_bytes(root: Path) -> int:
-    return sum(p.stat().st_size for p in Path(root).rglob("*") if p.is_file())
 
 
 # --- Same model from both paths --------------------------------------------------------------

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import struct
 import tempfile
 import time
@@ -322,7 +321,6 @@ def save_functions(
     plans: list[FunctionPlan],
     state_names: tuple[str, ...],
     destination: Path,
-    scratch: Path,
     default_function: str,
     progress: Progress,
     label: str,
@@ -630,11 +628,9 @@ def export_bundle(options: ExportOptions, progress: Progress | None = None) -> P
                                             if target.lm_head is not None else 0)
 
         with publish_directory(options.output_dir, options.overwrite) as staging:
-            scratch = Path(tempfile.mkdtemp(prefix=".parts-", dir=staging))
             metadata = _export_packages(options, target, target_cfg, drafter, spec,
-                                        decode_length, staging, scratch, progress, source,
+                                        decode_length, staging, progress, source,
                                         placeholders)
-            shutil.rmtree(scratch)
             for asset in metadata["assets"].values():
                 embed_metadata(staging / asset["path"], metadata)
             (staging / METADATA_FILE).write_text(json.dumps(metadata, indent=2) + "\n")
@@ -644,7 +640,7 @@ def export_bundle(options: ExportOptions, progress: Progress | None = None) -> P
 
 
 def _export_packages(options, target, target_cfg, drafter, spec, decode_length, staging,
-                     scratch, progress, source, placeholders=None) -> dict[str, Any]:
+                     progress, source, placeholders=None) -> dict[str, Any]:
     fused = options.fused_target
     target_outputs = ["logits", "drafter_features"] if fused else ["logits"]
     target_plans = [
@@ -656,7 +652,7 @@ def _export_packages(options, target, target_cfg, drafter, spec, decode_length, 
                      ["input_ids", "position_ids"], target_outputs,
                      _example_ids(options.prefill_length), options.prefill_length),
     ]
-    save_functions(target, target_plans, TARGET_STATES, staging / "target.mlpackage", scratch,
+    save_functions(target, target_plans, TARGET_STATES, staging / "target.mlpackage",
                    "main", progress, "target", placeholders)
     ring_names = {"slidingKeyCache", "slidingValueCache"}
     assets = {
@@ -675,7 +671,7 @@ def _export_packages(options, target, target_cfg, drafter, spec, decode_length, 
                          ["input_ids", "position_ids"], ["logits"], _example_ids(block), block),
         ]
         save_functions(drafter, plans, DRAFTER_STATES, staging / "dflash_drafter.mlpackage",
-                       scratch, "draft", progress, "dflash_drafter", placeholders)
+                       "draft", progress, "dflash_drafter", placeholders)
         assets["dflash_drafter"] = _asset("dflash_drafter.mlpackage", "dflash_drafter", "draft",
                                           plans, _state_entries(drafter, DRAFTER_STATES,
                                                                 ring_names))
@@ -683,7 +679,7 @@ def _export_packages(options, target, target_cfg, drafter, spec, decode_length, 
         plans = [FunctionPlan("main", "decode", "decode", _int_inputs("input_ids", 1),
                               ["input_ids", "position_ids"], ["logits"], _example_ids(1), 1)]
         save_functions(drafter, plans, DRAFTER_STATES, staging / "ring_drafter.mlpackage",
-                       scratch, "main", progress, "ring_drafter", placeholders)
+                       "main", progress, "ring_drafter", placeholders)
         assets["ring_drafter"] = _asset("ring_drafter.mlpackage", "ring_drafter", "main", plans,
                                         _state_entries(drafter, DRAFTER_STATES, ring_names))
     return {
