@@ -2,19 +2,29 @@
 
     python -m museflash.tools.train_demo_drafter --output-dir DIR [--train-seconds 150]
 
-Data: random prompts, continued greedily by the demo target itself (eager torch, fp32). For an
-anchor position a the drafter sees what it sees at run time: the target features injected for
-the context positions inside its window, and the block [token_a, MASK x (K-1)]; it learns to
-predict the target's next K-1 tokens. The encoder (which runs inside the fused target but is
-stored in the drafter checkpoint), the drafter layers and its final norm are trained; the
-borrowed embedding and lm_head stay the target's.
+Data: random 16-token prompts, continued greedily by the demo target itself (eager torch,
+fp32), 2048 of them by default, generated in a batch (`generate_corpus_batched`, checked
+token-for-token against the one-sequence-at-a-time `generate_corpus` on a few prompts at every
+run). For an anchor position a the drafter sees what it sees at run time: the target features
+injected for the context positions inside its window, and the block [token_a, MASK x (K-1)];
+it learns to predict the target's next K-1 tokens. The encoder (which runs inside the fused
+target but is stored in the drafter checkpoint), the drafter layers and its final norm are
+trained; the borrowed embedding and lm_head stay the target's. The batched training forward is
+checked against inject_kv + draft before training.
 
 Writes DIR/drafter (trained, the real checkpoint layout, block_size 4 like the demo) plus
 DIR/drafter-k8 and DIR/drafter-k16 (same weights, block_size 8 / 16: the weights do not depend
-on the block size), and reports acceptance for K = 4, 8, 16 before and after training, measured
-with the speculative loop over EAGER torch modules (not an export):
-  acceptance  = mean over steps of (drafted tokens accepted) / (K - 1)
+on the block size), and reports acceptance for K = 4, 8, 16 before and after training, on
+HELD-OUT prompts (other seeds than the training prompts; checked disjoint), two ways:
+  loop            the speculative loop over EAGER torch modules loaded from the written bf16
+                  checkpoints (not an export), on 12 prompts x 40 new tokens;
+  teacher-forced  the training forward at every anchor of 128 held-out continuations: what the
+                  loop would accept from each anchor, all anchors weighted alike (fp32 weights).
+  acceptance      = mean over steps (anchors) of (drafted tokens accepted) / (K - 1)
   accepted length = mean drafted tokens accepted per step (the target's own token not counted)
+Chance is about 1/vocab for the first drafted token (accepted length ~0.002). The demo drafter's
+window is 16 positions, so at K=16 a block sees no injected context at all (only its anchor
+token), at run time and in training alike; K=16 acceptance is bounded by that.
 """
 
 from __future__ import annotations
@@ -39,12 +49,14 @@ from museflash.checkpoint import (
     read_config,
     write_safetensors,
 )
+from museflash.models.base import MASK_VALUE, apply_rope
 from museflash.speculative import EagerDrafter, EagerTarget, speculative_generate
 
 UPSTREAM_ACCEPTANCE = {4: 0.64, 8: 0.30, 16: 0.17}
 EVAL_BLOCKS = (4, 8, 16)
 MAX_CONTEXT = 256
 MAX_QUERY = 128
+PROMPT_LENGTH = 16
 
 
 @dataclass
@@ -93,6 +105,92 @@ def generate_corpus(target, prompts: list[list[int]], length: int) -> Corpus:
             captures.append(torch.cat(captured, dim=-1)[0])
     return Corpus(torch.tensor(rows), torch.stack(captures),
                   torch.tensor([len(p) for p in prompts]))
+
+
+def target_batch_forward(target, ids: torch.Tensor, start: int, cache: list | None,
+                         capture: tuple[int, ...] = ()) -> tuple[torch.Tensor, list]:
+    """The target's `hidden_states` for a batch: ids [B, T] at positions start..start+T-1 (the
+    same for every row). `cache` (a list, per layer (keys, values) [B, kv_heads, S, D] of
+    positions 0..start-1) is extended in place; None runs without one (start must be 0).
+    Returns the final hidden state [B, T, H] and the outputs of `capture` layers."""
+    cfg = target.config
+    n_q, n_kv, dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    batch, length = ids.shape
+    positions = torch.arange(start, start + length)
+    distance = positions[:, None] - torch.arange(start + length)[None, :]
+    causal = distance >= 0
+    sliding = torch.logical_and(causal, distance < cfg.sliding_window)
+    x = target.embed_norm(target.embed_tokens(ids))
+    captured = {}
+    for layer_id, layer in enumerate(target.layers):
+        attn = layer.self_attn
+        h = layer.input_layernorm(x)
+        q = attn.qk_norm(_heads(attn.q_proj(h), n_q, dim)) * attn.qk_scale_factor
+        k = attn.qk_norm(_heads(attn.k_proj(h), n_kv, dim))
+        v = _heads(attn.v_proj(h), n_kv, dim)
+        if layer.rope_theta > 0:  # the target's own tables, so the numerics match
+            cos, sin = target.rotary(positions, layer.rope_theta, x.dtype)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if cache is not None:
+            if layer_id < len(cache):
+                k = torch.cat([cache[layer_id][0], k], dim=2)
+                v = torch.cat([cache[layer_id][1], v], dim=2)
+                cache[layer_id] = (k, v)
+            else:
+                cache.append((k, v))
+        groups = n_q // n_kv
+        k = k.repeat_interleave(groups, dim=1)
+        v = v.repeat_interleave(groups, dim=1)
+        scores = q @ k.transpose(-1, -2) / math.sqrt(dim)
+        scores = scores.masked_fill(~(sliding if layer.is_sliding else causal), MASK_VALUE)
+        out = (scores.softmax(dim=-1) @ v).transpose(1, 2).reshape(batch, length, n_q * dim)
+        x = x + layer.post_attention_layernorm(
+            attn.o_proj(out * torch.sigmoid(attn.gate_proj(h))))
+        x = x + layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(x)))
+        if layer_id in capture:
+            captured[layer_id] = x
+    return x, [captured[i] for i in capture]
+
+
+def generate_corpus_batched(target, prompts: list[list[int]], length: int,
+                            chunk: int = 512) -> Corpus:
+    """`generate_corpus` for many prompts of one length at once: batched greedy decoding with a
+    growing K/V cache, then one cache-free pass for the encoder inputs.
+    `check_batched_generation` compares it with `generate_corpus`."""
+    if len({len(p) for p in prompts}) != 1:
+        raise ValueError("batched generation needs prompts of one length")
+    rows, captures = [], []
+    with torch.no_grad():
+        for first in range(0, len(prompts), chunk):
+            tokens = torch.tensor(prompts[first:first + chunk])
+            cache: list = []
+            step_ids, start = tokens, 0
+            while tokens.shape[1] < length:
+                hidden, _ = target_batch_forward(target, step_ids, start, cache)
+                step_ids = target.logits(hidden[:, -1:]).argmax(dim=-1)
+                start = tokens.shape[1]
+                tokens = torch.cat([tokens, step_ids], dim=1)
+            _, captured = target_batch_forward(target, tokens, 0, None, target.target_layer_ids)
+            rows.append(tokens)
+            captures.append(torch.cat(captured, dim=-1))
+    return Corpus(torch.cat(rows), torch.cat(captures),
+                  torch.full((len(prompts),), len(prompts[0])))
+
+
+def check_batched_generation(target, prompts: list[list[int]], length: int) -> float:
+    """Runs both generators on `prompts`; raises unless the tokens are identical and the encoder
+    inputs agree. Returns the encoder inputs' max relative difference."""
+    single = generate_corpus(target, prompts, length)
+    batched = generate_corpus_batched(target, prompts, length)
+    if not torch.equal(single.tokens, batched.tokens):
+        rows = (single.tokens != batched.tokens).any(dim=1).nonzero().flatten().tolist()
+        raise RuntimeError(f"batched generation differs from generate_corpus on rows {rows}; "
+                           "update target_batch_forward to the model code")
+    error = float((single.captured - batched.captured).abs().max()
+                  / single.captured.abs().max())
+    if error > 1e-4:
+        raise RuntimeError(f"batched encoder inputs differ from generate_corpus ({error:.2e})")
+    return error
 
 
 # --- A batched, cache-free drafter forward for training --------------------------------------
@@ -178,37 +276,58 @@ def check_training_forward(target, drafter, corpus: Corpus, block: int = 4) -> f
     return error
 
 
+def _blocks(target, drafter, corpus: Corpus, rows: torch.Tensor, anchors: torch.Tensor,
+            block: int):
+    """Training-forward inputs and labels [B, K-1] for blocks at `anchors` of `rows`, with the
+    context run time gives them: the injected positions inside the window (`_context_span`)."""
+    ctx = max(0, drafter.config.sliding_window - block)
+    ctx_pos = anchors[:, None] + torch.arange(-ctx, 0)
+    block_pos = anchors[:, None] + torch.arange(block)
+    features = target.encoder([corpus.captured[rows[:, None], ctx_pos]])
+    ids = torch.full((len(rows), block), drafter.config.mask_token_id)
+    ids[:, 0] = corpus.tokens[rows, anchors]
+    labels = corpus.tokens[rows[:, None], block_pos[:, 1:]]
+    return (features, ctx_pos, ids, block_pos), labels
+
+
+def _anchor_range(corpus: Corpus, rows: torch.Tensor, block: int, window: int):
+    """[low, high) of anchors inside the continuation with a full context window behind them."""
+    low = corpus.starts[rows].clamp(min=max(0, window - block))
+    return low, torch.full_like(low, corpus.tokens.shape[1] - block + 1)
+
+
 def train(target, drafter, corpus: Corpus, *, steps: int | None, seconds: float | None,
           batch: int = 64, lr: float = 3e-3, seed: int = 0, log=print) -> int:
-    """Trains in place; stops after `steps` or `seconds`, whichever comes first."""
+    """Trains in place; stops after `steps` or `seconds`, whichever comes first. The learning
+    rate decays linearly to 0 over that budget (the elapsed fraction of it)."""
     generator = torch.Generator().manual_seed(seed)
     params = (list(target.encoder.parameters()) + list(drafter.layers.parameters())
               + list(drafter.norm.parameters()))
     for p in params:
         p.requires_grad_(True)
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    window, mask_id = drafter.config.sliding_window, drafter.config.mask_token_id
-    sequences, length = corpus.tokens.shape
+    window = drafter.config.sliding_window
+    sequences = corpus.tokens.shape[0]
     began, step = time.monotonic(), 0
     total_planned = steps or 10**9
-    while step < total_planned and (seconds is None or time.monotonic() - began < seconds):
+
+    def progress() -> float:
+        done = step / total_planned
+        if seconds is not None:
+            done = max(done, (time.monotonic() - began) / seconds)
+        return done
+
+    while progress() < 1.0:
+        for group in optimizer.param_groups:
+            group["lr"] = lr * min(1.0, 20 * progress()) * (1.0 - progress())
         block = EVAL_BLOCKS[step % len(EVAL_BLOCKS)]
-        ctx = max(0, window - block)
-        # Anchors inside the continuation, with a full context window behind them.
         rows = torch.randint(0, sequences, (batch,), generator=generator)
-        low = corpus.starts[rows].clamp(min=ctx)
-        spread = (length - block + 1 - low).clamp(min=1)
-        anchors = low + (torch.rand(batch, generator=generator) * spread).long()
+        low, high = _anchor_range(corpus, rows, block, window)
+        anchors = low + (torch.rand(batch, generator=generator) * (high - low)).long()
         # Rows too short for this block keep their last whole block (prompt labels included).
-        anchors = anchors.clamp(min=ctx, max=length - block)
-        offsets = torch.arange(-ctx, 0)
-        ctx_pos = anchors[:, None] + offsets
-        block_pos = anchors[:, None] + torch.arange(block)
-        features = target.encoder([corpus.captured[rows[:, None], ctx_pos]])
-        ids = torch.full((batch, block), mask_id)
-        ids[:, 0] = corpus.tokens[rows, anchors]
-        labels = corpus.tokens[rows[:, None], block_pos[:, 1:]]
-        logits = drafter_block_logits(drafter, features, ctx_pos, ids, block_pos)[:, 1:]
+        anchors = anchors.clamp(max=corpus.tokens.shape[1] - block)
+        inputs, labels = _blocks(target, drafter, corpus, rows, anchors, block)
+        logits = drafter_block_logits(drafter, *inputs)[:, 1:]
         # Acceptance stops at the first miss, so early block positions matter most.
         decay = torch.exp(-torch.arange(block - 1, dtype=torch.float32) / 4.0)
         losses = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
@@ -218,12 +337,33 @@ def train(target, drafter, corpus: Corpus, *, steps: int | None, seconds: float 
         loss.backward()
         optimizer.step()
         step += 1
-        if step % 100 == 0:
+        if step % 200 == 0:
             log(f"[train] step {step}: loss {loss.item():.3f} "
                 f"({time.monotonic() - began:.0f} s)")
     for p in params:
         p.requires_grad_(False)
     return step
+
+
+def teacher_forced_acceptance(target, drafter, corpus: Corpus, block: int,
+                              chunk: int = 512) -> float:
+    """Mean accepted/(K-1) over every anchor of `corpus` (training forward, fp32 weights): what
+    the speculative loop would accept from each anchor, all anchors weighted alike."""
+    window = drafter.config.sliding_window
+    rows_all, anchors_all = [], []
+    for row in range(corpus.tokens.shape[0]):
+        low, high = _anchor_range(corpus, torch.tensor([row]), block, window)
+        anchors_all.append(torch.arange(int(low), int(high)))
+        rows_all.append(torch.full_like(anchors_all[-1], row))
+    rows_all, anchors_all = torch.cat(rows_all), torch.cat(anchors_all)
+    accepted = []
+    with torch.no_grad():
+        for first in range(0, len(rows_all), chunk):
+            inputs, labels = _blocks(target, drafter, corpus, rows_all[first:first + chunk],
+                                     anchors_all[first:first + chunk], block)
+            hits = drafter_block_logits(drafter, *inputs)[:, 1:].argmax(dim=-1) == labels
+            accepted.append(hits.long().cumprod(dim=1).sum(dim=1))
+    return float(torch.cat(accepted).float().mean()) / (block - 1)
 
 
 def write_drafter(target, drafter, source_dir: Path, out_dir: Path, block_size: int) -> Path:
@@ -263,8 +403,9 @@ def with_block_sizes(target, drafter, source_dir: Path, out_root: Path, name: st
 
 
 def run(output_dir: Path, *, train_seconds: float | None, train_steps: int | None,
-        sequences: int, continuation: int = 80, seed: int = 0, eval_prompts_count: int = 4,
-        new_tokens: int = 32, log=print) -> dict:
+        sequences: int, continuation: int = 80, seed: int = 0, eval_prompts_count: int = 12,
+        new_tokens: int = 40, heldout_sequences: int = 128, batch: int = 128,
+        lr: float = 4e-3, log=print) -> dict:
     from museflash.demo_checkpoint import write_demo_checkpoints
 
     output_dir = Path(output_dir)
@@ -277,39 +418,65 @@ def run(output_dir: Path, *, train_seconds: float | None, train_steps: int | Non
         target_dir, base_drafter_dir = write_demo_checkpoints(Path(scratch) / "demo")
         target, drafter = load_pair(target_dir, base_drafter_dir)
         mask, vocab = drafter.config.mask_token_id, target.config.vocab_size
+        length = PROMPT_LENGTH + continuation
+        train_prompts = random_prompts(sequences, PROMPT_LENGTH, vocab, mask, seed)
+        log(f"[train] batched generation vs generate_corpus: identical tokens, encoder inputs "
+            f"rel error {check_batched_generation(target, train_prompts[:3], length):.1e}")
         began = time.monotonic()
-        corpus = generate_corpus(target, random_prompts(sequences, 16, vocab, mask, seed),
-                                 16 + continuation)
-        log(f"[train] corpus: {sequences} sequences x {corpus.tokens.shape[1]} tokens in "
-            f"{time.monotonic() - began:.0f} s")
+        corpus = generate_corpus_batched(target, train_prompts, length)
+        report["corpus"] = {"sequences": sequences, "length": length,
+                            "generation_seconds": time.monotonic() - began}
+        log(f"[train] corpus: {sequences} sequences x {length} tokens in "
+            f"{report['corpus']['generation_seconds']:.0f} s")
         log(f"[train] training forward vs inject_kv+draft: rel error "
             f"{check_training_forward(target, drafter, corpus):.1e}")
-        prompts = random_prompts(eval_prompts_count, 16, vocab, mask, seed + 1000)
+        # Held-out: prompts from other seeds, never trained on.
+        prompts = random_prompts(eval_prompts_count, PROMPT_LENGTH, vocab, mask, seed + 1000)
+        heldout_prompts = random_prompts(heldout_sequences, PROMPT_LENGTH, vocab, mask,
+                                         seed + 2000)
+        seen = {tuple(p) for p in train_prompts}
+        if any(tuple(p) in seen for p in prompts + heldout_prompts):
+            raise RuntimeError("an evaluation prompt is also a training prompt")
+        heldout = generate_corpus_batched(target, heldout_prompts, length)
         untrained = with_block_sizes(target, drafter, base_drafter_dir, Path(scratch),
                                      "untrained")
         report["untrained"] = {k: measure_acceptance(target_dir, d, k, prompts, new_tokens)
                                for k, d in untrained.items()}
+        report["untrained_teacher_forced"] = {
+            k: teacher_forced_acceptance(target, drafter, heldout, k) for k in EVAL_BLOCKS}
         began = time.monotonic()
         steps = train(target, drafter, corpus, steps=train_steps, seconds=train_seconds,
-                      seed=seed, log=log)
+                      batch=batch, lr=lr, seed=seed, log=log)
         report["train_steps"], report["train_seconds"] = steps, time.monotonic() - began
+        report["trained_teacher_forced"] = {
+            k: teacher_forced_acceptance(target, drafter, heldout, k) for k in EVAL_BLOCKS}
         trained = with_block_sizes(target, drafter, base_drafter_dir, output_dir, "drafter")
         report["trained"] = {k: measure_acceptance(target_dir, d, k, prompts, new_tokens)
                              for k, d in trained.items()}
+    report["eval"] = {"loop_prompts": eval_prompts_count, "new_tokens": new_tokens,
+                      "teacher_forced_sequences": heldout_sequences}
     report["drafter_dirs"] = {k: str(d) for k, d in trained.items()}
     return report
 
 
 def format_report(report: dict) -> str:
+    corpus, evaluation = report["corpus"], report["eval"]
     lines = [f"acceptance ({report['acceptance_definition']}; {report['measured_with']}), "
-             f"after {report['train_steps']} steps / {report['train_seconds']:.0f} s:",
-             "  K   upstream | untrained: accept  len   tok/main | trained: accept  len   "
-             "tok/main"]
+             f"held-out prompts; trained {report['train_steps']} steps / "
+             f"{report['train_seconds']:.0f} s on {corpus['sequences']} sequences x "
+             f"{corpus['length']} tokens (generated in {corpus['generation_seconds']:.0f} s):",
+             f"  loop: {evaluation['loop_prompts']} prompts x {evaluation['new_tokens']} new "
+             f"tokens; teacher-forced: every anchor of {evaluation['teacher_forced_sequences']} "
+             "continuations",
+             "  K   upstream | untrained: accept  len   tok/main  t-forced | trained: accept  "
+             "len   tok/main  t-forced"]
     for k in EVAL_BLOCKS:
         ua, ul, ut = report["untrained"][k]
         ta, tl, tt = report["trained"][k]
+        uf, tf = report["untrained_teacher_forced"][k], report["trained_teacher_forced"][k]
         lines.append(f"  {k:<3} {100 * UPSTREAM_ACCEPTANCE[k]:6.0f}%  |  {100 * ua:14.1f}% "
-                     f"{ul:5.2f} {ut:8.2f}  | {100 * ta:12.1f}% {tl:5.2f} {tt:8.2f}")
+                     f"{ul:5.2f} {ut:8.2f} {100 * uf:8.1f}% | {100 * ta:12.1f}% {tl:5.2f} "
+                     f"{tt:8.2f} {100 * tf:8.1f}%")
     return "\n".join(lines)
 
 
@@ -318,8 +485,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--output-dir", required=True, type=Path)
     parser.add_argument("--train-seconds", type=float, default=150.0)
     parser.add_argument("--train-steps", type=int, default=None)
-    parser.add_argument("--sequences", type=int, default=48,
-                        help="random prompts continued by the target (about 2 s each)")
+    parser.add_argument("--sequences", type=int, default=2048,
+                        help="random prompts continued by the target (batched, ~30 ms each)")
     parser.add_argument("--continuation", type=int, default=80)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1,
