@@ -9,7 +9,6 @@ child's memory. Writes benchmark.json and benchmark.png and prints a table.
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 import math
 import os
@@ -146,8 +145,9 @@ def _export_options(checkpoints: Path, output: Path):
 
 
 def naive_export(checkpoints: Path, output: Path) -> None:
-    """What one writes without care: the whole model in fp32, one plain ct.convert per
-    function, save_multifunction to merge. Same functions, inputs and states as the export."""
+    """What one writes without care: the whole model in memory (fp16, the dtype the export
+    converts), one plain ct.convert per function, save_multifunction to merge. Same functions,
+    inputs and states as the export, so the two outputs can be compared exactly."""
     import coremltools as ct
 
     from museflash import export as ex
@@ -158,10 +158,10 @@ def naive_export(checkpoints: Path, output: Path) -> None:
                                              options.drafter_checkpoint)
     spec = ex.speculative_decoding_block(drafter_raw, drafter_cfg, "dflash", None)
     block, width = spec["block_size"], spec["drafter_hidden_size"]
-    target = load_target(options.checkpoint, options.drafter_checkpoint, dtype=torch.float32,
+    target = load_target(options.checkpoint, options.drafter_checkpoint, dtype=ex.TRACE_DTYPE,
                          max_context=options.max_context_length,
                          max_query_len=max(options.prefill_length, block))
-    drafter = load_drafter(options.drafter_checkpoint, target, dtype=torch.float32,
+    drafter = load_drafter(options.drafter_checkpoint, target, dtype=ex.TRACE_DTYPE,
                            max_query_len=max(options.prefill_length, block))
     output.mkdir(parents=True, exist_ok=True)
     packages = [
@@ -174,7 +174,8 @@ def naive_export(checkpoints: Path, output: Path) -> None:
         (drafter, ex.DRAFTER_STATES, "dflash_drafter.mlpackage", "draft", [
             ("inject_kv", "inject_kv", ex._features_inputs(block, width),
              ["last_injected_position"],
-             (torch.zeros(1, block, width), torch.arange(block, dtype=torch.int32))),
+             (torch.zeros(1, block, width, dtype=ex.TRACE_DTYPE),
+              torch.arange(block, dtype=torch.int32))),
             ("draft", "draft", ex._int_inputs("input_ids", block), ["logits"],
              ex._example_ids(block)),
         ]),
@@ -183,7 +184,8 @@ def naive_export(checkpoints: Path, output: Path) -> None:
         descriptor = ct.utils.MultiFunctionDescriptor()
         for function, entry, inputs, outputs, example in functions:
             program = torch.export.export(module.with_entry_point(entry), example)
-            model = ex.convert(program.run_decompositions({}), inputs, outputs, module, states)
+            model = ex.convert(program.run_decompositions({}), inputs, outputs, module, states,
+                               validate_every_pass=True)
             part = output / f"{function}.part.mlpackage"
             model.save(str(part))
             descriptor.add_function(str(part), src_function_name="main",
@@ -334,17 +336,14 @@ def compare_exports(naive: Path, streaming: Path) -> list[str]:
                             f"{dict(sorted(changed.items()))})")
         weights = [_const_values(root / package, spec) for root, spec in
                    zip((naive, streaming), specs, strict=True)]
-        # Const names follow the traced graph, which fp32 tracing changes; the stored values
-        # are compared as a multiset, so every weight must be present, bit for bit, in both.
-        stored = [sorted(hashlib.sha1(v).hexdigest() for v in w.values()) for w in weights]
-        big = [sorted(hashlib.sha1(v).hexdigest() for v in w.values() if len(v) >= 8192)
-               for w in weights]
-        if big[0] != big[1]:
-            problems.append(f"{package}: large weight constants differ in value "
-                            f"({len(set(big[0]) ^ set(big[1]))} unmatched)")
-        elif stored[0] != stored[1]:
-            problems.append(f"{package}: large weights equal; small constants differ "
-                            f"({len(set(stored[0]) ^ set(stored[1]))} unmatched)")
+        if set(weights[0]) != set(weights[1]):
+            problems.append(f"{package}: weight constants differ in name "
+                            f"({len(set(weights[0]) ^ set(weights[1]))} unmatched)")
+            continue
+        differing = sorted(name for name in weights[0] if weights[0][name] != weights[1][name])
+        if differing:
+            problems.append(f"{package}: {len(differing)} of {len(weights[0])} weight constants "
+                            f"differ in value, e.g. {differing[:3]}")
     return problems
 
 

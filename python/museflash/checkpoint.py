@@ -425,7 +425,7 @@ def load_target(
         else:
             entries.append((name, target_checkpoint_key(name), reader))
     _check_unexpected_target_keys(reader, {key for _, key, r in entries if r is reader})
-    _load_parameters(model, entries, dtype)
+    _load_parameters(model, entries, dtype, placeholders)
     _build_rotary_tables(model, dtype)
     reader.close()
     if drafter_reader is not None:
@@ -470,7 +470,7 @@ def load_drafter(
         (name, drafter_checkpoint_key(name), reader)
         for name, _ in _own_parameters(shell, skip=DRAFTER_BORROWED)
     ]
-    _load_parameters(shell, entries, dtype)
+    _load_parameters(shell, entries, dtype, placeholders)
     _build_rotary_tables(shell, dtype)
     reader.close()
     return shell.eval()

@@ -245,3 +245,29 @@ def test_rope_tables_survive_the_meta_build_in_the_compute_dtype(fp32_dirs):
         for name, table in buffers.items():
             assert table.device.type == "cpu" and table.dtype == torch.float16
             assert torch.equal(table, getattr(fresh, name))
+
+
+def test_placeholders_stand_in_for_the_large_weights_only(fp32_dirs):
+    from museflash.checkpoint import PlaceholderWeights
+
+    placeholders = PlaceholderWeights()
+    target = load_target(*fp32_dirs, dtype=torch.float16, max_context=64, max_query_len=10,
+                         placeholders=placeholders)
+    drafter = load_drafter(fp32_dirs[1], target, dtype=torch.float16, max_query_len=10,
+                           placeholders=placeholders)
+    real_target, real_drafter = _load(*fp32_dirs, dtype=torch.float16)
+    stand_ins = 0
+    for model, real in ((target, real_target), (drafter, real_drafter)):
+        real_parameters = dict(real.named_parameters())
+        for name, parameter in model.named_parameters():
+            if placeholders.wants(tuple(parameter.shape)):
+                assert parameter.stride(0) == 0, name
+                assert placeholders.row_of(parameter) is not None, name
+                stand_ins += 1
+            else:
+                assert torch.equal(parameter, real_parameters[name]), name
+    assert stand_ins >= 10
+    # Each stand-in points back at its own checkpoint tensor, read only when asked.
+    row = placeholders.row_of(target.embed_tokens.weight)
+    assert torch.equal(placeholders.by_row[row].read(torch.float16),
+                       real_target.embed_tokens.weight)

@@ -131,6 +131,20 @@ def write_cache_slots(
     cache[layer] = torch.where(written, scattered.to(cache.dtype), cache[layer])
 
 
+def read_cache(cache: torch.Tensor, layer: int, dtype: torch.dtype) -> torch.Tensor:
+    """One layer of a cache buffer, as `dtype`, with the cast kept in the exported graph.
+
+    coremltools' torch frontend reads an fp16 state as fp32 (its fp16 pass narrows it again
+    later), and torch.export drops a `.to()` whose dtype already matches. Without an explicit
+    cast, the attention output reaches o_proj as fp32 and the converter promotes that layer's
+    weight to a materialised fp32 copy: 2x its bytes per layer, held through half the pass
+    pipeline. The fp16 -> fp32 -> fp16 round trip is exact, and the converter folds it away."""
+    layer_values = cache[layer]
+    if layer_values.dtype == dtype:
+        return layer_values.to(torch.float32).to(dtype)
+    return layer_values.to(dtype)
+
+
 def ring_slot_positions(last_position: torch.Tensor, capacity: int) -> torch.Tensor:
     """Absolute position held by each ring slot, given the newest written position.
 

@@ -27,6 +27,7 @@ from museflash.models.base import (
     SwiGLU,
     apply_rope,
     attend,
+    read_cache,
     ring_capacity,
     ring_slot_positions,
     sliding_causal_mask,
@@ -196,8 +197,8 @@ class DFlashAttention(nn.Module):
     ) -> torch.Tensor:
         self.write_kv(x, rope, key_cache, value_cache, layer, slots)
         q = self.q_norm(self._heads(self.q_proj(x), self.n_q))
-        keys = key_cache[layer].to(q.dtype)
-        values = value_cache[layer].to(q.dtype)
+        keys = read_cache(key_cache, layer, q.dtype)
+        values = read_cache(value_cache, layer, q.dtype)
         out = attend(apply_rope(q, *rope), keys, values, mask, 1.0 / math.sqrt(self.head_dim))
         return self.o_proj(out.transpose(0, 1).reshape(1, x.shape[1], -1))
 

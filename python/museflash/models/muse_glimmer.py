@@ -22,6 +22,7 @@ from museflash.models.base import (
     apply_rope,
     attend,
     global_causal_mask,
+    read_cache,
     ring_capacity,
     sliding_causal_mask,
     softcap,
@@ -163,8 +164,8 @@ class MuseGlimmerAttention(nn.Module):
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         write_cache_slots(key_cache, cache_layer, slots, k)
         write_cache_slots(value_cache, cache_layer, slots, v)
-        keys = key_cache[cache_layer].to(q.dtype)
-        values = value_cache[cache_layer].to(q.dtype)
+        keys = read_cache(key_cache, cache_layer, q.dtype)
+        values = read_cache(value_cache, cache_layer, q.dtype)
         out = attend(q, keys, values, mask, 1.0 / math.sqrt(self.head_dim))
         out = out.transpose(0, 1).reshape(1, length, self.n_q * self.head_dim)
         return self.o_proj(out * torch.sigmoid(self.gate_proj(x)))
@@ -294,8 +295,12 @@ class MuseGlimmerForCausalLM(nn.Module):
         return x, [captured[i] for i in capture_layers]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        h = self.norm(hidden) * self.config.output_multiplier
-        logits = nn.functional.linear(h, self.output_weight())
+        # The multiplier scales the logits, not lm_head's input: a Python float is an fp32
+        # constant to coremltools, and an fp32 input would make it copy the whole lm_head
+        # weight to fp32 (the largest tensor of the model).
+        logits = nn.functional.linear(self.norm(hidden), self.output_weight())
+        if self.config.output_multiplier != 1.0:
+            logits = logits * self.config.output_multiplier
         return softcap(logits, self.config.final_logit_softcapping)
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor):
