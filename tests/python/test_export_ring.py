@@ -49,3 +49,18 @@ def test_ring_metadata(bundle):
     assert metadata["speculative_decoding"]["drafter_kind"] == "ring"
     assert metadata["assets"]["target"]["kind"] == "target"
     assert metadata["assets"]["ring_drafter"]["functions"]["main"]["query_length"] == 1
+
+
+def test_ring_bundle_verifies_against_its_checkpoints(bundle):
+    """verify's ring-drafter branch: parity of the plain target and the ring drafter (positions
+    that wrap the drafter's ring) and the lossless loop, on the builtin demo pair."""
+    from museflash.verify import VerifyOptions, run_verify
+
+    lines = []
+    status = run_verify(VerifyOptions(export_dir=bundle, echo=lines.append, new_tokens=8))
+    print("\n".join(lines))
+    assert status == 0
+    parity = [line for line in lines if line.startswith("parity ")]
+    assert any(line.startswith("parity ring_drafter.main") and " OK" in line
+               for line in parity), parity
+    assert lines[-1].startswith("verify: OK")
