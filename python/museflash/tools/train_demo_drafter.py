@@ -1,6 +1,6 @@
 """Train the demo DFlash drafter to imitate the demo target (self-distillation), on CPU.
 
-    python -m museflash.tools.train_demo_drafter --output-dir DIR [--train-seconds 150]
+    ./bazelw run //:train_demo_drafter -- --output-dir DIR [--train-seconds 150]
 
 Data: random 16-token prompts, continued greedily by the demo target itself (eager torch,
 fp32), 2048 of them by default, generated in a batch (`generate_corpus_batched`, checked
@@ -49,6 +49,7 @@ from museflash.checkpoint import (
     read_config,
     write_safetensors,
 )
+from museflash.cli.paths import resolve_user_path
 from museflash.models.base import MASK_VALUE, apply_rope
 from museflash.speculative import EagerDrafter, EagerTarget, speculative_generate
 
@@ -482,7 +483,7 @@ def format_report(report: dict) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--output-dir", required=True, type=Path)
+    parser.add_argument("--output-dir", required=True, type=resolve_user_path)
     parser.add_argument("--train-seconds", type=float, default=150.0)
     parser.add_argument("--train-steps", type=int, default=None)
     parser.add_argument("--sequences", type=int, default=2048,
