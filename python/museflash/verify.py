@@ -409,6 +409,8 @@ def run_verify(options: VerifyOptions) -> int:
     try:
         metadata = _validate(options)
         export_dir = Path(options.export_dir)
+        # _validate admits exactly one drafter: DFlash, or the older ring drafter.
+        dflash = metadata["speculative_decoding"]["drafter_kind"] == "dflash"
         prompt = options.prompt_tokens or default_prompt_length(metadata)
         with checkpoint_dirs(metadata, options.checkpoint, options.drafter_checkpoint) as (
                 target_dir, drafter_dir, described):
@@ -421,15 +423,15 @@ def run_verify(options: VerifyOptions) -> int:
                 check_target(export_dir, metadata, target, "main", "forward", seed=1),
                 check_target(export_dir, metadata, target, "prefill", "prefill", seed=3),
             ]
-            if "dflash_drafter" in drafters:
+            if dflash:
                 checks.append(check_dflash_drafter(export_dir, metadata,
                                                    drafters["dflash_drafter"], seed=5))
-            if "ring_drafter" in drafters:
+            else:
                 checks.append(check_ring_drafter(export_dir, metadata,
                                                  drafters["ring_drafter"], seed=7))
             for check in checks:
                 echo(check.line())
-            if "dflash_drafter" in drafters:
+            if dflash:
                 decoding = check_decoding(export_dir, metadata, target_dir, prompt,
                                           options.new_tokens)
             else:
@@ -446,14 +448,14 @@ def run_verify(options: VerifyOptions) -> int:
     failed = [c for c in checks if not c.ok]
     figures = (f"acceptance {100 * decoding.acceptance:.1f}%, "
                f"{decoding.tokens_per_target_call:.2f} tokens per target call"
-               if "dflash_drafter" in metadata["assets"] else "parity only")
+               if dflash else "parity only")
     if failed or not decoding.ok:
         reasons = [f"{c.name} ({c.failures[0]})" for c in failed]
         if not decoding.ok:
             reasons.append("speculative output differs from the target's greedy output")
         echo(f"verify: FAILED {'; '.join(reasons)} [{figures}]")
         return 1
-    lossless = "lossless, " if "dflash_drafter" in metadata["assets"] else ""
+    lossless = "lossless, " if dflash else ""
     echo(f"verify: OK parity of {len(checks)} checks within tolerance "
          f"(outputs {OUTPUT_TOLERANCE.rel_tol:g}, states {STATE_TOLERANCE.rel_tol:g} of scale), "
          f"{lossless}{figures}")
