@@ -2,12 +2,10 @@
 
 import copy
 import json
-import pathlib
 import re
 import stat
 import subprocess
 import sys
-import tempfile
 
 import pytest
 import torch
@@ -403,19 +401,16 @@ def test_exported_files_are_readable_by_everyone(bundle):
 
 
 def _large_consts(package):
-    from museflash.benchmark import _const_values
+    """Const name -> (shape, stored bytes) of every 2-D weight in the package's weight file."""
+    from museflash.export import _BLOB_METADATA, _blob_constants
 
-    spec = _spec_of(package)
-    shapes = {}
-    for name, function in spec.mlProgram.functions.items():
-        for block in function.block_specializations.values():
-            for op in block.operations:
-                value = op.attributes["val"] if op.type == "const" else None
-                if value is not None and value.WhichOneof("value") == "blobFileValue":
-                    dims = [d.constant.size for d in value.type.tensorType.dimensions]
-                    shapes[f"{name}:{op.outputs[0].name}"] = dims
-    values = _const_values(package, spec)
-    return {k: (shapes[k], v) for k, v in values.items() if len(shapes[k]) == 2 and len(v) >= 8192}
+    blob = (package / "Data" / "com.apple.CoreML" / "weights" / "weight.bin").read_bytes()
+    found = {}
+    for offset, (name, shape) in _blob_constants(_spec_of(package)).items():
+        _, _, size, start = _BLOB_METADATA.unpack_from(blob, offset)
+        if len(shape) == 2 and size >= 8192:
+            found[name] = (list(shape), blob[start:start + size])
+    return found
 
 
 def test_real_weights_replace_every_placeholder(bundle, tmp_path):
@@ -436,7 +431,7 @@ def test_real_weights_replace_every_placeholder(bundle, tmp_path):
     assert embedding in {data for _, data in consts.values()}
 
 
-def test_conversion_keeps_placeholders_unmaterialised():
+def test_conversion_keeps_placeholders_unmaterialised(tmp_path):
     """Memory stays bounded only while every stand-in stays a stride-0 view through conversion;
     a weight the converter copies (e.g. promoted to fp32 because its input was fp32) shows up
     here as a contiguous array."""
@@ -445,11 +440,10 @@ def test_conversion_keeps_placeholders_unmaterialised():
     from museflash.checkpoint import PlaceholderWeights, load_target
     from museflash.demo_checkpoint import write_demo_checkpoints
 
-    with tempfile.TemporaryDirectory() as scratch:
-        target_dir, drafter_dir = write_demo_checkpoints(pathlib.Path(scratch))
-        placeholders = PlaceholderWeights()
-        target = load_target(target_dir, drafter_dir, dtype=torch.float16, max_context=64,
-                             max_query_len=4, placeholders=placeholders)
+    target_dir, drafter_dir = write_demo_checkpoints(tmp_path)
+    placeholders = PlaceholderWeights()
+    target = load_target(target_dir, drafter_dir, dtype=torch.float16, max_context=64,
+                         max_query_len=4, placeholders=placeholders)
     assert len(placeholders.by_row) >= 8
     program = trace(target.with_entry_point("forward"), export_module._example_ids(4))
     model = export_module.convert(program, export_module._int_inputs("input_ids", 4),

@@ -10,6 +10,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
+from package_surgery import swap_blobs
 
 from museflash.demo_checkpoint import DEMO_DRAFTER_CONFIG, DEMO_TARGET_CONFIG, build_demo_models
 from museflash.mlprogram_interpreter import (
@@ -294,32 +295,12 @@ def test_target_matches_torch_at_long_positions(exported):
     print("\n".join(log))
 
 
-def _swap_weights(package, broken, first_suffix, second_suffix):
-    """Copy of `package` whose ops read each other's weight blobs (in every function)."""
-    shutil.copytree(package, broken)
-    model_file = broken / "Data" / "com.apple.CoreML" / "model.mlmodel"
-    spec = ct.utils.load_spec(str(broken))
-    swapped = 0
-    for function in spec.mlProgram.functions.values():
-        blobs = {}
-        for op in function.block_specializations[function.opset].operations:
-            for suffix in (first_suffix, second_suffix):
-                if op.type == "const" and op.outputs[0].name.endswith(suffix):
-                    blobs[suffix] = op.attributes["val"].blobFileValue
-        if len(blobs) == 2:
-            first, second = blobs[first_suffix], blobs[second_suffix]
-            first.offset, second.offset = second.offset, first.offset
-            swapped += 1
-    assert swapped, f"no function has both {first_suffix} and {second_suffix}"
-    model_file.write_bytes(spec.SerializeToString())
-    return broken
-
-
 def test_swapped_weights_fail_the_parity_check(exported):
     drafter = exported["drafter"]
-    broken = _swap_weights(exported["drafter_package"], exported["work"] / "broken.mlpackage",
-                           "layers_1_self_attn_k_proj_weight_to_fp16",
-                           "layers_1_self_attn_v_proj_weight_to_fp16")
+    broken = exported["work"] / "broken.mlpackage"
+    shutil.copytree(exported["drafter_package"], broken)
+    swap_blobs(broken, [("layers_1_self_attn_k_proj_weight_to_fp16",
+                         "layers_1_self_attn_v_proj_weight_to_fp16")])
     inject = Interpreter(load_program(broken, "inject_kv"))
     states = module_states(drafter, DRAFTER_STATES)
     sync_states(drafter, states)

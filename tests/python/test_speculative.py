@@ -12,6 +12,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
+from package_surgery import swap_blobs
 
 from museflash.checkpoint import load_target
 from museflash.demo_checkpoint import write_demo_checkpoints
@@ -71,28 +72,6 @@ def _run(export_dir, prompt):
     return speculative, plain
 
 
-def _swap_blobs(package, pairs):
-    """Rewrites `package` in place so each pair of weight constants reads the other's blob."""
-    model_file = package / "Data" / "com.apple.CoreML" / "model.mlmodel"
-    spec = ct.utils.load_spec(str(package))
-    swapped = 0
-    for function in spec.mlProgram.functions.values():
-        blobs = {}
-        for op in function.block_specializations[function.opset].operations:
-            if op.type != "const":
-                continue
-            for fragment in (f for pair in pairs for f in pair):
-                if fragment in op.outputs[0].name:
-                    blobs[fragment] = op.attributes["val"].blobFileValue
-        for first, second in pairs:
-            if first in blobs and second in blobs:
-                blobs[first].offset, blobs[second].offset = (blobs[second].offset,
-                                                             blobs[first].offset)
-                swapped += 1
-    assert swapped, f"none of {pairs} found in {package}"
-    model_file.write_bytes(spec.SerializeToString())
-
-
 def test_chunk_starts_overlap_instead_of_running_past_the_end():
     assert chunk_starts(8, 8) == [0]
     assert chunk_starts(13, 8) == [0, 5]
@@ -123,7 +102,7 @@ def test_speculative_equals_target_only_greedy(bundle):
 def test_broken_drafter_is_still_lossless_but_accepts_less(bundle, tmp_path):
     broken = tmp_path / "broken"
     shutil.copytree(bundle["dir"], broken)
-    _swap_blobs(broken / "dflash_drafter.mlpackage",
+    swap_blobs(broken / "dflash_drafter.mlpackage",
                 [(f"layers_{i}_self_attn_k_proj_weight", f"layers_{i}_self_attn_v_proj_weight")
                  for i in (0, 1)] + [("layers_0_mlp_gate_proj_weight",
                                       "layers_0_mlp_up_proj_weight")])
@@ -142,7 +121,7 @@ def test_broken_drafter_is_still_lossless_but_accepts_less(bundle, tmp_path):
 def test_broken_target_export_is_caught_by_parity(bundle, tmp_path):
     broken = tmp_path / "broken"
     shutil.copytree(bundle["dir"], broken)
-    _swap_blobs(broken / "target.mlpackage",
+    swap_blobs(broken / "target.mlpackage",
                 [("layers_1_self_attn_k_proj_weight", "layers_1_self_attn_v_proj_weight")])
 
     metadata = json.loads((broken / "metadata.json").read_text())
