@@ -28,6 +28,7 @@ from museflash.demo_checkpoint import DEMO_DRAFTER_CONFIG, DEMO_TARGET_CONFIG
 from museflash.export import tree_bytes
 
 PATHS = ("naive", "streaming")
+STREAMING_FUNCTIONS = 4  # target main + prefill, drafter inject_kv + draft
 GB = 10**9
 SAMPLE_INTERVAL_S = 0.05
 EXPORT_ARGS = dict(max_context_length=256, prefill_length=16)
@@ -261,6 +262,7 @@ class Record:
     peak_anon_bytes: int
     output_bytes: int
     baseline_rss_bytes: int  # the interpreter with torch and coremltools imported, no export
+    processes: int  # converting at once; peak RSS sums every process's own peak
 
     @property
     def mb_per_s(self) -> float:
@@ -349,10 +351,10 @@ def compare_exports(naive: Path, streaming: Path) -> list[str]:
         debug_names = _state_op_debug_names(specs[0]) != _state_op_debug_names(specs[1])
         if debug_names:
             # coremltools numbers the `name` attribute of the read_state/write_state ops it
-            # lowers from state updates with a per-process counter, and a function converted
-            # and merged in memory keeps other numbers than one saved and reloaded by
-            # save_multifunction. The attribute is a label (no input or output refers to it);
-            # compare everything else exactly, and say so.
+            # lowers from state updates with a per-process counter, so a function converted in
+            # another process, or after other functions, carries other numbers. The attribute
+            # is a label (no input or output refers to it); compare everything else exactly,
+            # and say so.
             specs = [_without_state_op_debug_names(spec) for spec in specs]
         if specs[0] != specs[1]:
             ops = [_op_counts(spec) for spec in specs]
@@ -410,7 +412,7 @@ def _op_counts(spec) -> dict[str, int]:
 
 def _const_values(package: Path, spec) -> dict[str, bytes]:
     """(function, const name) -> the stored bytes, for every const in the weight file."""
-    from museflash.export import _BLOB_METADATA
+    from museflash.multifunction import _BLOB_METADATA
 
     blob = (package / "Data" / "com.apple.CoreML" / "weights" / "weight.bin").read_bytes()
     values = {}
@@ -455,7 +457,8 @@ def run_benchmark(sizes_gb: list[float], output_dir: Path, work_dir: Path | None
             record = Record(path, size, weight_bytes, text["num_hidden_layers"],
                             text["hidden_size"], round(wall, 2), peak, anon,
                             sum(tree_bytes(out / p) for p in
-                                ("target.mlpackage", "dflash_drafter.mlpackage")), baseline)
+                                ("target.mlpackage", "dflash_drafter.mlpackage")), baseline,
+                            _processes(path))
             records.append(record)
             outputs[path] = out
             echo(f"[benchmark] {size:g} GB {path}: {wall:.1f} s, peak RSS "
@@ -478,6 +481,12 @@ def run_benchmark(sizes_gb: list[float], output_dir: Path, work_dir: Path | None
     return records
 
 
+def _processes(path: str) -> int:
+    from museflash.parallel_conversion import process_count
+
+    return 1 if path == "naive" else process_count(None, STREAMING_FUNCTIONS)
+
+
 def write_results(records: list[Record], output_dir: Path) -> None:
     (output_dir / "benchmark.json").write_text(json.dumps(
         [dict(asdict(r), mb_per_s=round(r.mb_per_s, 2)) for r in records], indent=2) + "\n")
@@ -495,10 +504,12 @@ def slope(records: list[Record], path: str) -> float | None:
 
 
 def format_table(records: list[Record]) -> str:
-    lines = [f"{'path':<10} {'weights GB':>10} {'layers':>6} {'wall s':>8} {'MB/s':>7} "
-             f"{'peak RSS GB':>11} {'x weights':>9} {'peak anon GB':>12} {'output GB':>9}"]
+    lines = [f"{'path':<10} {'procs':>5} {'weights GB':>10} {'layers':>6} {'wall s':>8} "
+             f"{'MB/s':>7} {'peak RSS GB':>11} {'x weights':>9} {'peak anon GB':>12} "
+             f"{'output GB':>9}"]
     for r in records:
-        lines.append(f"{r.path:<10} {r.weight_bytes / 1e9:>10.3f} {r.num_hidden_layers:>6} "
+        lines.append(f"{r.path:<10} {r.processes:>5} {r.weight_bytes / 1e9:>10.3f} "
+                     f"{r.num_hidden_layers:>6} "
                      f"{r.wall_s:>8.1f} {r.mb_per_s:>7.1f} {r.peak_rss_bytes / 1e9:>11.2f} "
                      f"{r.peak_rss_bytes / r.weight_bytes:>9.2f} "
                      f"{r.peak_anon_bytes / 1e9:>12.2f} {r.output_bytes / 1e9:>9.3f}")

@@ -255,7 +255,7 @@ class PlaceholderWeights:
     it costs one row of memory however many rows the weight has). Rows differ between weights,
     so constant deduplication still merges exactly the uses of the same weight, and the row
     identifies the weight again in the converted package's weight file, where the real values
-    are then written (`export.write_real_weights`)."""
+    are then written (`multifunction.merge_packages`)."""
 
     MIN_ELEMENTS = 4096  # smaller tensors are loaded for real (inline or cheap either way)
     MIN_COLUMNS = 16  # a row this long is unique among the weights with near certainty

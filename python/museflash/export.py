@@ -1,16 +1,18 @@
 """Export a speculative-decoding bundle: fused target + DFlash (or ring) drafter + metadata.json.
 
-Pipeline per package: load (safetensors, layer by layer) -> trace (torch.export of one small
-entry-point view per Core ML function) -> convert (coremltools, ML program, iOS18, fp16 states)
--> save (multifunction packages, metadata re-embedded). Everything is validated before any work
-and written into a staging directory that replaces the destination only at the very end.
+Pipeline: plan (configs cross-checked, every package and function decided) -> load (safetensors,
+large weights replaced by placeholders) -> per function, possibly in a helper process: trace
+(torch.export of one small entry-point view) -> convert (coremltools, ML program, iOS18, fp16
+states) into a single-function package -> save (the functions merged into one multifunction
+package per asset, real weights streamed in, metadata embedded). Everything is validated before
+any work and written into a staging directory that replaces the destination only at the end.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import struct
+import shutil
 import tempfile
 import time
 from collections.abc import Iterator
@@ -33,6 +35,8 @@ from museflash.checkpoint import (
 )
 from museflash.models.dflash import DFlashConfig, validate_drafter_against_target
 from museflash.models.muse_glimmer import MuseGlimmerConfig
+from museflash.multifunction import MergeError, merge_packages
+from museflash.parallel_conversion import conversion_helpers, run_conversions
 
 METADATA_SCHEMA_VERSION = 1
 METADATA_FILE = "metadata.json"
@@ -65,6 +69,8 @@ class ExportOptions:
     prefill_length: int = 32
     decode_length: int | None = None
     model_name: str | None = None
+    # Processes converting functions at once, this one included; None: up to 2 (CPU count).
+    conversion_processes: int | None = None
 
 
 # --- Validation (runs before any work) -----------------------------------------------------
@@ -95,6 +101,9 @@ def check_flag_rules(options: ExportOptions) -> None:
             "give both --checkpoint and --drafter-checkpoint, or neither (the built-in demo "
             "pair); a target and a drafter from different sources would be mixed"
         )
+    if options.conversion_processes is not None and options.conversion_processes < 1:
+        raise ExportError(f"--conversion-processes {options.conversion_processes} must be at "
+                          "least 1 (1 converts every function in this process)")
     for name in ("max_context_length", "prefill_length"):
         if getattr(options, name) < 1:
             raise ExportError(f"--{name.replace('_', '-')} must be at least 1")
@@ -271,7 +280,7 @@ def convert(
     with nullcontext() if validate_every_pass else validated_once_per_pipeline():
         return ct.convert(
             program,
-            inputs=inputs,
+            inputs=list(inputs),  # ct.convert appends the states to the list it is given
             outputs=[ct.TensorType(name=n, dtype=_output_dtype(n)) for n in outputs],
             states=states,
             minimum_deployment_target=ct.target.iOS18,
@@ -347,172 +356,163 @@ class FunctionPlan:
     query_length: int
 
 
-def save_functions(
-    module: torch.nn.Module,
-    plans: list[FunctionPlan],
-    state_names: tuple[str, ...],
-    destination: Path,
-    default_function: str,
-    progress: Progress,
-    label: str,
-    placeholders: PlaceholderWeights | None = None,
-) -> None:
-    """Converts each plan, then merges the functions into one multifunction package (identical
-    weights are stored once), as coremltools' save_multifunction does, but from the converted
-    programs in memory: save_multifunction reloads every function's weights from disk.
+@dataclass
+class PackagePlan:
+    asset: str  # key in metadata["assets"]; the package is f"{asset}.mlpackage"
+    kind: str  # metadata asset kind
+    module: str  # "target" or "drafter"
+    states: tuple[str, ...]
+    default_function: str
+    functions: list[FunctionPlan]
 
-    With `placeholders`, the module's large weights are stand-ins; the real values are
-    streamed into the package's weight file afterwards, one tensor at a time."""
-    import coremltools as ct
-    from coremltools.converters.mil import mil as ct_mil
-    from coremltools.converters.mil.converter import mil_convert
-    from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
-    from coremltools.proto import Model_pb2
+    @property
+    def file_name(self) -> str:
+        return f"{self.asset}.mlpackage"
 
-    programs = {}
-    descriptions = {}
-    spec_version = 0
-    for plan in plans:
-        view = module.with_entry_point(plan.entry_point)
-        with progress.stage("trace", f"{label}.{plan.name}"):
-            program = trace(view, plan.example_args)
-            check_no_data_dependent_scalars(program)
-        with progress.stage("convert", f"{label}.{plan.name}") as info:
-            model = convert(program, plan.inputs, plan.outputs, module, state_names)
-            # The single-function package coremltools wrote is not needed: its program (after
-            # every pass) and its function description are.
-            info["bytes"] = tree_bytes(Path(model.package_path))
-            spec = model.get_spec()
-            described = spec.description
-            descriptions[plan.name] = Model_pb2.FunctionDescription(
-                name=plan.name, input=described.input, output=described.output,
-                state=described.state, predictedFeatureName=described.predictedFeatureName,
-                predictedProbabilitiesName=described.predictedProbabilitiesName)
-            spec_version = max(spec_version, spec.specificationVersion)
-            programs[plan.name] = model._mil_program
-        del model, program, spec
-    with progress.stage("save", f"{destination.name}") as info:
-        merged = ct_mil.Program()
-        for name, single in programs.items():
-            merged.add_function(name, single.functions["main"])
-        programs.clear()
-        PASS_REGISTRY["common::const_deduplication"]._deduplicate_const_across_functions(merged)
-        merged.default_function_name = default_function
-        merged.skip_all_passes = True
-        merged.export_as_multifunction = True
-        with validated_once_per_pipeline():
-            model = mil_convert(
-                merged,
-                convert_to="mlprogram",
-                convert_from="milinternal",
-                # Every function already ran the full pipeline. With the default one, each of its
-                # ~90 (skipped) passes still validates the whole merged program: 30 of the 32 s
-                # this stage took on a 12-layer model.
-                pass_pipeline=ct.PassPipeline.EMPTY,
-                specification_version=max(spec_version, ct.target.iOS18.value),
-                compute_units=ct.ComputeUnit.CPU_ONLY,
-                model_description=Model_pb2.ModelDescription(
-                    functions=[descriptions[name] for name in merged.functions],
-                    defaultFunctionName=default_function),
-                skip_model_load=True,
-            )
-        del merged
-        model.save(str(destination))
+    def function(self, name: str) -> FunctionPlan:
+        return next(f for f in self.functions if f.name == name)
+
+
+@dataclass
+class ExportPlan:
+    """Everything decided from the options and configs before any weight is read."""
+    target_dir: Path
+    drafter_dir: Path | None
+    target_cfg: MuseGlimmerConfig
+    drafter_raw: dict[str, Any] | None
+    drafter_cfg: DFlashConfig | None
+    spec: dict[str, Any] | None  # the speculative_decoding block
+    decode_length: int
+    max_query: int
+    packages: list[PackagePlan]
+
+    def package(self, asset: str) -> PackagePlan:
+        return next(p for p in self.packages if p.asset == asset)
+
+
+def plan_export(options: ExportOptions, target_dir: Path, drafter_dir: Path | None) -> ExportPlan:
+    use_drafter = wants_drafter(options)
+    target_cfg, drafter_raw, drafter_cfg = prepare(
+        options, target_dir, drafter_dir if use_drafter else None
+    )
+    spec = None
+    if use_drafter:
+        kind = "ring" if options.with_drafter else "dflash"
+        spec = speculative_decoding_block(drafter_raw, drafter_cfg, kind,
+                                          options.num_draft_tokens)
+    block = spec["block_size"] if spec else 1
+    decode_length = options.decode_length or block
+    if decode_length > options.max_context_length:
+        raise ExportError(f"decode length {decode_length} exceeds --max-context-length "
+                          f"{options.max_context_length}")
+    max_query = max(options.prefill_length, decode_length, block)
+    return ExportPlan(Path(target_dir), Path(drafter_dir) if drafter_dir else None, target_cfg,
+                      drafter_raw, drafter_cfg, spec, decode_length, max_query,
+                      _package_plans(options, spec, decode_length))
+
+
+def _package_plans(options: ExportOptions, spec: dict[str, Any] | None,
+                   decode_length: int) -> list[PackagePlan]:
+    fused = options.fused_target
+    target_outputs = ["logits", "drafter_features"] if fused else ["logits"]
+    packages = [PackagePlan("target", "fused_target" if fused else "target", "target",
+                            TARGET_STATES, "main", [
+        FunctionPlan("main", "decode", "forward", _int_inputs("input_ids", decode_length),
+                     ["input_ids", "position_ids"], target_outputs,
+                     _example_ids(decode_length), decode_length),
+        FunctionPlan("prefill", "prefill", "prefill",
+                     _int_inputs("input_ids", options.prefill_length),
+                     ["input_ids", "position_ids"], target_outputs,
+                     _example_ids(options.prefill_length), options.prefill_length),
+    ])]
+    if options.dflash_drafter:
+        block = spec["block_size"]
+        width = spec["drafter_hidden_size"]
+        packages.append(PackagePlan("dflash_drafter", "dflash_drafter", "drafter",
+                                    DRAFTER_STATES, "draft", [
+            FunctionPlan("inject_kv", "inject_kv", "inject_kv", _features_inputs(block, width),
+                         ["features", "position_ids"], ["last_injected_position"],
+                         (torch.zeros(1, block, width, dtype=TRACE_DTYPE),
+                          torch.arange(block, dtype=torch.int32)), block),
+            FunctionPlan("draft", "draft", "draft", _int_inputs("input_ids", block),
+                         ["input_ids", "position_ids"], ["logits"], _example_ids(block), block),
+        ]))
+    elif options.with_drafter:
+        packages.append(PackagePlan("ring_drafter", "ring_drafter", "drafter", DRAFTER_STATES,
+                                    "main", [
+            FunctionPlan("main", "decode", "decode", _int_inputs("input_ids", 1),
+                         ["input_ids", "position_ids"], ["logits"], _example_ids(1), 1),
+        ]))
+    return packages
+
+
+def load_modules(options: ExportOptions, plan: ExportPlan, progress: Progress,
+                 placeholders: PlaceholderWeights | None) -> dict[str, torch.nn.Module]:
+    """The modules to trace, with `placeholders` standing in for the large weights. Every
+    process that converts part of the export loads them the same way, in the same order, so
+    its placeholders are the same rows."""
+    with progress.stage("load", "target") as info:
+        target = load_target(
+            plan.target_dir,
+            plan.drafter_dir if options.fused_target else None,
+            dtype=TRACE_DTYPE,
+            max_context=options.max_context_length,
+            max_query_len=plan.max_query,
+            placeholders=placeholders,
+        )
+        info["bytes"] = module_weight_bytes(target)
+    modules = {"target": target}
+    if options.dflash_drafter or options.with_drafter:
+        with progress.stage("load", "drafter") as info:
+            modules["drafter"] = load_drafter(
+                plan.drafter_dir, target, target_dir=plan.target_dir, dtype=TRACE_DTYPE,
+                max_context=options.max_context_length, max_query_len=plan.max_query,
+                ring=options.with_drafter, placeholders=placeholders)
+            info["bytes"] = module_weight_bytes(modules["drafter"]) - module_weight_bytes(
+                target.embed_tokens) - (module_weight_bytes(target.lm_head)
+                                        if target.lm_head is not None else 0)
+    return modules
+
+
+def convert_function(module: torch.nn.Module, package: PackagePlan, function: FunctionPlan,
+                     part: Path, progress: Progress, where: str = "") -> None:
+    """Traces and converts one entry point into the single-function package `part`."""
+    label = f"{package.asset}.{function.name}" + (f", {where}" if where else "")
+    view = module.with_entry_point(function.entry_point)
+    with progress.stage("trace", label):
+        program = trace(view, function.example_args)
+        check_no_data_dependent_scalars(program)
+    with progress.stage("convert", label) as info:
+        model = convert(program, function.inputs, function.outputs, module, package.states)
+        del program
+        # coremltools wrote the package to a temporary directory; keep it instead of copying.
+        shutil.move(model.package_path, part)
+        model.is_temp_package = False
         del model
-        if placeholders is not None:
-            write_real_weights(destination, module, placeholders)
+        info["bytes"] = tree_bytes(part)
+
+
+def part_path(parts_dir: Path, package: PackagePlan, function: FunctionPlan) -> Path:
+    return Path(parts_dir) / package.asset / f"{function.name}.mlpackage"
+
+
+def save_package(package: PackagePlan, parts_dir: Path, destination: Path,
+                 modules: dict[str, torch.nn.Module], placeholders: PlaceholderWeights,
+                 progress: Progress) -> None:
+    """Merges the package's converted functions into one multifunction package
+    (`multifunction.merge_packages`: identical weights are stored once, as save_multifunction
+    stores them, without loading any weight back); the placeholders' real values are read from
+    the checkpoint into its weight file one tensor at a time."""
+    with progress.stage("save", package.file_name) as info:
+        module = modules[package.module]
+        expected = {placeholders.row_of(p) for p in module.parameters()} - {None}
+        parts = [(f.name, part_path(parts_dir, package, f)) for f in package.functions]
+        try:
+            merge_packages(parts, destination, package.default_function, placeholders,
+                           expected)
+        except MergeError as error:
+            raise ExportError(str(error)) from error
         info["bytes"] = tree_bytes(destination)
-
-
-# --- Real weights into a package converted with placeholders ---------------------------------
-
-_BLOB_SENTINEL = 0xDEADBEEF
-_BLOB_METADATA = struct.Struct("<IIQQ")  # sentinel, dtype, size in bytes, data offset
-_VERIFY_CHUNK_BYTES = 32 << 20
-
-
-def _blob_constants(spec) -> dict[int, tuple[str, tuple[int, ...]]]:
-    """Offset in the weight file -> (const name, shape), for every const stored there."""
-    found: dict[int, tuple[str, tuple[int, ...]]] = {}
-
-    def visit(block) -> None:
-        for op in block.operations:
-            for nested in op.blocks:
-                visit(nested)
-            if op.type != "const" or "val" not in op.attributes:
-                continue
-            value = op.attributes["val"]
-            if value.WhichOneof("value") != "blobFileValue":
-                continue
-            dims = tuple(d.constant.size for d in value.type.tensorType.dimensions)
-            found.setdefault(value.blobFileValue.offset, (op.outputs[0].name, dims))
-
-    for function in spec.mlProgram.functions.values():
-        for block in function.block_specializations.values():
-            visit(block)
-    return found
-
-
-def write_real_weights(package: Path, module: torch.nn.Module,
-                       placeholders: PlaceholderWeights) -> int:
-    """Replaces every placeholder blob in the package's weight file by the real weight, read
-    from the checkpoint one tensor at a time. A placeholder is only replaced where the blob is
-    exactly the placeholder (same shape, every row the placeholder's row), so a weight that a
-    conversion pass had transposed, folded or cast fails loudly instead of being mis-written.
-    Returns the number of blobs written."""
-    from coremltools.proto import Model_pb2
-
-    data = package / "Data" / "com.apple.CoreML"
-    spec = Model_pb2.Model()
-    spec.ParseFromString((data / "model.mlmodel").read_bytes())
-    expected = {placeholders.row_of(p) for p in module.parameters()} - {None}
-    written = 0
-    seen: set[bytes] = set()
-    with (data / "weights" / "weight.bin").open("r+b", buffering=0) as weights:
-        for offset, (name, shape) in sorted(_blob_constants(spec).items()):
-            weights.seek(offset)
-            sentinel, _, size, start = _BLOB_METADATA.unpack(weights.read(_BLOB_METADATA.size))
-            if sentinel != _BLOB_SENTINEL:
-                raise ExportError(f"{package}: const {name} points at offset {offset} of "
-                                  "weight.bin, which holds no blob header")
-            if len(shape) != 2:
-                continue
-            weights.seek(start)
-            row = weights.read(shape[1] * 2)
-            location = placeholders.by_row.get(row)
-            if location is None:
-                continue
-            if shape != location.shape or size != 2 * shape[0] * shape[1]:
-                raise ExportError(f"{package}: const {name} holds the placeholder of "
-                                  f"{location.key} {list(location.shape)} with shape "
-                                  f"{list(shape)}; conversion changed the weight")
-            _verify_repeated_row(weights, start, size, row, name, location.key)
-            real = location.read(torch.float16).contiguous()
-            weights.seek(start)
-            weights.write(real.numpy().tobytes())
-            del real
-            seen.add(row)
-            written += 1
-    missing = expected - seen
-    if missing:
-        keys = sorted(placeholders.by_row[row].key for row in missing)
-        raise ExportError(f"{package}: weights {keys[:5]} are not stored as they were given "
-                          "(a conversion pass folded or transformed them)")
-    return written
-
-
-def _verify_repeated_row(handle, start: int, size: int, row: bytes, name: str, key: str):
-    rows_per_chunk = max(1, _VERIFY_CHUNK_BYTES // len(row))
-    pattern = np.frombuffer(row, dtype=np.uint8)
-    done = 0
-    handle.seek(start)
-    while done < size:
-        chunk = handle.read(min(size - done, rows_per_chunk * len(row)))
-        block = np.frombuffer(chunk, dtype=np.uint8).reshape(-1, len(row))
-        if not (block == pattern).all():
-            raise ExportError(f"const {name} starts like the placeholder of {key} but differs "
-                              "further on; conversion changed the weight")
-        done += len(chunk)
 
 
 def embed_metadata(package: Path, metadata: dict[str, Any]) -> None:
@@ -622,51 +622,30 @@ def export_bundle(options: ExportOptions, progress: Progress | None = None) -> P
     check_flag_rules(options)
     check_destination(options.output_dir, options.overwrite)
     with _checkpoint_sources(options) as (target_dir, drafter_dir, source):
-        use_drafter = wants_drafter(options)
-        target_cfg, drafter_raw, drafter_cfg = prepare(
-            options, target_dir, drafter_dir if use_drafter else None
-        )
-        spec = None
-        if use_drafter:
-            kind = "ring" if options.with_drafter else "dflash"
-            spec = speculative_decoding_block(drafter_raw, drafter_cfg, kind,
-                                              options.num_draft_tokens)
-        block = spec["block_size"] if spec else 1
-        decode_length = options.decode_length or block
-        if decode_length > options.max_context_length:
-            raise ExportError(f"decode length {decode_length} exceeds --max-context-length "
-                              f"{options.max_context_length}")
-        max_query = max(options.prefill_length, decode_length, block)
-
-        # The large weights stay on disk until the packages are written (see
-        # docs/export-memory.md); only their stand-ins are traced and converted.
-        placeholders = PlaceholderWeights()
-        with progress.stage("load", "target") as info:
-            target = load_target(
-                target_dir,
-                drafter_dir if options.fused_target else None,
-                dtype=TRACE_DTYPE,
-                max_context=options.max_context_length,
-                max_query_len=max_query,
-                placeholders=placeholders,
-            )
-            info["bytes"] = module_weight_bytes(target)
-        drafter = None
-        if options.dflash_drafter or options.with_drafter:
-            with progress.stage("load", "drafter") as info:
-                drafter = load_drafter(drafter_dir, target, target_dir=target_dir,
-                                       dtype=TRACE_DTYPE, max_context=options.max_context_length,
-                                       max_query_len=max_query,
-                                       ring=options.with_drafter,
-                                       placeholders=placeholders)
-                info["bytes"] = module_weight_bytes(drafter) - module_weight_bytes(
-                    target.embed_tokens) - (module_weight_bytes(target.lm_head)
-                                            if target.lm_head is not None else 0)
-
+        plan = plan_export(options, target_dir, drafter_dir)
         with publish_directory(options.output_dir, options.overwrite) as staging:
-            metadata = _export_packages(options, target, target_cfg, drafter, spec,
-                                        decode_length, staging, progress, source,
-                                        placeholders)
+            parts_dir = staging / ".parts"
+            with conversion_helpers(options, plan, progress) as helpers:
+                # The large weights stay on disk until the packages are written (see
+                # docs/export-memory.md); only their stand-ins are traced and converted.
+                placeholders = PlaceholderWeights()
+                modules = load_modules(options, plan, progress, placeholders)
+                jobs = [(package, function) for package in plan.packages
+                        for function in package.functions]
+                for package in plan.packages:
+                    (parts_dir / package.asset).mkdir(parents=True)
+
+                def convert_here(job) -> None:
+                    package, function = job
+                    convert_function(modules[package.module], package, function,
+                                     part_path(parts_dir, package, function), progress)
+
+                run_conversions(jobs, convert_here, helpers, parts_dir)
+            for package in plan.packages:
+                save_package(package, parts_dir, staging / package.file_name, modules,
+                             placeholders, progress)
+            shutil.rmtree(parts_dir)
+            metadata = _metadata(options, plan, modules, source)
             for asset in metadata["assets"].values():
                 embed_metadata(staging / asset["path"], metadata)
             (staging / METADATA_FILE).write_text(json.dumps(metadata, indent=2) + "\n")
@@ -675,59 +654,26 @@ def export_bundle(options: ExportOptions, progress: Progress | None = None) -> P
     return Path(options.output_dir)
 
 
-def _export_packages(options, target, target_cfg, drafter, spec, decode_length, staging,
-                     progress, source, placeholders=None) -> dict[str, Any]:
-    fused = options.fused_target
-    target_outputs = ["logits", "drafter_features"] if fused else ["logits"]
-    target_plans = [
-        FunctionPlan("main", "decode", "forward", _int_inputs("input_ids", decode_length),
-                     ["input_ids", "position_ids"], target_outputs,
-                     _example_ids(decode_length), decode_length),
-        FunctionPlan("prefill", "prefill", "prefill",
-                     _int_inputs("input_ids", options.prefill_length),
-                     ["input_ids", "position_ids"], target_outputs,
-                     _example_ids(options.prefill_length), options.prefill_length),
-    ]
-    save_functions(target, target_plans, TARGET_STATES, staging / "target.mlpackage",
-                   "main", progress, "target", placeholders)
+def _metadata(options: ExportOptions, plan: ExportPlan, modules: dict[str, torch.nn.Module],
+              source: dict[str, Any]) -> dict[str, Any]:
     ring_names = {"slidingKeyCache", "slidingValueCache"}
     assets = {
-        "target": _asset("target.mlpackage", "fused_target" if fused else "target", "main",
-                         target_plans, _state_entries(target, TARGET_STATES, ring_names)),
+        package.asset: _asset(package.file_name, package.kind, package.default_function,
+                              package.functions,
+                              _state_entries(modules[package.module], package.states,
+                                             ring_names))
+        for package in plan.packages
     }
-    if drafter is not None and options.dflash_drafter:
-        block = spec["block_size"]
-        width = spec["drafter_hidden_size"]
-        plans = [
-            FunctionPlan("inject_kv", "inject_kv", "inject_kv", _features_inputs(block, width),
-                         ["features", "position_ids"], ["last_injected_position"],
-                         (torch.zeros(1, block, width, dtype=TRACE_DTYPE),
-                          torch.arange(block, dtype=torch.int32)), block),
-            FunctionPlan("draft", "draft", "draft", _int_inputs("input_ids", block),
-                         ["input_ids", "position_ids"], ["logits"], _example_ids(block), block),
-        ]
-        save_functions(drafter, plans, DRAFTER_STATES, staging / "dflash_drafter.mlpackage",
-                       "draft", progress, "dflash_drafter", placeholders)
-        assets["dflash_drafter"] = _asset("dflash_drafter.mlpackage", "dflash_drafter", "draft",
-                                          plans, _state_entries(drafter, DRAFTER_STATES,
-                                                                ring_names))
-    elif drafter is not None:
-        plans = [FunctionPlan("main", "decode", "decode", _int_inputs("input_ids", 1),
-                              ["input_ids", "position_ids"], ["logits"], _example_ids(1), 1)]
-        save_functions(drafter, plans, DRAFTER_STATES, staging / "ring_drafter.mlpackage",
-                       "main", progress, "ring_drafter", placeholders)
-        assets["ring_drafter"] = _asset("ring_drafter.mlpackage", "ring_drafter", "main", plans,
-                                        _state_entries(drafter, DRAFTER_STATES, ring_names))
     return {
         "schema_version": METADATA_SCHEMA_VERSION,
         "generator": {"name": "museflash", "version": __version__},
         "model_name": options.model_name or _default_model_name(source),
-        "vocab_size": target_cfg.vocab_size,
+        "vocab_size": plan.target_cfg.vocab_size,
         "context_length": options.max_context_length,
         "compute_precision": "float16",
-        "target": _target_settings(target_cfg),
+        "target": _target_settings(plan.target_cfg),
         "assets": assets,
-        "speculative_decoding": spec,
+        "speculative_decoding": plan.spec,
         "source": source,
     }
 

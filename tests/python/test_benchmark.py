@@ -34,6 +34,7 @@ def test_tiny_benchmark_writes_records_and_files(tmp_path):
         assert entry["peak_rss_bytes"] >= entry["peak_anon_bytes"] > 0
         assert entry["output_bytes"] > 0.9 * entry["weight_bytes"]
     assert saved[0]["weight_bytes"] == saved[1]["weight_bytes"]
+    assert saved[0]["processes"] == 1 <= saved[1]["processes"]
     assert (tmp_path / "out" / "benchmark.png").stat().st_size > 0
     # Both paths export the same model: equal specs and every weight constant bit for bit.
     equivalence = (tmp_path / "out" / "equivalence.txt").read_text()

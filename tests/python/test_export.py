@@ -44,6 +44,7 @@ def _quiet(_line):
         (dict(fused_target=True, prefill_length=0), "--prefill-length must be at least 1"),
         (dict(fused_target=True, prefill_length=64, max_context_length=32), "exceeds"),
         (dict(fused_target=True, max_context_length=100), "multiple of 32.*use 128"),
+        (dict(fused_target=True, conversion_processes=0), "--conversion-processes 0 must be"),
     ],
 )
 def test_flag_rules_fail_before_any_work(tmp_path, flags, message):
@@ -207,17 +208,19 @@ def test_shallower_drafter_and_absent_keys_pass_validation(tmp_path):
 
 
 def test_failure_mid_export_leaves_nothing_behind(tmp_path, monkeypatch):
+    """The export's own conversion dies half-way through writing its part while a helper
+    process is converting another function: the helper is stopped and nothing is left."""
     out = tmp_path / "out"
 
-    def half_then_crash(module, plans, state_names, destination, *args, **kwargs):
-        destination.mkdir()
-        (destination / "half-written").write_bytes(b"x" * 100)
-        raise RuntimeError("injected failure while saving")
+    def half_then_crash(module, package, function, part, *args, **kwargs):
+        part.mkdir()
+        (part / "half-written").write_bytes(b"x" * 100)
+        raise RuntimeError("injected failure while converting")
 
-    monkeypatch.setattr(export_module, "save_functions", half_then_crash)
+    monkeypatch.setattr(export_module, "convert_function", half_then_crash)
     with pytest.raises(RuntimeError, match="injected failure"):
-        export_bundle(ExportOptions(output_dir=out, fused_target=True, dflash_drafter=True),
-                      _Silent())
+        export_bundle(ExportOptions(output_dir=out, fused_target=True, dflash_drafter=True,
+                                    conversion_processes=2), _Silent())
     assert list(tmp_path.iterdir()) == []
 
 
@@ -229,10 +232,10 @@ def test_failure_keeps_an_existing_export_intact(tmp_path, monkeypatch):
     def crash(*_args, **_kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(export_module, "save_functions", crash)
+    monkeypatch.setattr(export_module, "convert_function", crash)
     with pytest.raises(KeyboardInterrupt):
-        export_bundle(ExportOptions(output_dir=out, overwrite=True, fused_target=True),
-                      _Silent())
+        export_bundle(ExportOptions(output_dir=out, overwrite=True, fused_target=True,
+                                    conversion_processes=2), _Silent())
     assert [p.name for p in tmp_path.iterdir()] == ["out"]
     assert (out / "metadata.json").read_text() == "previous"
 
@@ -402,14 +405,15 @@ def test_exported_files_are_readable_by_everyone(bundle):
 
 def _large_consts(package):
     """Const name -> (shape, stored bytes) of every 2-D weight in the package's weight file."""
-    from museflash.export import _BLOB_METADATA, _blob_constants
+    from museflash.multifunction import _BLOB_METADATA, blob_constants, read_spec
 
     blob = (package / "Data" / "com.apple.CoreML" / "weights" / "weight.bin").read_bytes()
     found = {}
-    for offset, (name, shape) in _blob_constants(_spec_of(package)).items():
-        _, _, size, start = _BLOB_METADATA.unpack_from(blob, offset)
-        if len(shape) == 2 and size >= 8192:
-            found[name] = (list(shape), blob[start:start + size])
+    for function in read_spec(package).mlProgram.functions.values():
+        for const in blob_constants(function):
+            _, _, size, start = _BLOB_METADATA.unpack_from(blob, const.offset)
+            if len(const.shape) == 2 and size >= 8192:
+                found[const.name] = (list(const.shape), blob[start:start + size])
     return found
 
 

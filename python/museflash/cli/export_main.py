@@ -37,6 +37,9 @@ flags.DEFINE_integer("decode-length", None,
                      "Query length of the target's main function (default: block size, or 1 "
                      "without a drafter).")
 flags.DEFINE_string("model-name", None, "Name recorded in metadata.json.")
+flags.DEFINE_integer("conversion-processes", None,
+                     "Processes converting functions at once, this one included (default: up "
+                     "to 2; each adds ~0.35 GB of memory). 1 converts everything in-process.")
 
 FLAGS = flags.FLAGS
 USER_ERRORS = (ExportError, OutputDirError, CheckpointError, DrafterTargetMismatchError)
@@ -56,6 +59,7 @@ def options_from_flags() -> ExportOptions:
         prefill_length=FLAGS["prefill-length"].value,
         decode_length=FLAGS["decode-length"].value,
         model_name=FLAGS["model-name"].value,
+        conversion_processes=FLAGS["conversion-processes"].value,
     )
 
 

@@ -1,0 +1,320 @@
+"""Single-function Core ML packages -> one multifunction package, real weights streamed in.
+
+coremltools' own route (`save_multifunction`) loads every function's program and weights back
+into memory, deduplicates constants across functions, and lowers the whole program again. Here
+the merge works on what the single-function packages already hold: their specs (the functions'
+ML program protos, copied as they are) and their weight files (read one blob at a time). The
+result is the package `save_multifunction` writes for the same parts (the same weight file byte
+for byte; in the spec, the parts' debug labels of state ops are kept where save_multifunction
+renumbers them), with one difference on purpose: a blob that holds a placeholder
+(`checkpoint.PlaceholderWeights`) is written with the real weight, read from the checkpoint.
+
+Which blobs are shared follows coremltools' cross-function deduplication exactly: constants are
+grouped by dtype, shape and a hash of their first elements, and within a group are the same when
+`np.allclose` says so with coremltools' tolerances. Blobs are written in the order the lowering
+writes them: function by function, each in its own weight file's order. The benchmark compares
+the result with `save_multifunction`'s, constant by constant.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from museflash.checkpoint import PlaceholderWeights, WeightLocation
+
+SPEC_FILE = Path("Data") / "com.apple.CoreML" / "model.mlmodel"
+WEIGHTS_DIR = Path("Data") / "com.apple.CoreML" / "weights"
+WEIGHT_FILE = "weight.bin"
+IOS18_SPECIFICATION_VERSION = 9
+
+_BLOB_SENTINEL = 0xDEADBEEF
+_BLOB_METADATA = struct.Struct("<IIQQ")  # sentinel, dtype, size in bytes, data offset
+_VERIFY_CHUNK_BYTES = 32 << 20
+
+
+class MergeError(ValueError):
+    """A part cannot be merged as it is; the message names the part and the constant."""
+
+
+@dataclass(frozen=True)
+class _BlobType:
+    numpy: type
+    writer: str  # BlobWriter method
+    atol: float  # coremltools' const_deduplication tolerance for the dtype
+
+
+def _blob_types() -> dict[int, _BlobType]:
+    from coremltools.converters.mil.mil import types
+    from coremltools.converters.mil.mil.passes.defs.cleanup.const_deduplication import (
+        const_deduplication,
+    )
+    from coremltools.proto import MIL_pb2
+
+    atol = const_deduplication.DTYPE2ATOL
+    kinds = MIL_pb2.DataType
+    return {
+        kinds.FLOAT16: _BlobType(np.float16, "write_fp16_data", atol.get(types.fp16, 1e-12)),
+        kinds.FLOAT32: _BlobType(np.float32, "write_float_data", atol.get(types.fp32, 1e-12)),
+        kinds.INT8: _BlobType(np.int8, "write_int8_data", 1e-12),
+        kinds.UINT8: _BlobType(np.uint8, "write_uint8_data", 1e-12),
+        kinds.INT16: _BlobType(np.int16, "write_int16_data", 1e-12),
+        kinds.UINT16: _BlobType(np.uint16, "write_uint16_data", 1e-12),
+        kinds.INT32: _BlobType(np.int32, "write_int32_data", 1e-12),
+        kinds.UINT32: _BlobType(np.uint32, "write_uint32_data", 1e-12),
+    }
+
+
+@dataclass
+class _Blob:
+    """One constant of one part that lives in the part's weight file."""
+    function: str
+    name: str
+    offset: int  # in the part's weight file
+    shape: tuple[int, ...]
+    data_type: int  # MIL_pb2.DataType
+    values: list  # the proto Values pointing at this blob (rewritten with the merged offset)
+    nested: bool  # inside a control-flow block: coremltools never shares these across functions
+
+
+def read_spec(package: Path):
+    from coremltools.proto import Model_pb2
+
+    spec = Model_pb2.Model()
+    spec.ParseFromString((Path(package) / SPEC_FILE).read_bytes())
+    return spec
+
+
+def blob_constants(function_proto, function: str = "") -> list[_Blob]:
+    """The function's constants stored in the weight file, in weight-file order."""
+    by_offset: dict[int, _Blob] = {}
+
+    def visit(block, nested: bool) -> None:
+        for op in block.operations:
+            for inner in op.blocks:
+                visit(inner, True)
+            if op.type != "const" or "val" not in op.attributes:
+                continue
+            value = op.attributes["val"]
+            if value.WhichOneof("value") != "blobFileValue":
+                continue
+            tensor = value.type.tensorType
+            offset = value.blobFileValue.offset
+            if offset not in by_offset:
+                by_offset[offset] = _Blob(
+                    function, op.outputs[0].name, offset,
+                    tuple(d.constant.size for d in tensor.dimensions), tensor.dataType, [],
+                    nested)
+            by_offset[offset].values.append(value)
+
+    for block in function_proto.block_specializations.values():
+        visit(block, False)
+    return [by_offset[offset] for offset in sorted(by_offset)]
+
+
+class _WeightFile:
+    """Reads blobs of one part's weight file: the header, the first row, or all of it."""
+
+    def __init__(self, package: Path):
+        self.path = Path(package) / WEIGHTS_DIR / WEIGHT_FILE
+        self.handle = self.path.open("rb", buffering=0)
+
+    def close(self) -> None:
+        self.handle.close()
+
+    def header(self, blob: _Blob) -> tuple[int, int]:
+        """(data offset, size in bytes) of the blob."""
+        self.handle.seek(blob.offset)
+        sentinel, _, size, start = _BLOB_METADATA.unpack(self.handle.read(_BLOB_METADATA.size))
+        if sentinel != _BLOB_SENTINEL:
+            raise MergeError(f"{self.path}: const {blob.name} points at offset {blob.offset}, "
+                             "which holds no blob header")
+        return start, size
+
+    def read(self, start: int, size: int) -> bytes:
+        self.handle.seek(start)
+        data = self.handle.read(size)
+        if len(data) != size:
+            raise MergeError(f"{self.path}: blob at {start} is truncated")
+        return data
+
+    def verify_repeated_row(self, start: int, size: int, row: bytes, name: str, key: str):
+        rows_per_chunk = max(1, _VERIFY_CHUNK_BYTES // len(row))
+        pattern = np.frombuffer(row, dtype=np.uint8)
+        done = 0
+        while done < size:
+            chunk = self.read(start + done, min(size - done, rows_per_chunk * len(row)))
+            block = np.frombuffer(chunk, dtype=np.uint8).reshape(-1, len(row))
+            if not (block == pattern).all():
+                raise MergeError(f"{self.path}: const {name} starts like the placeholder of "
+                                 f"{key} but differs further on; conversion changed the weight")
+            done += len(chunk)
+
+
+@dataclass
+class _Unique:
+    """A blob as written to the merged file, and what deduplication compares it by."""
+    offset: int
+    sample: np.ndarray  # the values, or for a placeholder its row (compared as broadcast)
+    placeholder: bool
+
+
+def _hash_key(blob: _Blob, sample: np.ndarray, placeholder: bool) -> tuple:
+    count = _hash_length()
+    flat = (np.broadcast_to(sample, blob.shape) if placeholder else sample).reshape(-1)
+    digest = hashlib.sha1(np.ascontiguousarray(flat[:count])).hexdigest()
+    return blob.data_type, blob.shape, digest
+
+
+def _hash_length() -> int:
+    from coremltools.converters.mil.mil.passes.defs.cleanup.const_deduplication import (
+        const_deduplication,
+    )
+
+    return const_deduplication.LENGTH_OF_HASHKEY
+
+
+def _same_values(a: _Unique, b: _Unique, shape: tuple[int, ...], atol: float) -> bool:
+    if a.placeholder and b.placeholder:
+        # Both are one row broadcast over the same shape: comparing the rows is comparing
+        # the arrays, without materialising either.
+        return bool(np.allclose(a.sample, b.sample, rtol=0.0, atol=atol))
+    left = np.broadcast_to(a.sample, shape) if a.placeholder else a.sample
+    right = np.broadcast_to(b.sample, shape) if b.placeholder else b.sample
+    return bool(np.allclose(left, right, rtol=0.0, atol=atol))
+
+
+def merge_packages(
+    parts: list[tuple[str, Path]],
+    destination: Path,
+    default_function: str,
+    placeholders: PlaceholderWeights | None = None,
+    expected_rows: set[bytes] | None = None,
+) -> int:
+    """Writes `destination` (a new .mlpackage) with one function per (name, part package), in
+    that order. Placeholder blobs are written with the real weights; every row in
+    `expected_rows` must be found. Returns the number of real weights written."""
+    from coremltools.libmilstoragepython import _BlobStorageWriter
+    from coremltools.models.utils import _create_mlpackage
+    from coremltools.proto import Model_pb2
+
+    if default_function not in {name for name, _ in parts}:
+        raise MergeError(f"default function {default_function!r} is not among "
+                         f"{[name for name, _ in parts]}")
+    blob_types = _blob_types()
+    destination = Path(destination)
+    scratch = destination.parent / f".{destination.name}.weights"
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir(parents=True)
+    try:
+        merged = Model_pb2.Model()
+        merged.mlProgram.version = 1
+        functions = []
+        version = IOS18_SPECIFICATION_VERSION
+        writer = _BlobStorageWriter(str(scratch / WEIGHT_FILE), truncate_file=True)
+        groups: dict[tuple, list[_Unique]] = {}
+        seen_rows: set[bytes] = set()
+        written = 0
+        for name, package in parts:
+            spec = read_spec(package)
+            if spec.WhichOneof("Type") != "mlProgram" or list(spec.mlProgram.functions) != ["main"]:
+                raise MergeError(f"{package} is not a single-function ML program")
+            version = max(version, spec.specificationVersion)
+            described = spec.description
+            functions.append(Model_pb2.FunctionDescription(
+                name=name, input=described.input, output=described.output,
+                state=described.state, predictedFeatureName=described.predictedFeatureName,
+                predictedProbabilitiesName=described.predictedProbabilitiesName))
+            function = merged.mlProgram.functions[name]
+            function.CopyFrom(spec.mlProgram.functions["main"])
+            source = _WeightFile(package)
+            try:
+                for blob in blob_constants(function, name):
+                    kind = blob_types.get(blob.data_type)
+                    if kind is None:
+                        raise MergeError(f"{package}: const {blob.name} has a blob dtype "
+                                         f"({blob.data_type}) this merge does not handle")
+                    start, size = source.header(blob)
+                    location = _placeholder_location(source, blob, start, size, placeholders)
+                    if location is not None:
+                        row = source.read(start, blob.shape[1] * 2)
+                        sample = np.frombuffer(row, dtype=np.float16)
+                    else:
+                        if size != np.dtype(kind.numpy).itemsize * int(np.prod(blob.shape)):
+                            raise MergeError(f"{package}: const {blob.name} of shape "
+                                             f"{list(blob.shape)} has a {size}-byte blob")
+                        sample = np.frombuffer(source.read(start, size),
+                                               dtype=kind.numpy).reshape(blob.shape)
+                    unique = _Unique(-1, sample, location is not None)
+                    key = _hash_key(blob, sample, unique.placeholder)
+                    candidates = [] if blob.nested else groups.get(key, [])
+                    match = next((u for u in candidates
+                                  if _same_values(unique, u, blob.shape, kind.atol)), None)
+                    if match is None:
+                        if location is not None:
+                            unique.offset = _write_real(writer, location)
+                            seen_rows.add(row)
+                            written += 1
+                        else:
+                            unique.offset = getattr(writer, kind.writer)(
+                                np.ascontiguousarray(sample.reshape(-1)).view(
+                                    np.uint16 if kind.numpy is np.float16 else kind.numpy))
+                        if not blob.nested:
+                            groups.setdefault(key, []).append(unique)
+                        match = unique
+                    for value in blob.values:
+                        value.blobFileValue.offset = match.offset
+            finally:
+                source.close()
+        del writer  # flushes and closes the file
+        missing = (expected_rows or set()) - seen_rows
+        if missing:
+            keys = sorted(placeholders.by_row[row].key for row in missing)
+            raise MergeError(f"{destination.name}: weights {keys[:5]} are not stored as they "
+                             "were given (a conversion pass folded or transformed them)")
+        merged.specificationVersion = version
+        merged.description.CopyFrom(Model_pb2.ModelDescription(
+            functions=functions, defaultFunctionName=default_function))
+        empty = scratch / "empty"
+        empty.mkdir()
+        _create_mlpackage(merged, weights_dir=str(empty), package_path=str(destination))
+        os.replace(scratch / WEIGHT_FILE, destination / WEIGHTS_DIR / WEIGHT_FILE)
+        return written
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _placeholder_location(source: _WeightFile, blob: _Blob, start: int, size: int,
+                          placeholders: PlaceholderWeights | None) -> WeightLocation | None:
+    """The checkpoint tensor whose placeholder this blob holds, or None for a real constant.
+    A blob that starts with a placeholder's row must be that placeholder, whole."""
+    if placeholders is None or len(blob.shape) != 2:
+        return None
+    from coremltools.proto import MIL_pb2
+
+    if blob.data_type != MIL_pb2.DataType.FLOAT16:
+        return None
+    row = source.read(start, blob.shape[1] * 2)
+    location = placeholders.by_row.get(row)
+    if location is None:
+        return None
+    if blob.shape != location.shape or size != 2 * blob.shape[0] * blob.shape[1]:
+        raise MergeError(f"{source.path}: const {blob.name} holds the placeholder of "
+                         f"{location.key} {list(location.shape)} with shape {list(blob.shape)}; "
+                         "conversion changed the weight")
+    source.verify_repeated_row(start, size, row, blob.name, location.key)
+    return location
+
+
+def _write_real(writer, location: WeightLocation) -> int:
+    real = location.read(torch.float16).contiguous()
+    offset = writer.write_fp16_data(real.numpy().reshape(-1).view(np.uint16))
+    del real
+    return offset

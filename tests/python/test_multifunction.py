@@ -1,0 +1,144 @@
+"""Merging single-function packages: the result is save_multifunction's, byte for byte, and
+placeholders become the real weights or the merge fails loudly."""
+
+import shutil
+
+import pytest
+import torch
+
+from museflash import export
+from museflash.benchmark import _without_state_op_debug_names as without_labels
+from museflash.checkpoint import PlaceholderWeights, WeightLocation
+from museflash.demo_checkpoint import write_demo_checkpoints
+from museflash.multifunction import (
+    _BLOB_METADATA,
+    SPEC_FILE,
+    WEIGHT_FILE,
+    WEIGHTS_DIR,
+    MergeError,
+    blob_constants,
+    merge_packages,
+    read_spec,
+)
+
+ct = pytest.importorskip("coremltools")
+
+
+class _Quiet(export.Progress):
+    def __init__(self):
+        super().__init__(echo=lambda _line: None)
+
+
+@pytest.fixture(scope="module")
+def parts(tmp_path_factory):
+    """The demo target's two functions converted into single-function packages, once with the
+    real weights and once with placeholders."""
+    root = tmp_path_factory.mktemp("parts")
+    target_dir, drafter_dir = write_demo_checkpoints(root / "demo")
+    options = export.ExportOptions(output_dir=root / "unused", fused_target=True,
+                                   max_context_length=64, prefill_length=8)
+    plan = export.plan_export(options, target_dir, drafter_dir)
+    package = plan.package("target")
+    made = {}
+    for label, placeholders in (("real", None), ("placeholders", PlaceholderWeights())):
+        modules = export.load_modules(options, plan, _Quiet(), placeholders)
+        (root / label).mkdir()
+        functions = []
+        for function in package.functions:
+            part = root / label / f"{function.name}.mlpackage"
+            export.convert_function(modules["target"], package, function, part, _Quiet())
+            functions.append((function.name, part))
+        rows = None
+        if placeholders is not None:
+            rows = {placeholders.row_of(p) for p in modules["target"].parameters()} - {None}
+        made[label] = (functions, placeholders, rows)
+    return made
+
+
+def _weights(package):
+    return (package / WEIGHTS_DIR / WEIGHT_FILE).read_bytes()
+
+
+def test_merge_writes_what_save_multifunction_writes(parts, tmp_path):
+    functions, _, _ = parts["real"]
+    merged = tmp_path / "merged.mlpackage"
+    merge_packages(functions, merged, "main")
+
+    descriptor = ct.utils.MultiFunctionDescriptor()
+    for name, part in functions:
+        descriptor.add_function(str(part), src_function_name="main", target_function_name=name)
+    descriptor.default_function_name = "main"
+    reference = tmp_path / "reference.mlpackage"
+    ct.utils.save_multifunction(descriptor, str(reference))
+
+    # save_multifunction renumbers the read_state/write_state ops' debug labels as it lowers
+    # the program again; the merge keeps the parts'. Everything else is equal.
+    assert without_labels(read_spec(merged)) == without_labels(read_spec(reference))
+    assert _weights(merged) == _weights(reference)
+    # The two functions share their weights: the merged file is far smaller than both parts.
+    part_bytes = sum(len(_weights(part)) for _, part in functions)
+    assert len(_weights(merged)) < 0.6 * part_bytes
+
+
+def test_placeholders_become_the_real_weights(parts, tmp_path):
+    real = tmp_path / "real.mlpackage"
+    merge_packages(parts["real"][0], real, "main")
+    functions, placeholders, rows = parts["placeholders"]
+    streamed = tmp_path / "streamed.mlpackage"
+    written = merge_packages(functions, streamed, "main", placeholders, rows)
+    assert written == len(rows) >= 8
+    assert _weights(streamed) == _weights(real)
+
+
+def _first_placeholder_blob(part, placeholders):
+    data = (part / WEIGHTS_DIR / WEIGHT_FILE).read_bytes()
+    for const in blob_constants(read_spec(part).mlProgram.functions["main"]):
+        _, _, size, start = _BLOB_METADATA.unpack_from(data, const.offset)
+        if len(const.shape) == 2 and data[start:start + 2 * const.shape[1]] in placeholders.by_row:
+            return start, size
+    raise AssertionError(f"no placeholder blob in {part}")
+
+
+def test_a_placeholder_changed_past_its_first_row_is_refused(parts, tmp_path):
+    functions, placeholders, rows = parts["placeholders"]
+    damaged = []
+    for name, part in functions:
+        copy = tmp_path / part.name
+        shutil.copytree(part, copy)
+        damaged.append((name, copy))
+    start, size = _first_placeholder_blob(damaged[0][1], placeholders)
+    with (damaged[0][1] / WEIGHTS_DIR / WEIGHT_FILE).open("r+b") as handle:
+        handle.seek(start + size - 2)
+        last = handle.read(2)
+        handle.seek(start + size - 2)
+        handle.write(bytes([last[0] ^ 0x01, last[1]]))
+    destination = tmp_path / "merged.mlpackage"
+    with pytest.raises(MergeError, match="differs further on; conversion changed the weight"):
+        merge_packages(damaged, destination, "main", placeholders, rows)
+    assert not destination.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for _, p in damaged)
+
+
+def test_a_weight_missing_from_the_parts_is_refused(parts, tmp_path):
+    functions, placeholders, rows = parts["placeholders"]
+    lost = WeightLocation(path=tmp_path / "nowhere.safetensors", offset=0, nbytes=2 * 64 * 64,
+                          dtype="F16", shape=(64, 64), key="model.lost.weight")
+    extra = PlaceholderWeights(seed=7)
+    extra.by_row.update(placeholders.by_row)
+    row = extra.row_of(extra.make(lost, torch.float16))
+    with pytest.raises(MergeError, match=r"\['model.lost.weight'\] are not stored"):
+        merge_packages(functions, tmp_path / "merged.mlpackage", "main", extra, rows | {row})
+    assert not (tmp_path / "merged.mlpackage").exists()
+
+
+def test_the_default_function_must_be_one_of_the_parts(parts, tmp_path):
+    with pytest.raises(MergeError, match="default function 'decode' is not among"):
+        merge_packages(parts["real"][0], tmp_path / "merged.mlpackage", "decode")
+
+
+def test_a_multifunction_part_is_refused(parts, tmp_path):
+    merged = tmp_path / "merged.mlpackage"
+    merge_packages(parts["real"][0], merged, "main")
+    with pytest.raises(MergeError, match="is not a single-function ML program"):
+        merge_packages([("main", merged)], tmp_path / "again.mlpackage", "main")
+    assert (merged / SPEC_FILE).exists()
