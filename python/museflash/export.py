@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
@@ -184,6 +185,12 @@ class Progress:
     def __init__(self, echo=print):
         self.echo = echo
         self.start = time.monotonic()
+        self._lock = threading.Lock()
+
+    def say(self, line: str) -> None:
+        """Echoes one line whole, also when helper threads report at the same time."""
+        with self._lock:
+            self.echo(line)
 
     @contextmanager
     def stage(self, name: str, detail: str = "") -> Iterator[dict[str, Any]]:
@@ -193,7 +200,7 @@ class Progress:
         took = time.monotonic() - began
         size = f", {_human_bytes(info['bytes'])}" if "bytes" in info else ""
         extra = f" ({detail})" if detail else ""
-        self.echo(f"[export] {name}{extra}: {took:.1f} s{size} "
+        self.say(f"[export] {name}{extra}: {took:.1f} s{size} "
                   f"[total {time.monotonic() - self.start:.1f} s]")
 
 
@@ -649,7 +656,7 @@ def export_bundle(options: ExportOptions, progress: Progress | None = None) -> P
             for asset in metadata["assets"].values():
                 embed_metadata(staging / asset["path"], metadata)
             (staging / METADATA_FILE).write_text(json.dumps(metadata, indent=2) + "\n")
-        progress.echo(f"[export] wrote {options.output_dir} "
+        progress.say(f"[export] wrote {options.output_dir} "
                       f"({_human_bytes(tree_bytes(options.output_dir))})")
     return Path(options.output_dir)
 

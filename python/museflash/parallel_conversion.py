@@ -120,7 +120,7 @@ def conversion_helpers(options, plan, progress) -> Iterator[list[HelperProcess]]
     try:
         for number in range(1, count + 1):
             helpers.append(HelperProcess(dict(request, number=number,
-                                              progress_start=progress.start), progress.echo))
+                                              progress_start=progress.start), progress.say))
         yield helpers
     finally:
         for helper in helpers:

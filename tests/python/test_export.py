@@ -2,6 +2,7 @@
 
 import copy
 import json
+import os
 import re
 import stat
 import subprocess
@@ -311,6 +312,12 @@ def test_progress_has_one_line_per_stage(bundle):
     assert stages.count("load") == 2
     assert stages.count("trace") == stages.count("convert") == 4
     assert stages.count("save") == 2
+    converted = [re.search(r"convert \(([\w.]+)", line).group(1) for line in stage_lines
+                 if line.startswith("[export] convert")]
+    assert sorted(converted) == ["dflash_drafter.draft", "dflash_drafter.inject_kv",
+                                 "target.main", "target.prefill"]
+    if (os.cpu_count() or 1) >= 2:  # the default then converts in a helper process too
+        assert any(", helper 1)" in line for line in stage_lines)
     assert all(re.search(r": \d+\.\d s", line) for line in stage_lines)
     assert all(re.search(r"\d (B|KB|MB)", line) for line in stage_lines
                if line.split(" ")[1] != "trace")
