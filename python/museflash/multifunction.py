@@ -166,19 +166,10 @@ class _Unique:
     placeholder: bool
 
 
-def _hash_key(blob: _Blob, sample: np.ndarray, placeholder: bool) -> tuple:
-    count = _hash_length()
+def _hash_key(blob: _Blob, sample: np.ndarray, placeholder: bool, count: int) -> tuple:
     flat = (np.broadcast_to(sample, blob.shape) if placeholder else sample).reshape(-1)
     digest = hashlib.sha1(np.ascontiguousarray(flat[:count])).hexdigest()
     return blob.data_type, blob.shape, digest
-
-
-def _hash_length() -> int:
-    from coremltools.converters.mil.mil.passes.defs.cleanup.const_deduplication import (
-        const_deduplication,
-    )
-
-    return const_deduplication.LENGTH_OF_HASHKEY
 
 
 def _same_values(a: _Unique, b: _Unique, shape: tuple[int, ...], atol: float) -> bool:
@@ -201,14 +192,12 @@ def merge_packages(
     """Writes `destination` (a new .mlpackage) with one function per (name, part package), in
     that order. Placeholder blobs are written with the real weights; every row in
     `expected_rows` must be found. Returns the number of real weights written."""
-    from coremltools.libmilstoragepython import _BlobStorageWriter
     from coremltools.models.utils import _create_mlpackage
     from coremltools.proto import Model_pb2
 
     if default_function not in {name for name, _ in parts}:
         raise MergeError(f"default function {default_function!r} is not among "
                          f"{[name for name, _ in parts]}")
-    blob_types = _blob_types()
     destination = Path(destination)
     scratch = destination.parent / f".{destination.name}.weights"
     shutil.rmtree(scratch, ignore_errors=True)
@@ -218,10 +207,7 @@ def merge_packages(
         merged.mlProgram.version = 1
         functions = []
         version = IOS18_SPECIFICATION_VERSION
-        writer = _BlobStorageWriter(str(scratch / WEIGHT_FILE), truncate_file=True)
-        groups: dict[tuple, list[_Unique]] = {}
-        seen_rows: set[bytes] = set()
-        written = 0
+        weights = _MergedWeights(scratch / WEIGHT_FILE, placeholders)
         for name, package in parts:
             spec = read_spec(package)
             if spec.WhichOneof("Type") != "mlProgram" or list(spec.mlProgram.functions) != ["main"]:
@@ -237,44 +223,13 @@ def merge_packages(
             source = _WeightFile(package)
             try:
                 for blob in blob_constants(function, name):
-                    kind = blob_types.get(blob.data_type)
-                    if kind is None:
-                        raise MergeError(f"{package}: const {blob.name} has a blob dtype "
-                                         f"({blob.data_type}) this merge does not handle")
-                    start, size = source.header(blob)
-                    location = _placeholder_location(source, blob, start, size, placeholders)
-                    if location is not None:
-                        row = source.read(start, blob.shape[1] * 2)
-                        sample = np.frombuffer(row, dtype=np.float16)
-                    else:
-                        if size != np.dtype(kind.numpy).itemsize * int(np.prod(blob.shape)):
-                            raise MergeError(f"{package}: const {blob.name} of shape "
-                                             f"{list(blob.shape)} has a {size}-byte blob")
-                        sample = np.frombuffer(source.read(start, size),
-                                               dtype=kind.numpy).reshape(blob.shape)
-                    unique = _Unique(-1, sample, location is not None)
-                    key = _hash_key(blob, sample, unique.placeholder)
-                    candidates = [] if blob.nested else groups.get(key, [])
-                    match = next((u for u in candidates
-                                  if _same_values(unique, u, blob.shape, kind.atol)), None)
-                    if match is None:
-                        if location is not None:
-                            unique.offset = _write_real(writer, location)
-                            seen_rows.add(row)
-                            written += 1
-                        else:
-                            unique.offset = getattr(writer, kind.writer)(
-                                np.ascontiguousarray(sample.reshape(-1)).view(
-                                    np.uint16 if kind.numpy is np.float16 else kind.numpy))
-                        if not blob.nested:
-                            groups.setdefault(key, []).append(unique)
-                        match = unique
+                    offset = weights.place(blob, source)
                     for value in blob.values:
-                        value.blobFileValue.offset = match.offset
+                        value.blobFileValue.offset = offset
             finally:
                 source.close()
-        del writer  # flushes and closes the file
-        missing = (expected_rows or set()) - seen_rows
+        weights.close()
+        missing = (expected_rows or set()) - weights.seen_rows
         if missing:
             keys = sorted(placeholders.by_row[row].key for row in missing)
             raise MergeError(f"{destination.name}: weights {keys[:5]} are not stored as they "
@@ -286,31 +241,88 @@ def merge_packages(
         empty.mkdir()
         _create_mlpackage(merged, weights_dir=str(empty), package_path=str(destination))
         os.replace(scratch / WEIGHT_FILE, destination / WEIGHTS_DIR / WEIGHT_FILE)
-        return written
+        return len(weights.seen_rows)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _placeholder_location(source: _WeightFile, blob: _Blob, start: int, size: int,
-                          placeholders: PlaceholderWeights | None) -> WeightLocation | None:
-    """The checkpoint tensor whose placeholder this blob holds, or None for a real constant.
-    A blob that starts with a placeholder's row must be that placeholder, whole."""
+class _MergedWeights:
+    """The merged weight file: each blob is written once, or shares the offset of an earlier
+    blob that coremltools' cross-function deduplication would merge it with."""
+
+    def __init__(self, path: Path, placeholders: PlaceholderWeights | None):
+        from coremltools.converters.mil.mil.passes.defs.cleanup.const_deduplication import (
+            const_deduplication,
+        )
+        from coremltools.libmilstoragepython import _BlobStorageWriter
+
+        self.writer = _BlobStorageWriter(str(path), truncate_file=True)
+        self.placeholders = placeholders
+        self.blob_types = _blob_types()
+        self.hash_length = const_deduplication.LENGTH_OF_HASHKEY
+        self.groups: dict[tuple, list[_Unique]] = {}
+        self.seen_rows: set[bytes] = set()  # placeholders written with their real weights
+
+    def close(self) -> None:
+        del self.writer  # flushes and closes the file
+
+    def place(self, blob: _Blob, source: _WeightFile) -> int:
+        """The merged file's offset for `blob` of `source`, writing it if it is new."""
+        kind = self.blob_types.get(blob.data_type)
+        if kind is None:
+            raise MergeError(f"{source.path}: const {blob.name} has a blob dtype "
+                             f"({blob.data_type}) this merge does not handle")
+        start, size = source.header(blob)
+        location, row = _placeholder_location(source, blob, start, size, self.placeholders)
+        if location is not None:
+            sample = np.frombuffer(row, dtype=np.float16)
+        else:
+            if size != np.dtype(kind.numpy).itemsize * int(np.prod(blob.shape)):
+                raise MergeError(f"{source.path}: const {blob.name} of shape "
+                                 f"{list(blob.shape)} has a {size}-byte blob")
+            sample = np.frombuffer(source.read(start, size), dtype=kind.numpy).reshape(blob.shape)
+        unique = _Unique(-1, sample, location is not None)
+        key = _hash_key(blob, sample, unique.placeholder, self.hash_length)
+        candidates = [] if blob.nested else self.groups.get(key, [])
+        match = next((u for u in candidates if _same_values(unique, u, blob.shape, kind.atol)),
+                     None)
+        if match is not None:
+            return match.offset
+        if location is not None:
+            unique.offset = _write_real(self.writer, location)
+            self.seen_rows.add(row)
+        else:
+            unique.offset = getattr(self.writer, kind.writer)(
+                np.ascontiguousarray(sample.reshape(-1)).view(
+                    np.uint16 if kind.numpy is np.float16 else kind.numpy))
+        if not blob.nested:
+            self.groups.setdefault(key, []).append(unique)
+        return unique.offset
+
+
+def _placeholder_location(
+    source: _WeightFile, blob: _Blob, start: int, size: int,
+    placeholders: PlaceholderWeights | None,
+) -> tuple[WeightLocation, bytes] | tuple[None, None]:
+    """(the checkpoint tensor whose placeholder this blob holds, the placeholder row), or
+    (None, None) for a real constant. A blob that starts with a placeholder's row must be that
+    placeholder, whole."""
     if placeholders is None or len(blob.shape) != 2:
-        return None
+        return None, None
     from coremltools.proto import MIL_pb2
 
     if blob.data_type != MIL_pb2.DataType.FLOAT16:
-        return None
+        return None, None
     row = source.read(start, blob.shape[1] * 2)
     location = placeholders.by_row.get(row)
     if location is None:
-        return None
+        return None, None
     if blob.shape != location.shape or size != 2 * blob.shape[0] * blob.shape[1]:
         raise MergeError(f"{source.path}: const {blob.name} holds the placeholder of "
                          f"{location.key} {list(location.shape)} with shape {list(blob.shape)}; "
                          "conversion changed the weight")
     source.verify_repeated_row(start, size, row, blob.name, location.key)
-    return location
+    return location, row
 
 
 def _write_real(writer, location: WeightLocation) -> int:
