@@ -386,10 +386,7 @@ class ExportPlan:
     target_dir: Path
     drafter_dir: Path | None
     target_cfg: MuseGlimmerConfig
-    drafter_raw: dict[str, Any] | None
-    drafter_cfg: DFlashConfig | None
     spec: dict[str, Any] | None  # the speculative_decoding block
-    decode_length: int
     max_query: int
     packages: list[PackagePlan]
 
@@ -414,8 +411,7 @@ def plan_export(options: ExportOptions, target_dir: Path, drafter_dir: Path | No
                           f"{options.max_context_length}")
     max_query = max(options.prefill_length, decode_length, block)
     return ExportPlan(Path(target_dir), Path(drafter_dir) if drafter_dir else None, target_cfg,
-                      drafter_raw, drafter_cfg, spec, decode_length, max_query,
-                      _package_plans(options, spec, decode_length))
+                      spec, max_query, _package_plans(options, spec, decode_length))
 
 
 def _package_plans(options: ExportOptions, spec: dict[str, Any] | None,
@@ -637,17 +633,16 @@ def export_bundle(options: ExportOptions, progress: Progress | None = None) -> P
                 # docs/export-memory.md); only their stand-ins are traced and converted.
                 placeholders = PlaceholderWeights()
                 modules = load_modules(options, plan, progress, placeholders)
-                jobs = [(package, function) for package in plan.packages
-                        for function in package.functions]
+                jobs = [(package, function, part_path(parts_dir, package, function))
+                        for package in plan.packages for function in package.functions]
                 for package in plan.packages:
                     (parts_dir / package.asset).mkdir(parents=True)
 
                 def convert_here(job) -> None:
-                    package, function = job
-                    convert_function(modules[package.module], package, function,
-                                     part_path(parts_dir, package, function), progress)
+                    package, function, part = job
+                    convert_function(modules[package.module], package, function, part, progress)
 
-                run_conversions(jobs, convert_here, helpers, parts_dir)
+                run_conversions(jobs, convert_here, helpers)
             for package in plan.packages:
                 save_package(package, parts_dir, staging / package.file_name, modules,
                              placeholders, progress)

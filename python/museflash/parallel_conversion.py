@@ -129,10 +129,10 @@ def conversion_helpers(options, plan, progress) -> Iterator[list[HelperProcess]]
 
 
 def run_conversions(jobs: list, convert_here: Callable[[Any], None],
-                    helpers: list[HelperProcess], parts_dir: Path) -> None:
-    """Converts every (package, function) job once: this process and each helper take the next
-    job as they become free. The first failure stops everything and is raised."""
-    from museflash.export import ExportError, part_path
+                    helpers: list[HelperProcess]) -> None:
+    """Converts every (package, function, part path) job once: this process and each helper
+    take the next job as they become free. The first failure stops everything and is raised."""
+    from museflash.export import ExportError
 
     pending = deque(jobs)
     lock = threading.Lock()
@@ -151,9 +151,8 @@ def run_conversions(jobs: list, convert_here: Callable[[Any], None],
         try:
             helper.wait_ready()
             while (job := take(helper)) is not None:
-                package, function = job
-                helper.convert(package.asset, function.name,
-                               part_path(parts_dir, package, function))
+                package, function, part = job
+                helper.convert(package.asset, function.name, part)
                 helper.busy = False
         except BaseException as error:  # noqa: BLE001 - handed to the export's thread
             if not helper.stopped:

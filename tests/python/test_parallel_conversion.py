@@ -14,7 +14,7 @@ from museflash.parallel_conversion import HelperError, HelperProcess, process_co
 
 def _jobs(count):
     package = PackagePlan("target", "fused_target", "target", (), "main", [])
-    return [(package, _Function(f"f{i}")) for i in range(count)]
+    return [(package, _Function(f"f{i}"), Path(f"f{i}.mlpackage")) for i in range(count)]
 
 
 class _Function:
@@ -45,7 +45,7 @@ class _FakeHelper:
         self.stopped = True
 
 
-def test_every_job_is_converted_once_here_or_in_a_helper(tmp_path):
+def test_every_job_is_converted_once_here_or_in_a_helper():
     here = []
     lock = threading.Lock()
 
@@ -55,19 +55,19 @@ def test_every_job_is_converted_once_here_or_in_a_helper(tmp_path):
             here.append(job[1].name)
 
     helpers = [_FakeHelper(delay=0.02), _FakeHelper(delay=0.02)]
-    run_conversions(_jobs(12), convert_here, helpers, tmp_path)
+    run_conversions(_jobs(12), convert_here, helpers)
     converted = here + helpers[0].done + helpers[1].done
     assert sorted(converted) == sorted(f"f{i}" for i in range(12))
     assert here and helpers[0].done and helpers[1].done
 
 
-def test_without_helpers_everything_converts_here(tmp_path):
+def test_without_helpers_everything_converts_here():
     here = []
-    run_conversions(_jobs(3), lambda job: here.append(job[1].name), [], tmp_path)
+    run_conversions(_jobs(3), lambda job: here.append(job[1].name), [])
     assert here == ["f0", "f1", "f2"]
 
 
-def test_a_failing_helper_stops_the_export_and_names_its_error(tmp_path):
+def test_a_failing_helper_stops_the_export_and_names_its_error():
     here = []
     helper = _FakeHelper(fails=True)
 
@@ -76,19 +76,19 @@ def test_a_failing_helper_stops_the_export_and_names_its_error(tmp_path):
         time.sleep(0.2)  # the helper takes a job meanwhile, and fails
 
     with pytest.raises(ExportError, match="helper process failed: ValueError: cannot convert f"):
-        run_conversions(_jobs(6), convert_here, [helper], tmp_path)
+        run_conversions(_jobs(6), convert_here, [helper])
     # Nothing new starts once a conversion has failed.
     assert len(here) == 1
 
 
-def test_a_failure_here_stops_the_helpers(tmp_path):
+def test_a_failure_here_stops_the_helpers():
     helper = _FakeHelper(delay=0.05)
 
     def convert_here(job):
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        run_conversions(_jobs(6), convert_here, [helper], tmp_path)
+        run_conversions(_jobs(6), convert_here, [helper])
     assert helper.stopped
     assert len(helper.done) <= 1
 
