@@ -148,54 +148,33 @@ def _export_options(checkpoints: Path, output: Path):
 
 def naive_export(checkpoints: Path, output: Path) -> None:
     """What one writes without care: the whole model in memory (fp16, the dtype the export
-    converts), one plain ct.convert per function, save_multifunction to merge. Same functions,
-    inputs and states as the export, so the two outputs can be compared exactly."""
+    converts), one plain ct.convert per function, save_multifunction to merge. Same plan
+    (functions, inputs, states) as the export, so the two outputs can be compared exactly."""
     import coremltools as ct
 
     from museflash import export as ex
-    from museflash.checkpoint import load_drafter, load_target
 
     options = _export_options(checkpoints, output)
-    _, drafter_raw, drafter_cfg = ex.prepare(options, options.checkpoint,
-                                             options.drafter_checkpoint)
-    spec = ex.speculative_decoding_block(drafter_raw, drafter_cfg, "dflash", None)
-    block, width = spec["block_size"], spec["drafter_hidden_size"]
-    target = load_target(options.checkpoint, options.drafter_checkpoint, dtype=ex.TRACE_DTYPE,
-                         max_context=options.max_context_length,
-                         max_query_len=max(options.prefill_length, block))
-    drafter = load_drafter(options.drafter_checkpoint, target, dtype=ex.TRACE_DTYPE,
-                           max_query_len=max(options.prefill_length, block))
+    plan = ex.plan_export(options, options.checkpoint, options.drafter_checkpoint)
+    modules = ex.load_modules(options, plan, ex.Progress(echo=lambda _line: None), None)
     output.mkdir(parents=True, exist_ok=True)
-    packages = [
-        (target, ex.TARGET_STATES, "target.mlpackage", "main", [
-            ("main", "forward", ex._int_inputs("input_ids", block), ["logits", "drafter_features"],
-             ex._example_ids(block)),
-            ("prefill", "prefill", ex._int_inputs("input_ids", options.prefill_length),
-             ["logits", "drafter_features"], ex._example_ids(options.prefill_length)),
-        ]),
-        (drafter, ex.DRAFTER_STATES, "dflash_drafter.mlpackage", "draft", [
-            ("inject_kv", "inject_kv", ex._features_inputs(block, width),
-             ["last_injected_position"],
-             (torch.zeros(1, block, width, dtype=ex.TRACE_DTYPE),
-              torch.arange(block, dtype=torch.int32))),
-            ("draft", "draft", ex._int_inputs("input_ids", block), ["logits"],
-             ex._example_ids(block)),
-        ]),
-    ]
-    for module, states, name, default, functions in packages:
+    for package in plan.packages:
+        module = modules[package.module]
         descriptor = ct.utils.MultiFunctionDescriptor()
-        for function, entry, inputs, outputs, example in functions:
-            program = torch.export.export(module.with_entry_point(entry), example)
-            model = ex.convert(program.run_decompositions({}), inputs, outputs, module, states,
+        for function in package.functions:
+            program = torch.export.export(module.with_entry_point(function.entry_point),
+                                          function.example_args)
+            model = ex.convert(program.run_decompositions({}), function.inputs,
+                               function.outputs, module, package.states,
                                validate_every_pass=True)
-            part = output / f"{function}.part.mlpackage"
+            part = output / f"{function.name}.part.mlpackage"
             model.save(str(part))
             descriptor.add_function(str(part), src_function_name="main",
-                                    target_function_name=function)
-        descriptor.default_function_name = default
-        ct.utils.save_multifunction(descriptor, str(output / name))
-        for function, *_ in functions:
-            shutil.rmtree(output / f"{function}.part.mlpackage")
+                                    target_function_name=function.name)
+        descriptor.default_function_name = package.default_function
+        ct.utils.save_multifunction(descriptor, str(output / package.file_name))
+        for function in package.functions:
+            shutil.rmtree(output / f"{function.name}.part.mlpackage")
 
 
 def streaming_export(checkpoints: Path, output: Path) -> None:
