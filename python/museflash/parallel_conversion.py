@@ -24,7 +24,7 @@ import threading
 import traceback
 from collections import deque
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import IO, Any
 
@@ -91,13 +91,12 @@ class HelperProcess:
             self.process.kill()
 
     def close(self) -> None:
-        if self.process.poll() is None:
-            try:
-                self.process.stdin.close()
-                self.process.wait(timeout=30)
-            except (OSError, subprocess.TimeoutExpired):
-                self.process.kill()
+        """Stops the helper if it still runs and releases its pipes and stderr file."""
+        self.stop()
         self.process.wait()
+        for stream in (self.process.stdin, self.process.stdout):
+            with suppress(OSError):
+                stream.close()
         self.stderr.close()
 
 
@@ -124,7 +123,6 @@ def conversion_helpers(options, plan, progress) -> Iterator[list[HelperProcess]]
         yield helpers
     finally:
         for helper in helpers:
-            helper.stop()
             helper.close()
 
 
