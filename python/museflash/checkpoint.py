@@ -8,6 +8,7 @@ the key and both values. Pickle files are never read.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import struct
 from collections.abc import Iterable, Iterator
@@ -252,18 +253,19 @@ class PlaceholderWeights:
     """Stand-ins for the large weights, so a model can be traced and converted without them.
 
     Each placeholder is one random fp16 row broadcast over the weight's shape (a stride-0 view:
-    it costs one row of memory however many rows the weight has). Rows differ between weights,
-    so constant deduplication still merges exactly the uses of the same weight, and the row
+    it costs one row of memory however many rows the weight has). The row is derived from the
+    weight's file and key alone, so every process that loads the same checkpoint makes the same
+    row for the same weight, whatever order it loads in. Rows differ between weights, so
+    constant deduplication still merges exactly the uses of the same weight, and the row
     identifies the weight again in the converted package's weight file, where the real values
-    are then written (`multifunction.merge_packages`)."""
+    are then written (`export.merge.merge_packages`)."""
 
     MIN_ELEMENTS = 4096  # smaller tensors are loaded for real (inline or cheap either way)
     MIN_COLUMNS = 16  # a row this long is unique among the weights with near certainty
 
-    def __init__(self, seed: int = 0x5EED):
+    def __init__(self):
         self.by_row: dict[bytes, WeightLocation] = {}
         self.by_pointer: dict[int, bytes] = {}
-        self.generator = torch.Generator().manual_seed(seed)
 
     def wants(self, shape: tuple[int, ...]) -> bool:
         return (len(shape) == 2 and shape[1] >= self.MIN_COLUMNS
@@ -271,11 +273,12 @@ class PlaceholderWeights:
 
     def make(self, location: WeightLocation, dtype: torch.dtype) -> torch.Tensor:
         rows, columns = location.shape
-        while True:
-            row = torch.randn(columns, generator=self.generator).to(dtype)
-            key = row.numpy().tobytes()
-            if key not in self.by_row:
-                break
+        row = torch.randn(columns, generator=_name_seeded(location)).to(dtype)
+        key = row.numpy().tobytes()
+        known = self.by_row.get(key)
+        if known is not None and (known.path, known.key) != (location.path, location.key):
+            raise CheckpointError(f"{location.path}: placeholder rows of {known.key!r} and "
+                                  f"{location.key!r} coincide; rename one of the tensors")
         self.by_row[key] = location
         self.by_pointer[row.data_ptr()] = key
         return row.expand(rows, columns)
@@ -284,6 +287,12 @@ class PlaceholderWeights:
         if tensor.dim() != 2 or tensor.stride(0) != 0:
             return None
         return self.by_pointer.get(tensor.data_ptr())
+
+
+def _name_seeded(location: WeightLocation) -> torch.Generator:
+    name = f"{Path(location.path).resolve()}\0{location.key}".encode()
+    seed = int.from_bytes(hashlib.sha256(name).digest()[:8], "little")
+    return torch.Generator().manual_seed(seed)
 
 
 def _assign_parameter(model: nn.Module, name: str, tensor: torch.Tensor) -> None:
@@ -361,6 +370,8 @@ def _check_encoder_width(
     drafter_reader: SafetensorsReader, drafter_cfg: DFlashConfig, target_cfg: MuseGlimmerConfig
 ) -> None:
     key = "encoder.fc.weight"
+    if key not in drafter_reader:
+        raise CheckpointError(f"{drafter_reader.description}: missing key {key!r}")
     shape = drafter_reader.shape(key)
     ids = drafter_cfg.target_layer_ids
     expected = len(ids) * target_cfg.hidden_size
@@ -372,21 +383,85 @@ def _check_encoder_width(
         )
 
 
-def _drafter_config_for(drafter_dir: Path, target_dir: Path, target_cfg: MuseGlimmerConfig):
+TOKEN_ID_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
+
+
+def _stated_token_ids(raw: dict[str, Any], names: tuple[str, ...]) -> dict[str, list[Any]]:
+    """name -> ids, for every name a config (or its text_config / dflash_config) states."""
+    found: dict[str, list[Any]] = {}
+    for source in (raw, raw.get("text_config") or {}, raw.get("dflash_config") or {}):
+        for name in names:
+            value = source.get(name)
+            if value is not None:
+                found.setdefault(name, []).extend(value if isinstance(value, list) else [value])
+    return found
+
+
+def _check_token_ids(path: Path, raw: dict[str, Any], names: tuple[str, ...],
+                     vocab_size: int) -> None:
+    """Every token id the config states lies in [0, vocab_size): on device the embedding
+    gather does not check its index."""
+    for name, ids in _stated_token_ids(raw, names).items():
+        bad = [i for i in ids if isinstance(i, bool) or not isinstance(i, int)
+               or not 0 <= i < vocab_size]
+        if bad:
+            raise CheckpointError(
+                f"{path}: {name} {bad[0]!r} is outside the target vocabulary [0, {vocab_size}); "
+                "fix the config (a token id indexes the target's embedding)")
+
+
+def check_drafter_against_target(
+    drafter_dir: Path, target_cfg: MuseGlimmerConfig, target_label: Path
+) -> tuple[dict[str, Any], DFlashConfig]:
+    """The one check of a drafter against its target: shared settings agree, the tapped
+    layers exist, the encoder's width fits, every stated token id indexes the target's
+    vocabulary. Reads only the config and the safetensors header."""
+    drafter_dir = Path(drafter_dir)
     raw, drafter_cfg = _parse_config(drafter_dir, DFlashConfig.from_dict)
+    where = f"drafter {drafter_dir / CONFIG_FILE} vs target {target_label / CONFIG_FILE}"
     try:
         validate_drafter_against_target(raw, target_cfg)
     except DrafterTargetMismatchError as error:
-        raise CheckpointError(
-            f"drafter {drafter_dir / CONFIG_FILE} vs target {target_dir / CONFIG_FILE}: {error}"
-        ) from error
+        raise CheckpointError(f"{where}: {error}") from error
     if drafter_cfg.hidden_size != target_cfg.hidden_size:
         raise CheckpointError(
-            f"drafter {drafter_dir / CONFIG_FILE} vs target {target_dir / CONFIG_FILE}: "
-            f"hidden_size: drafter has {drafter_cfg.hidden_size} but target has "
+            f"{where}: hidden_size: drafter has {drafter_cfg.hidden_size} but target has "
             f"{target_cfg.hidden_size} (the drafter borrows the target's embedding and lm_head)"
         )
-    return drafter_cfg
+    _check_token_ids(drafter_dir / CONFIG_FILE, raw,
+                     ("mask_token_id", "draft_mask_token_id") + TOKEN_ID_KEYS,
+                     target_cfg.vocab_size)
+    reader = SafetensorsReader(drafter_dir)
+    try:
+        _check_encoder_width(reader, drafter_cfg, target_cfg)
+    finally:
+        reader.close()
+    return raw, drafter_cfg
+
+
+def read_target_config(target_dir: Path) -> MuseGlimmerConfig:
+    """The target's config, parsed and with its token ids checked."""
+    target_dir = Path(target_dir)
+    raw, config = _parse_config(target_dir, MuseGlimmerConfig.from_dict)
+    _check_token_ids(target_dir / CONFIG_FILE, raw, TOKEN_ID_KEYS, config.vocab_size)
+    return config
+
+
+@dataclass(frozen=True)
+class CheckedConfigs:
+    target: MuseGlimmerConfig
+    drafter: DFlashConfig | None = None
+    drafter_raw: dict[str, Any] | None = None
+
+
+def check_configs(target_dir: Path, drafter_dir: Path | None = None) -> CheckedConfigs:
+    """Everything about a target (and drafter) checkpoint that can be checked before a weight
+    is read; every problem is a CheckpointError naming the file, the key and both values."""
+    target_cfg = read_target_config(target_dir)
+    if drafter_dir is None:
+        return CheckedConfigs(target_cfg)
+    raw, drafter_cfg = check_drafter_against_target(drafter_dir, target_cfg, Path(target_dir))
+    return CheckedConfigs(target_cfg, drafter_cfg, raw)
 
 
 def load_target(
@@ -404,7 +479,8 @@ def load_target(
     large weights are stand-ins registered there instead of loaded."""
     target_dir = Path(target_dir)
     dtype = resolve_dtype(dtype)
-    _, config = _parse_config(target_dir, MuseGlimmerConfig.from_dict)
+    checked = check_configs(target_dir, Path(drafter_dir) if drafter_dir else None)
+    config = checked.target
     reader = SafetensorsReader(target_dir)
     cache_kwargs = dict(max_context=max_context, max_query_len=max_query_len,
                         cache_dtype=cache_dtype)
@@ -413,11 +489,8 @@ def load_target(
         if drafter_dir is None:
             model = MuseGlimmerForCausalLM(config, **cache_kwargs)
         else:
-            drafter_dir = Path(drafter_dir)
-            drafter_cfg = _drafter_config_for(drafter_dir, target_dir, config)
             drafter_reader = SafetensorsReader(drafter_dir)
-            _check_encoder_width(drafter_reader, drafter_cfg, config)
-            model = MuseGlimmerWithDrafterFeatures(config, drafter_cfg, **cache_kwargs)
+            model = MuseGlimmerWithDrafterFeatures(config, checked.drafter, **cache_kwargs)
     entries = []
     for name, _ in _own_parameters(model):
         if name.startswith(ENCODER_PREFIX):
@@ -453,7 +526,7 @@ def load_drafter(
     drafter_dir = Path(drafter_dir)
     dtype = resolve_dtype(dtype)
     target_label = Path(target_dir) if target_dir is not None else Path("<target>")
-    drafter_cfg = _drafter_config_for(drafter_dir, target_label, target.config)
+    _, drafter_cfg = check_drafter_against_target(drafter_dir, target.config, target_label)
     reader = SafetensorsReader(drafter_dir)
     cls = DFlashRingDrafter if ring else DFlashDrafter
     if max_context is None:

@@ -10,13 +10,16 @@ Relative paths resolve against the directory Bazel was run from.
 from __future__ import annotations
 
 import sys
+import traceback
 
 from absl import app, flags, logging
 
-from museflash.atomic_output import OutputDirError
+from museflash.export.publish import OutputDirError
 from museflash.checkpoint import CheckpointError
 from museflash.cli.paths import resolve_user_path
-from museflash.export import ExportError, ExportOptions, export_bundle
+from museflash.export.options import ExportError, ExportOptions
+from museflash.export.pipeline import export_bundle
+from museflash.export.progress import log_path_for, quiet_console
 from museflash.models.dflash import DrafterTargetMismatchError
 
 flags.DEFINE_string("checkpoint", None, "Target checkpoint directory (Hugging Face layout).")
@@ -37,6 +40,9 @@ flags.DEFINE_integer("decode-length", None,
                      "Query length of the target's main function (default: block size, or 1 "
                      "without a drafter).")
 flags.DEFINE_string("model-name", None, "Name recorded in metadata.json.")
+flags.DEFINE_bool("verbose", False,
+                  "Show coremltools' progress bars and library warnings on the console instead "
+                  "of in a log file beside --output-dir.")
 flags.DEFINE_integer("conversion-processes", None,
                      "Processes converting functions at once, this one included (default: up "
                      "to 2; each adds ~0.35 GB of memory). 1 converts everything in-process.")
@@ -60,6 +66,7 @@ def options_from_flags() -> ExportOptions:
         decode_length=FLAGS["decode-length"].value,
         model_name=FLAGS["model-name"].value,
         conversion_processes=FLAGS["conversion-processes"].value,
+        verbose=FLAGS.verbose,
     )
 
 
@@ -70,12 +77,41 @@ def main(argv: list[str]) -> int:
         return 2
     # coremltools logs every graph pass at INFO through absl's handler; keep the stage lines.
     logging.set_verbosity(logging.WARNING)
+    options = options_from_flags()
+    if options.verbose:
+        failure = _export(options, keep_traceback=False)
+    else:
+        log = log_path_for(options.output_dir)
+        try:
+            with quiet_console(log):
+                failure = _export(options, keep_traceback=True)
+        except OSError as error:
+            failure = (2, f"export: error: cannot write the console log {log} ({error}); pass "
+                          "--verbose to keep library output on the console")
+        else:
+            if failure is None:
+                log.unlink(missing_ok=True)
+            else:
+                failure = (failure[0], f"{failure[1]} (library output: {log})")
+    if failure is None:
+        return 0
+    print(failure[1], file=sys.stderr)
+    return failure[0]
+
+
+def _export(options: ExportOptions, keep_traceback: bool) -> tuple[int, str] | None:
+    """None on success, else (exit status, one line): 2 for a problem with the input, 1 for
+    an internal failure (its traceback goes to stderr, which is the log when quiet)."""
     try:
-        export_bundle(options_from_flags())
+        export_bundle(options)
     except USER_ERRORS as error:
-        print(f"export: error: {error}", file=sys.stderr)
-        return 2
-    return 0
+        return 2, f"export: error: {error}"
+    except Exception as error:
+        if not keep_traceback:
+            raise
+        traceback.print_exc()
+        return 1, f"export: failed: {type(error).__name__}: {error}"
+    return None
 
 
 def run() -> None:

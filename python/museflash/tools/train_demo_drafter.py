@@ -51,7 +51,7 @@ from museflash.checkpoint import (
 )
 from museflash.cli.paths import resolve_user_path
 from museflash.models.base import MASK_VALUE, apply_rope
-from museflash.speculative import EagerDrafter, EagerTarget, speculative_generate
+from museflash.runtime.speculative import EagerDrafter, EagerTarget, speculative_generate
 
 UPSTREAM_ACCEPTANCE = {4: 0.64, 8: 0.30, 16: 0.17}
 EVAL_BLOCKS = (4, 8, 16)

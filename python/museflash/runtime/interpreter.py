@@ -22,10 +22,9 @@ from typing import Any
 
 import numpy as np
 
+from museflash.bundle import PACKAGE_WEIGHTS_DIR
+
 Kernel = Callable[[dict[str, Any]], Any]
-
-WEIGHTS_SUBDIR = Path("Data") / "com.apple.CoreML" / "weights"
-
 
 class InterpreterError(RuntimeError):
     """An op failed or produced a value inconsistent with the program's declared types."""
@@ -99,7 +98,7 @@ def load_program(package_path: str | Path, function_name: str | None = None) -> 
     program = milproto_load.load(
         spec,
         specification_version=spec.specificationVersion,
-        file_weights_dir=str(package_path / WEIGHTS_SUBDIR),
+        file_weights_dir=str(package_path / PACKAGE_WEIGHTS_DIR),
     )
     program.default_function_name = function_name or default
     return program
@@ -696,17 +695,6 @@ class Interpreter:
         return {name: np.zeros(shape, dtype) for name, (shape, dtype) in self.state_specs.items()}
 
 
-def run_package(
-    package_path: str | Path,
-    inputs: Mapping[str, np.ndarray],
-    states: Mapping[str, np.ndarray] | None = None,
-    function_name: str | None = None,
-) -> dict[str, np.ndarray]:
-    """One-shot convenience: load, interpret, return the outputs."""
-    program = load_program(package_path, function_name)
-    return Interpreter(program, function_name).run(inputs, states)
-
-
 __all__ = [
     "KERNELS",
     "SUPPORTED_OP_TYPES",
@@ -715,6 +703,5 @@ __all__ = [
     "UnsupportedOpError",
     "list_functions",
     "load_program",
-    "run_package",
 ]
 

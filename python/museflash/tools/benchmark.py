@@ -24,8 +24,9 @@ from typing import Any
 
 import torch
 
+from museflash.bundle import PACKAGE_SPEC, PACKAGE_WEIGHT_FILE, AssetRole
 from museflash.demo_checkpoint import DEMO_DRAFTER_CONFIG, DEMO_TARGET_CONFIG
-from museflash.export import tree_bytes
+from museflash.export.progress import tree_bytes
 
 PATHS = ("naive", "streaming")
 STREAMING_FUNCTIONS = 4  # target main + prefill, drafter inject_kv + draft
@@ -37,6 +38,9 @@ _S, _G = "sliding_attention", "full_attention"
 
 
 # --- Synthetic checkpoints -------------------------------------------------------------------
+
+
+PACKAGES = (AssetRole.TARGET.package, AssetRole.DFLASH_DRAFTER.package)
 
 
 def synthetic_configs(weight_bytes: float) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -139,7 +143,7 @@ def write_synthetic_checkpoints(directory: Path, weight_bytes: float, seed: int 
 
 
 def _export_options(checkpoints: Path, output: Path):
-    from museflash.export import ExportOptions
+    from museflash.export.options import ExportOptions
 
     return ExportOptions(output_dir=output, overwrite=True, fused_target=True,
                          dflash_drafter=True, checkpoint=checkpoints / "target",
@@ -152,11 +156,13 @@ def naive_export(checkpoints: Path, output: Path) -> None:
     (functions, inputs, states) as the export, so the two outputs can be compared exactly."""
     import coremltools as ct
 
-    from museflash import export as ex
+    from museflash.export.convert import convert
+    from museflash.export.plan import load_modules, plan_export
+    from museflash.export.progress import Progress
 
     options = _export_options(checkpoints, output)
-    plan = ex.plan_export(options, options.checkpoint, options.drafter_checkpoint)
-    modules = ex.load_modules(options, plan, ex.Progress(echo=lambda _line: None), None)
+    plan = plan_export(options, options.checkpoint, options.drafter_checkpoint)
+    modules = load_modules(options, plan, Progress(echo=lambda _line: None), None)
     output.mkdir(parents=True, exist_ok=True)
     for package in plan.packages:
         module = modules[package.module]
@@ -164,7 +170,7 @@ def naive_export(checkpoints: Path, output: Path) -> None:
         for function in package.functions:
             program = torch.export.export(module.with_entry_point(function.entry_point),
                                           function.example_args)
-            model = ex.convert(program.run_decompositions({}), function.inputs,
+            model = convert(program.run_decompositions({}), function.inputs,
                                function.outputs, module, package.states,
                                validate_every_pass=True)
             part = output / f"{function.name}.part.mlpackage"
@@ -178,7 +184,8 @@ def naive_export(checkpoints: Path, output: Path) -> None:
 
 
 def streaming_export(checkpoints: Path, output: Path) -> None:
-    from museflash.export import Progress, export_bundle
+    from museflash.export.pipeline import export_bundle
+    from museflash.export.progress import Progress
 
     export_bundle(_export_options(checkpoints, output), Progress(echo=lambda _line: None))
 
@@ -262,7 +269,7 @@ def checkpoint_weight_bytes(checkpoints: Path) -> int:
 
 def run_one(path: str, checkpoints: Path, output: Path) -> tuple[float, int, int]:
     """(wall seconds, peak RSS, peak anonymous RSS) of one export in a fresh process."""
-    command = [sys.executable, "-m", "museflash.benchmark", "--child", path,
+    command = [sys.executable, "-m", "museflash.tools.benchmark", "--child", path,
                "--checkpoints", str(checkpoints), "--output", str(output)]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     # Output goes to files, not pipes: nothing reads a pipe while the child runs, and
@@ -298,7 +305,7 @@ def _reported_peak(stdout: str) -> int:
 
 
 def baseline_rss() -> int:
-    code = ("import coremltools, torch, museflash.export; "
+    code = ("import coremltools, torch, museflash.export.pipeline; "
             "print(open('/proc/self/status').read())")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
@@ -319,12 +326,11 @@ def compare_exports(naive: Path, streaming: Path) -> list[str]:
     from coremltools.proto import Model_pb2
 
     problems, notes = [], []
-    for package in ("target.mlpackage", "dflash_drafter.mlpackage"):
+    for package in PACKAGES:
         specs = []
         for root in (naive, streaming):
             spec = Model_pb2.Model()
-            spec.ParseFromString((root / package / "Data" / "com.apple.CoreML" /
-                                  "model.mlmodel").read_bytes())
+            spec.ParseFromString((root / package / PACKAGE_SPEC).read_bytes())
             spec.description.ClearField("metadata")
             specs.append(spec)
         debug_names = _state_op_debug_names(specs[0]) != _state_op_debug_names(specs[1])
@@ -391,9 +397,9 @@ def _op_counts(spec) -> dict[str, int]:
 
 def _const_values(package: Path, spec) -> dict[str, bytes]:
     """(function, const name) -> the stored bytes, for every const in the weight file."""
-    from museflash.multifunction import _BLOB_METADATA
+    from museflash.export.merge import _BLOB_METADATA
 
-    blob = (package / "Data" / "com.apple.CoreML" / "weights" / "weight.bin").read_bytes()
+    blob = (package / PACKAGE_WEIGHT_FILE).read_bytes()
     values = {}
 
     def visit(function: str, block) -> None:
@@ -435,8 +441,7 @@ def run_benchmark(sizes_gb: list[float], output_dir: Path, work_dir: Path | None
             wall, peak, anon = run_one(path, checkpoints, out)
             record = Record(path, size, weight_bytes, text["num_hidden_layers"],
                             text["hidden_size"], round(wall, 2), peak, anon,
-                            sum(tree_bytes(out / p) for p in
-                                ("target.mlpackage", "dflash_drafter.mlpackage")), baseline,
+                            sum(tree_bytes(out / p) for p in PACKAGES), baseline,
                             _processes(path))
             records.append(record)
             outputs[path] = out
@@ -461,7 +466,7 @@ def run_benchmark(sizes_gb: list[float], output_dir: Path, work_dir: Path | None
 
 
 def _processes(path: str) -> int:
-    from museflash.parallel_conversion import process_count
+    from museflash.export.parallel import process_count
 
     return 1 if path == "naive" else process_count(None, STREAMING_FUNCTIONS)
 

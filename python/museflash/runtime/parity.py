@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from museflash.mlprogram_interpreter import Interpreter
+from museflash.runtime.interpreter import Interpreter
 
 
 class ParityError(AssertionError):
@@ -31,9 +31,6 @@ class Tolerance:
 
     rel_tol: float
     abs_tol: float = 0.0
-
-
-EXACT = Tolerance(rel_tol=0.0, abs_tol=0.0)
 
 
 @dataclass(frozen=True)

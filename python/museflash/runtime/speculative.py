@@ -20,22 +20,25 @@ and over eager torch modules (used to measure acceptance while training a drafte
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 import torch
 
-from museflash.mlprogram_interpreter import Interpreter, load_program
-
-METADATA_FILE = "metadata.json"
-
-
-class BundleError(ValueError):
-    """The export directory cannot be used for speculative decoding; says why."""
-
+from museflash.bundle import (
+    METADATA_FILE,
+    Asset,
+    AssetKind,
+    AssetRole,
+    BundleError,
+    FunctionName,
+    InputName,
+    Metadata,
+    OutputName,
+)
+from museflash.runtime.interpreter import Interpreter, load_program
 
 # --- Backends --------------------------------------------------------------------------------
 
@@ -64,38 +67,19 @@ class Drafter(Protocol):
     def reset(self) -> None: ...
 
 
-def read_metadata(export_dir: str | Path) -> dict[str, Any]:
-    path = Path(export_dir) / METADATA_FILE
-    if not path.is_file():
-        raise BundleError(f"{path} not found; point at a directory written by //:export")
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as error:
-        raise BundleError(f"{path} is not valid JSON ({error})") from error
-
-
-def _asset(metadata: dict[str, Any], role: str) -> dict[str, Any]:
-    asset = metadata.get("assets", {}).get(role)
-    if asset is None:
-        raise BundleError(f"the bundle has no {role!r} asset (assets: "
-                          f"{sorted(metadata.get('assets', {}))})")
-    return asset
-
-
 class _Package:
     """The interpreters of one package's functions and the states they share."""
 
-    def __init__(self, export_dir: Path, asset: dict[str, Any]):
-        self.path = export_dir / asset["path"]
+    def __init__(self, export_dir: Path, asset: Asset):
+        self.path = export_dir / asset.path
         if not self.path.is_dir():
-            raise BundleError(f"{self.path} not found (listed in metadata.json)")
+            raise BundleError(f"{self.path} not found (listed in {METADATA_FILE})")
         program = load_program(self.path)
-        self.functions = {name: Interpreter(program, name) for name in asset["functions"]}
-        self.query_length = {name: int(f["query_length"])
-                             for name, f in asset["functions"].items()}
+        self.functions = {name: Interpreter(program, name) for name in asset.functions}
+        self.query_length = {name: f.query_length for name, f in asset.functions.items()}
         self.states = next(iter(self.functions.values())).zero_states()
 
-    def run(self, function: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def run(self, function: FunctionName, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return self.functions[function].run(inputs, self.states)
 
     def reset(self) -> None:
@@ -106,30 +90,31 @@ class _Package:
 class ExportedTarget:
     """The fused target package: `prefill` and `main`, both returning drafter_features."""
 
-    def __init__(self, export_dir: str | Path, metadata: dict[str, Any] | None = None):
+    def __init__(self, export_dir: str | Path, metadata: Metadata | None = None):
         export_dir = Path(export_dir)
-        metadata = metadata or read_metadata(export_dir)
-        asset = _asset(metadata, "target")
-        if asset.get("kind") != "fused_target":
-            raise BundleError(f"target kind is {asset.get('kind')!r}; speculative decoding "
+        metadata = metadata or Metadata.read(export_dir)
+        asset = metadata.asset(AssetRole.TARGET)
+        if asset.kind != AssetKind.FUSED_TARGET:
+            raise BundleError(f"target kind is {asset.kind!s}; speculative decoding "
                               "with DFlash needs --fused-target (drafter_features output)")
         self.package = _Package(export_dir, asset)
-        self.prefill_length = self.package.query_length["prefill"]
-        self.verify_length = self.package.query_length["main"]
+        self.prefill_length = self.package.query_length[FunctionName.PREFILL]
+        self.verify_length = self.package.query_length[FunctionName.MAIN]
 
-    def _call(self, function: str, ids: np.ndarray, positions: np.ndarray):
+    def _call(self, function: FunctionName, ids: np.ndarray, positions: np.ndarray):
         out = self.package.run(function, {
-            "input_ids": np.asarray(ids, np.int32).reshape(1, -1),
-            "position_ids": np.asarray(positions, np.int32),
+            InputName.INPUT_IDS: np.asarray(ids, np.int32).reshape(1, -1),
+            InputName.POSITION_IDS: np.asarray(positions, np.int32),
         })
-        return out["logits"][0].astype(np.float32), out["drafter_features"][0]
+        return (out[OutputName.LOGITS][0].astype(np.float32),
+                out[OutputName.DRAFTER_FEATURES][0])
 
     def prefill(self, ids, positions):
-        logits, features = self._call("prefill", ids, positions)
+        logits, features = self._call(FunctionName.PREFILL, ids, positions)
         return logits[-1], features
 
     def verify(self, ids, positions):
-        return self._call("main", ids, positions)
+        return self._call(FunctionName.MAIN, ids, positions)
 
     def reset(self) -> None:
         self.package.reset()
@@ -138,24 +123,24 @@ class ExportedTarget:
 class ExportedDrafter:
     """The DFlash drafter package: `inject_kv` and `draft` sharing one ring cache."""
 
-    def __init__(self, export_dir: str | Path, metadata: dict[str, Any] | None = None):
+    def __init__(self, export_dir: str | Path, metadata: Metadata | None = None):
         export_dir = Path(export_dir)
-        metadata = metadata or read_metadata(export_dir)
-        self.package = _Package(export_dir, _asset(metadata, "dflash_drafter"))
-        self.block_size = self.package.query_length["draft"]
+        metadata = metadata or Metadata.read(export_dir)
+        self.package = _Package(export_dir, metadata.asset(AssetRole.DFLASH_DRAFTER))
+        self.block_size = self.package.query_length[FunctionName.DRAFT]
 
     def inject(self, features, positions) -> None:
-        self.package.run("inject_kv", {
-            "features": np.asarray(features, np.float16)[None],
-            "position_ids": np.asarray(positions, np.int32),
+        self.package.run(FunctionName.INJECT_KV, {
+            InputName.FEATURES: np.asarray(features, np.float16)[None],
+            InputName.POSITION_IDS: np.asarray(positions, np.int32),
         })
 
     def draft(self, ids, positions):
-        out = self.package.run("draft", {
-            "input_ids": np.asarray(ids, np.int32).reshape(1, -1),
-            "position_ids": np.asarray(positions, np.int32),
+        out = self.package.run(FunctionName.DRAFT, {
+            InputName.INPUT_IDS: np.asarray(ids, np.int32).reshape(1, -1),
+            InputName.POSITION_IDS: np.asarray(positions, np.int32),
         })
-        return out["logits"][0].astype(np.float32)
+        return out[OutputName.LOGITS][0].astype(np.float32)
 
     def reset(self) -> None:
         self.package.reset()
@@ -417,23 +402,11 @@ def eager_greedy_generate(model: torch.nn.Module, prompt: list[int],
     return tokens
 
 
-def load_exported_pair(export_dir: str | Path) -> tuple[ExportedTarget, ExportedDrafter, dict]:
-    metadata = read_metadata(export_dir)
-    if not metadata.get("speculative_decoding"):
-        raise BundleError(f"{export_dir} was exported without a drafter "
-                          "(speculative_decoding is null)")
-    kind = metadata["speculative_decoding"].get("drafter_kind")
-    if kind != "dflash":
-        raise BundleError(f"drafter_kind is {kind!r}; this loop drives the DFlash drafter")
+def load_exported_pair(export_dir: str | Path) -> tuple[ExportedTarget, ExportedDrafter,
+                                                       Metadata]:
+    """The exported fused target and DFlash drafter of `export_dir`, with its metadata."""
+    metadata = Metadata.read(export_dir)
+    if metadata.drafter_role != AssetRole.DFLASH_DRAFTER:
+        raise BundleError(f"{export_dir} has no DFlash drafter; this loop drives one: export "
+                          "with --fused-target --dflash-drafter")
     return ExportedTarget(export_dir, metadata), ExportedDrafter(export_dir, metadata), metadata
-
-
-def run_exported(export_dir: str | Path, prompt: list[int], max_new_tokens: int,
-                 num_draft_tokens: int | None = None) -> DecodeResult:
-    """Convenience: speculative decoding over an export directory with its own settings."""
-    target, drafter, metadata = load_exported_pair(export_dir)
-    spec = metadata["speculative_decoding"]
-    return speculative_generate(
-        target, drafter, prompt, max_new_tokens, mask_token_id=int(spec["mask_token_id"]),
-        num_draft_tokens=num_draft_tokens or int(spec["num_draft_tokens"]),
-        context_length=int(metadata["context_length"]))

@@ -13,37 +13,42 @@ Exit status of `run_verify`: 0 all passed, 1 a mismatch, 2 unusable input (Verif
 
 from __future__ import annotations
 
-import inspect
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 
+from museflash.bundle import (
+    BUILTIN_DEMO,
+    METADATA_FILE,
+    AssetKind,
+    AssetRole,
+    BundleError,
+    FunctionName,
+    InputName,
+    Metadata,
+    StateKind,
+)
 from museflash.checkpoint import CheckpointError, load_drafter, load_target
-from museflash.mlprogram_interpreter import Interpreter, load_program
-from museflash.parity import (
+from museflash.runtime.interpreter import Interpreter, load_program
+from museflash.runtime.parity import (
     Discrepancy,
     ParityReport,
     Tolerance,
     parity_step,
     sync_states,
 )
-from museflash.speculative import (
-    BundleError,
+from museflash.runtime.speculative import (
     ExportedDrafter,
     ExportedTarget,
     eager_greedy_generate,
     greedy_generate,
-    read_metadata,
     speculative_generate,
 )
-
-BUILTIN_DEMO = "builtin:demo"
 
 # Relative to each tensor's largest magnitude (parity.Tolerance). The packages keep every
 # activation, weight and cache entry in fp16 (unit roundoff ~4.9e-4) while the reference
@@ -111,22 +116,22 @@ def _worse(a: Discrepancy, b: Discrepancy) -> bool:
 
 
 @contextmanager
-def checkpoint_dirs(metadata: dict[str, Any], checkpoint: Path | None,
+def checkpoint_dirs(metadata: Metadata, checkpoint: Path | None,
                     drafter_checkpoint: Path | None) -> Iterator[tuple[Path, Path | None, str]]:
     """(target dir, drafter dir, description); flags override metadata's `source` record and
     `builtin:demo` regenerates the demo pair exactly as the exporter did (default seed, bf16)."""
-    source = metadata.get("source") or {}
+    source = metadata.source
     wanted = {
-        "checkpoint": str(checkpoint) if checkpoint else source.get("checkpoint"),
+        "checkpoint": str(checkpoint) if checkpoint else source.checkpoint,
         "drafter_checkpoint": (str(drafter_checkpoint) if drafter_checkpoint
-                               else source.get("drafter_checkpoint")),
+                               else source.drafter_checkpoint),
     }
     if not wanted["checkpoint"]:
-        raise VerifyInputError("metadata.json records no source checkpoint; pass --checkpoint "
-                               "and --drafter-checkpoint")
-    needs_drafter = bool(metadata.get("speculative_decoding"))
+        raise VerifyInputError(f"{METADATA_FILE} records no source checkpoint; pass "
+                               "--checkpoint and --drafter-checkpoint")
+    needs_drafter = metadata.speculative_decoding is not None
     if needs_drafter and not wanted["drafter_checkpoint"]:
-        raise VerifyInputError("metadata.json records no drafter checkpoint; pass "
+        raise VerifyInputError(f"{METADATA_FILE} records no drafter checkpoint; pass "
                                "--drafter-checkpoint")
     description = f"target {wanted['checkpoint']}, drafter {wanted['drafter_checkpoint']}"
     with tempfile.TemporaryDirectory(prefix="museflash-verify-") as scratch:
@@ -145,7 +150,7 @@ def checkpoint_dirs(metadata: dict[str, Any], checkpoint: Path | None,
                 resolved[key] = demo[0] if key == "checkpoint" else demo[1]
             elif not Path(value).is_dir():
                 given = checkpoint if key == "checkpoint" else drafter_checkpoint
-                origin = "the command line" if given else "metadata.json source"
+                origin = "the command line" if given else f"{METADATA_FILE} source"
                 raise VerifyInputError(f"{key} {value} (from {origin}) is not a directory; "
                                        f"pass {flag} DIR")
             else:
@@ -154,18 +159,6 @@ def checkpoint_dirs(metadata: dict[str, Any], checkpoint: Path | None,
 
 
 # --- Parity ----------------------------------------------------------------------------------
-
-
-def _query_lengths(metadata: dict[str, Any]) -> int:
-    return max(int(f["query_length"]) for asset in metadata["assets"].values()
-               for f in asset["functions"].values())
-
-
-def _capacity(asset: dict[str, Any], kind: str) -> int | None:
-    for state in asset["states"]:
-        if state["kind"] == kind:
-            return int(state["capacity"])
-    return None
 
 
 def _random_states(interpreter: Interpreter, seed: int) -> dict[str, np.ndarray]:
@@ -184,25 +177,18 @@ def _wrapping_starts(capacity: int, length: int, limit: int) -> list[int]:
             if start + (i + 1) * length <= limit]
 
 
-def _load_kwargs(function, **wanted) -> dict[str, Any]:
-    """Only the keyword arguments this loader accepts (model signatures may grow)."""
-    accepted = inspect.signature(function).parameters
-    return {k: v for k, v in wanted.items() if k in accepted}
-
-
-def load_reference_models(metadata, target_dir: Path, drafter_dir: Path | None):
-    context = int(metadata["context_length"])
-    max_query = _query_lengths(metadata)
-    fused = metadata["assets"]["target"]["kind"] == "fused_target"
+def load_reference_models(metadata: Metadata, target_dir: Path, drafter_dir: Path | None):
+    context = metadata.context_length
+    max_query = metadata.max_query_length()
+    fused = metadata.asset(AssetRole.TARGET).kind == AssetKind.FUSED_TARGET
     target = load_target(target_dir, drafter_dir if fused else None, dtype=torch.float32,
                          max_context=context, max_query_len=max_query)
     drafters = {}
-    for role, ring in (("dflash_drafter", False), ("ring_drafter", True)):
-        if role in metadata["assets"]:
+    for role, ring in ((AssetRole.DFLASH_DRAFTER, False), (AssetRole.RING_DRAFTER, True)):
+        if role in metadata.assets:
             drafters[role] = load_drafter(
-                drafter_dir, target, target_dir=target_dir,
-                **_load_kwargs(load_drafter, dtype=torch.float32, max_query_len=max_query,
-                               ring=ring, max_context=context))
+                drafter_dir, target, target_dir=target_dir, dtype=torch.float32,
+                max_query_len=max_query, ring=ring, max_context=context)
     return target, drafters
 
 
@@ -216,22 +202,22 @@ def _check_geometry(name: str, module: torch.nn.Module, interpreter: Interpreter
                 "config.json does not describe this export")
 
 
-def check_target(export_dir: Path, metadata, target, function: str, entry: str,
-                 seed: int) -> CheckResult:
-    asset = metadata["assets"]["target"]
-    interpreter = Interpreter(load_program(export_dir / asset["path"], function), function)
+def check_target(export_dir: Path, metadata: Metadata, target, function: FunctionName,
+                 entry: str, seed: int) -> CheckResult:
+    asset = metadata.asset(AssetRole.TARGET)
+    interpreter = Interpreter(load_program(export_dir / asset.path, function), function)
     _check_geometry(f"target.{function}", target, interpreter)
-    length = int(asset["functions"][function]["query_length"])
+    length = asset.function(function).query_length
     states = _random_states(interpreter, seed)
     sync_states(target, states)
     result = CheckResult(f"target.{function}")
     rng = np.random.default_rng(seed + 1)
-    ring = _capacity(asset, "sliding_kv") or 0
-    starts = _wrapping_starts(ring, length, int(metadata["context_length"]))
+    ring = asset.capacity(StateKind.SLIDING_KV) or 0
+    starts = _wrapping_starts(ring, length, metadata.context_length)
     for start in starts:
-        inputs = {"input_ids": rng.integers(0, metadata["vocab_size"], (1, length))
+        inputs = {InputName.INPUT_IDS: rng.integers(0, metadata.vocab_size, (1, length))
                   .astype(np.int32),
-                  "position_ids": np.arange(start, start + length, dtype=np.int32)}
+                  InputName.POSITION_IDS: np.arange(start, start + length, dtype=np.int32)}
         result.add(parity_step(interpreter, target.with_entry_point(entry), inputs, states))
     result.note = _span_note(starts, length, ring)
     return result
@@ -259,48 +245,55 @@ class _Fp32Inputs:
         return getattr(self.module, name)
 
 
-def check_dflash_drafter(export_dir: Path, metadata, drafter, seed: int) -> CheckResult:
-    asset = metadata["assets"]["dflash_drafter"]
-    program = load_program(export_dir / asset["path"])
-    inject, draft = Interpreter(program, "inject_kv"), Interpreter(program, "draft")
-    _check_geometry("dflash_drafter", drafter, inject)
-    spec = metadata["speculative_decoding"]
-    block, width = int(spec["block_size"]), int(spec["drafter_hidden_size"])
+def check_dflash_drafter(export_dir: Path, metadata: Metadata, drafter,
+                         seed: int) -> CheckResult:
+    asset = metadata.asset(AssetRole.DFLASH_DRAFTER)
+    program = load_program(export_dir / asset.path)
+    inject = Interpreter(program, FunctionName.INJECT_KV)
+    draft = Interpreter(program, FunctionName.DRAFT)
+    _check_geometry(str(AssetRole.DFLASH_DRAFTER), drafter, inject)
+    spec = metadata.speculative_decoding
+    block, width = spec.block_size, spec.drafter_hidden_size
     states = _random_states(inject, seed)
     sync_states(drafter, states)
     result = CheckResult("dflash_drafter.inject_kv+draft")
     rng = np.random.default_rng(seed + 1)
-    ring = _capacity(asset, "sliding_kv") or 0
+    ring = asset.capacity(StateKind.SLIDING_KV) or 0
     # Context block then a draft block right after it, as in the decoding loop; the next
     # inject starts where the draft block did (its rows are overwritten).
-    starts = _wrapping_starts(ring, block, int(metadata["context_length"]) - block)
+    starts = _wrapping_starts(ring, block, metadata.context_length - block)
     for start in starts:
         features = rng.standard_normal((1, block, width)).astype(np.float16)
         positions = np.arange(start, start + block, dtype=np.int32)
         result.add(parity_step(inject, _Fp32Inputs(drafter.with_entry_point("inject_kv")),
-                               {"features": features, "position_ids": positions}, states))
-        anchor = int(rng.integers(0, metadata["vocab_size"]))
-        ids = np.array([[anchor] + [spec["mask_token_id"]] * (block - 1)], dtype=np.int32)
+                               {InputName.FEATURES: features,
+                                InputName.POSITION_IDS: positions}, states))
+        anchor = int(rng.integers(0, metadata.vocab_size))
+        ids = np.array([[anchor] + [spec.mask_token_id] * (block - 1)], dtype=np.int32)
         result.add(parity_step(draft, drafter.with_entry_point("draft"),
-                               {"input_ids": ids, "position_ids": positions + block}, states))
+                               {InputName.INPUT_IDS: ids,
+                                InputName.POSITION_IDS: positions + block}, states))
     result.note = _span_note(starts, 2 * block, ring)
     return result
 
 
-def check_ring_drafter(export_dir: Path, metadata, ring_drafter, seed: int) -> CheckResult:
-    asset = metadata["assets"]["ring_drafter"]
-    interpreter = Interpreter(load_program(export_dir / asset["path"], "main"), "main")
-    _check_geometry("ring_drafter", ring_drafter, interpreter)
+def check_ring_drafter(export_dir: Path, metadata: Metadata, ring_drafter,
+                       seed: int) -> CheckResult:
+    asset = metadata.asset(AssetRole.RING_DRAFTER)
+    main = FunctionName.MAIN
+    interpreter = Interpreter(load_program(export_dir / asset.path, main), main)
+    _check_geometry(str(AssetRole.RING_DRAFTER), ring_drafter, interpreter)
     states = _random_states(interpreter, seed)
     sync_states(ring_drafter, states)
     result = CheckResult("ring_drafter.main")
     rng = np.random.default_rng(seed + 1)
-    ring = _capacity(asset, "sliding_kv") or 0
+    ring = asset.capacity(StateKind.SLIDING_KV) or 0
     first = max(0, ring - 4)
-    positions = range(first, min(first + 8, int(metadata["context_length"])))
+    positions = range(first, min(first + 8, metadata.context_length))
     for position in positions:
-        inputs = {"input_ids": rng.integers(0, metadata["vocab_size"], (1, 1)).astype(np.int32),
-                  "position_ids": np.array([position], dtype=np.int32)}
+        inputs = {InputName.INPUT_IDS: rng.integers(0, metadata.vocab_size, (1, 1))
+                  .astype(np.int32),
+                  InputName.POSITION_IDS: np.array([position], dtype=np.int32)}
         result.add(parity_step(interpreter, ring_drafter, inputs, states))
     result.note = _span_note([positions[0]], len(positions), ring)
     return result
@@ -309,10 +302,14 @@ def check_ring_drafter(export_dir: Path, metadata, ring_drafter, seed: int) -> C
 # --- Decoding --------------------------------------------------------------------------------
 
 
-def default_prompt_length(metadata: dict[str, Any]) -> int:
+def prefill_length(metadata: Metadata) -> int:
+    return metadata.asset(AssetRole.TARGET).function(FunctionName.PREFILL).query_length
+
+
+def default_prompt_length(metadata: Metadata) -> int:
     """One and a half prefill chunks (so the overlapping last chunk is exercised)."""
-    prefill = int(metadata["assets"]["target"]["functions"]["prefill"]["query_length"])
-    block = int((metadata.get("speculative_decoding") or {}).get("block_size", 1))
+    prefill = prefill_length(metadata)
+    block = metadata.speculative_decoding.block_size if metadata.speculative_decoding else 1
     return max(prefill + prefill // 2 + 1, block)
 
 
@@ -331,16 +328,15 @@ class DecodeCheck:
     tokens_per_target_call: float
 
 
-def check_decoding(export_dir: Path, metadata, target_dir: Path, prompt_tokens: int,
+def check_decoding(export_dir: Path, metadata: Metadata, target_dir: Path, prompt_tokens: int,
                    new_tokens: int) -> DecodeCheck:
-    spec = metadata["speculative_decoding"]
-    context = int(metadata["context_length"])
-    prompt = deterministic_prompt(prompt_tokens, int(metadata["vocab_size"]),
-                                  int(spec["mask_token_id"]))
+    spec = metadata.speculative_decoding
+    context = metadata.context_length
+    prompt = deterministic_prompt(prompt_tokens, metadata.vocab_size, spec.mask_token_id)
     target, drafter = ExportedTarget(export_dir, metadata), ExportedDrafter(export_dir, metadata)
     speculative = speculative_generate(target, drafter, prompt, new_tokens,
-                                       mask_token_id=int(spec["mask_token_id"]),
-                                       num_draft_tokens=int(spec["num_draft_tokens"]),
+                                       mask_token_id=spec.mask_token_id,
+                                       num_draft_tokens=spec.num_draft_tokens,
                                        context_length=context)
     plain = greedy_generate(target, prompt, new_tokens, context_length=context)
     eager_model = load_target(target_dir, dtype=torch.float32, max_context=context,
@@ -371,36 +367,35 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
 # --- Driver ----------------------------------------------------------------------------------
 
 
-def _validate(options: VerifyOptions) -> dict[str, Any]:
+def _validate(options: VerifyOptions) -> Metadata:
     export_dir = Path(options.export_dir)
     if not export_dir.is_dir():
         raise VerifyInputError(f"--export-dir {export_dir} is not a directory")
     try:
-        metadata = read_metadata(export_dir)
+        metadata = Metadata.read(export_dir)
+        drafter_role = metadata.drafter_role
+        if drafter_role is None:
+            raise VerifyInputError(f"{export_dir} has no drafter; verify needs an export made "
+                                   "with --fused-target --dflash-drafter (or --with-drafter)")
+        for role in (AssetRole.TARGET, drafter_role):
+            path = export_dir / metadata.asset(role).path
+            if not path.is_dir():
+                raise VerifyInputError(f"{path} is missing (listed in {METADATA_FILE})")
+        prompt = options.prompt_tokens or default_prompt_length(metadata)
+        spec = metadata.speculative_decoding
+        needed = max(prefill_length(metadata), spec.block_size)
     except BundleError as error:
         raise VerifyInputError(str(error)) from error
-    spec = metadata.get("speculative_decoding")
-    kind = (spec or {}).get("drafter_kind")
-    if kind not in ("dflash", "ring"):
-        raise VerifyInputError(f"{export_dir} has no drafter; verify needs an export made with "
-                               "--fused-target --dflash-drafter (or --with-drafter)")
-    for role in ("target", "dflash_drafter" if kind == "dflash" else "ring_drafter"):
-        path = export_dir / metadata["assets"][role]["path"]
-        if not path.is_dir():
-            raise VerifyInputError(f"{path} is missing (listed in metadata.json)")
-    prompt = options.prompt_tokens or default_prompt_length(metadata)
-    needed = max(int(metadata["assets"]["target"]["functions"]["prefill"]["query_length"]),
-                 int(spec["block_size"]))
     if prompt < needed:
         raise VerifyInputError(f"--prompt-tokens {prompt} is shorter than one prefill chunk / "
                                f"drafter block ({needed})")
     if options.new_tokens < 1:
         raise VerifyInputError("--new-tokens must be at least 1")
-    last = prompt + options.new_tokens + int(spec["block_size"]) - 1
-    if last > int(metadata["context_length"]):
+    last = prompt + options.new_tokens + spec.block_size - 1
+    if last > metadata.context_length:
         raise VerifyInputError(
             f"--prompt-tokens {prompt} + --new-tokens {options.new_tokens} need "
-            f"{last} positions but the export's context_length is {metadata['context_length']}")
+            f"{last} positions but the export's context_length is {metadata.context_length}")
     return metadata
 
 
@@ -410,25 +405,27 @@ def run_verify(options: VerifyOptions) -> int:
         metadata = _validate(options)
         export_dir = Path(options.export_dir)
         # _validate admits exactly one drafter: DFlash, or the older ring drafter.
-        dflash = metadata["speculative_decoding"]["drafter_kind"] == "dflash"
+        dflash = metadata.drafter_role == AssetRole.DFLASH_DRAFTER
         prompt = options.prompt_tokens or default_prompt_length(metadata)
         with checkpoint_dirs(metadata, options.checkpoint, options.drafter_checkpoint) as (
                 target_dir, drafter_dir, described):
-            echo(f"verify: {export_dir} ({metadata.get('model_name')}) against {described}")
+            echo(f"verify: {export_dir} ({metadata.model_name}) against {described}")
             try:
                 target, drafters = load_reference_models(metadata, target_dir, drafter_dir)
             except CheckpointError as error:
                 raise VerifyInputError(str(error)) from error
             checks = [
-                check_target(export_dir, metadata, target, "main", "forward", seed=1),
-                check_target(export_dir, metadata, target, "prefill", "prefill", seed=3),
+                check_target(export_dir, metadata, target, FunctionName.MAIN, "forward", seed=1),
+                check_target(export_dir, metadata, target, FunctionName.PREFILL, "prefill",
+                             seed=3),
             ]
             if dflash:
                 checks.append(check_dflash_drafter(export_dir, metadata,
-                                                   drafters["dflash_drafter"], seed=5))
+                                                   drafters[AssetRole.DFLASH_DRAFTER],
+                                                   seed=5))
             else:
                 checks.append(check_ring_drafter(export_dir, metadata,
-                                                 drafters["ring_drafter"], seed=7))
+                                                 drafters[AssetRole.RING_DRAFTER], seed=7))
             for check in checks:
                 echo(check.line())
             if dflash:

@@ -7,7 +7,7 @@ single-function package that the export then merges (`multifunction.merge_packag
 
 A helper is this module run as a program. It reads one JSON request from stdin (the options and
 the checkpoint directories), plans and loads the modules exactly as the export does (same
-placeholder rows: same seed, same order), prints READY, and then converts one function per JSON
+placeholder rows: each is derived from its tensor's name), prints READY, and then converts one function per JSON
 line it is sent, answering DONE or ERROR. Progress lines travel on the same channel; anything
 else a library prints goes to its stderr, which the export shows if the helper fails.
 """
@@ -27,6 +27,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import IO, Any
+
+from museflash.export.options import ExportError, ExportOptions
 
 DEFAULT_PROCESSES = 2  # each process adds ~0.35 GB (torch + coremltools + a converting graph)
 READY = "museflash-helper-ready"
@@ -51,7 +53,7 @@ class HelperProcess:
         self.stderr = tempfile.TemporaryFile()
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "museflash.parallel_conversion"],
+            [sys.executable, "-m", "museflash.export.parallel"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, env=env,
             text=True, bufsize=1)
         self._send(request)
@@ -81,8 +83,8 @@ class HelperProcess:
     def wait_ready(self) -> None:
         self._await(READY)
 
-    def convert(self, asset: str, function: str, part: Path) -> None:
-        self._send({"package": asset, "function": function, "part": str(part)})
+    def convert(self, role: str, function: str, part: Path) -> None:
+        self._send({"package": role, "function": function, "part": str(part)})
         self._await(DONE)
 
     def stop(self) -> None:
@@ -130,8 +132,6 @@ def run_conversions(jobs: list, convert_here: Callable[[Any], None],
                     helpers: list[HelperProcess]) -> None:
     """Converts every (package, function, part path) job once: this process and each helper
     take the next job as they become free. The first failure stops everything and is raised."""
-    from museflash.export import ExportError
-
     pending = deque(jobs)
     lock = threading.Lock()
     failed = threading.Event()
@@ -150,7 +150,7 @@ def run_conversions(jobs: list, convert_here: Callable[[Any], None],
             helper.wait_ready()
             while (job := take(helper)) is not None:
                 package, function, part = job
-                helper.convert(package.asset, function.name, part)
+                helper.convert(package.role, function.name, part)
                 helper.busy = False
         except BaseException as error:  # noqa: BLE001 - handed to the export's thread
             if not helper.stopped:
@@ -191,17 +191,17 @@ def _options_to_json(options) -> dict[str, Any]:
             for value in [getattr(options, field.name)]}
 
 
-def _options_from_json(raw: dict[str, Any]):
-    from museflash.export import ExportOptions
-
+def _options_from_json(raw: dict[str, Any]) -> ExportOptions:
     paths = {"output_dir", "checkpoint", "drafter_checkpoint"}
     return ExportOptions(**{name: (Path(value) if name in paths and value is not None
                                    else value) for name, value in raw.items()})
 
 
 def helper_main(requests: IO[str], answers: IO[str]) -> int:
-    from museflash import export
     from museflash.checkpoint import PlaceholderWeights
+    from museflash.export.convert import convert_function
+    from museflash.export.plan import load_modules, plan_export
+    from museflash.export.progress import Progress
 
     def answer(line: str) -> None:
         answers.write(line + "\n")
@@ -211,16 +211,16 @@ def helper_main(requests: IO[str], answers: IO[str]) -> int:
         request = json.loads(requests.readline())
         options = _options_from_json(request["options"])
         drafter_dir = Path(request["drafter_dir"]) if request["drafter_dir"] else None
-        plan = export.plan_export(options, Path(request["target_dir"]), drafter_dir)
-        modules = export.load_modules(options, plan, export.Progress(echo=lambda _line: None),
-                                      PlaceholderWeights())
+        plan = plan_export(options, Path(request["target_dir"]), drafter_dir)
+        modules = load_modules(options, plan, Progress(echo=lambda _line: None),
+                               PlaceholderWeights())
         answer(READY)
-        progress = export.Progress(echo=answer)
+        progress = Progress(echo=answer)
         progress.start = request["progress_start"]  # CLOCK_MONOTONIC: one clock for all
         for line in requests:
             job = json.loads(line)
             package = plan.package(job["package"])
-            export.convert_function(modules[package.module], package,
+            convert_function(modules[package.module], package,
                                     package.function(job["function"]), Path(job["part"]),
                                     progress, where=f"helper {request['number']}")
             answer(DONE)

@@ -28,11 +28,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from museflash.bundle import PACKAGE_SPEC, PACKAGE_WEIGHT_FILE
 from museflash.checkpoint import PlaceholderWeights, WeightLocation
 
-SPEC_FILE = Path("Data") / "com.apple.CoreML" / "model.mlmodel"
-WEIGHTS_DIR = Path("Data") / "com.apple.CoreML" / "weights"
-WEIGHT_FILE = "weight.bin"
 IOS18_SPECIFICATION_VERSION = 9
 
 _BLOB_SENTINEL = 0xDEADBEEF
@@ -88,7 +86,7 @@ def read_spec(package: Path):
     from coremltools.proto import Model_pb2
 
     spec = Model_pb2.Model()
-    spec.ParseFromString((Path(package) / SPEC_FILE).read_bytes())
+    spec.ParseFromString((Path(package) / PACKAGE_SPEC).read_bytes())
     return spec
 
 
@@ -123,7 +121,7 @@ class _WeightFile:
     """Reads blobs of one part's weight file: the header, the first row, or all of it."""
 
     def __init__(self, package: Path):
-        self.path = Path(package) / WEIGHTS_DIR / WEIGHT_FILE
+        self.path = Path(package) / PACKAGE_WEIGHT_FILE
         self.handle = self.path.open("rb", buffering=0)
 
     def close(self) -> None:
@@ -207,7 +205,7 @@ def merge_packages(
         merged.mlProgram.version = 1
         functions = []
         version = IOS18_SPECIFICATION_VERSION
-        weights = _MergedWeights(scratch / WEIGHT_FILE, placeholders)
+        weights = _MergedWeights(scratch / PACKAGE_WEIGHT_FILE.name, placeholders)
         for name, package in parts:
             spec = read_spec(package)
             if spec.WhichOneof("Type") != "mlProgram" or list(spec.mlProgram.functions) != ["main"]:
@@ -240,7 +238,7 @@ def merge_packages(
         empty = scratch / "empty"
         empty.mkdir()
         _create_mlpackage(merged, weights_dir=str(empty), package_path=str(destination))
-        os.replace(scratch / WEIGHT_FILE, destination / WEIGHTS_DIR / WEIGHT_FILE)
+        os.replace(scratch / PACKAGE_WEIGHT_FILE.name, destination / PACKAGE_WEIGHT_FILE)
         return len(weights.seen_rows)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

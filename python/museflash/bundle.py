@@ -1,0 +1,468 @@
+"""The bundle contract: every name, file and `metadata.json` field of an export, typed once.
+
+The exporter writes through these types, the reference runtime and every tool read through
+them, and the JSON Schema in `docs/metadata.schema.json` is generated from them
+(`json_schema()`; a test fails when the checked-in copy is stale). The Swift reader
+(`swift/Sources/ExportMetadata`) is tested against examples this module produces in the same
+Bazel build (`//python:metadata_examples`).
+
+Compatibility rules, stated in the schema and honoured by both readers:
+- `schema_version` is the contract's major version. A reader rejects a version it does not
+  know; a change of meaning, a removed field or a newly required field bumps it.
+- Within a version, fields may be added. Readers ignore object keys they do not know, so an
+  older reader still reads a newer exporter's bundle of the same version.
+- Enumerated names (asset roles and kinds, function roles, state kinds, ...) are closed: an
+  unknown value is an error, since a reader cannot drive what it does not know.
+
+This module imports nothing from the rest of museflash (and no torch or coremltools).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SCHEMA_VERSION = 1
+SUPPORTED_SCHEMA_VERSIONS = (1,)
+
+METADATA_FILE = "metadata.json"
+# Key of the user-defined spec metadata entry holding the same JSON text in every package.
+EMBEDDED_METADATA_KEY = "museflash.metadata"
+# The `source.checkpoint` value of an export of the built-in demo pair.
+BUILTIN_DEMO = "builtin:demo"
+COMPUTE_PRECISION = "float16"
+STATE_DTYPE = "float16"
+
+# Inside a .mlpackage.
+PACKAGE_SUFFIX = ".mlpackage"
+PACKAGE_DATA_DIR = Path("Data") / "com.apple.CoreML"
+PACKAGE_SPEC = PACKAGE_DATA_DIR / "model.mlmodel"
+PACKAGE_WEIGHTS_DIR = PACKAGE_DATA_DIR / "weights"
+PACKAGE_WEIGHT_FILE = PACKAGE_WEIGHTS_DIR / "weight.bin"
+
+
+class BundleError(ValueError):
+    """An export directory or its metadata does not follow the contract; says where and why."""
+
+
+# --- Names -------------------------------------------------------------------------------------
+
+
+class Name(enum.StrEnum):
+    """A closed set of contract names; the value is the spelling in the bundle."""
+
+
+class AssetRole(Name):
+    """Keys of `assets`; the package is `<role>.mlpackage`."""
+    TARGET = "target"
+    DFLASH_DRAFTER = "dflash_drafter"
+    RING_DRAFTER = "ring_drafter"
+
+    @property
+    def package(self) -> str:
+        return self.value + PACKAGE_SUFFIX
+
+
+class AssetKind(Name):
+    FUSED_TARGET = "fused_target"  # logits + drafter_features
+    TARGET = "target"  # logits only
+    DFLASH_DRAFTER = "dflash_drafter"
+    RING_DRAFTER = "ring_drafter"
+
+
+class FunctionName(Name):
+    MAIN = "main"
+    PREFILL = "prefill"
+    INJECT_KV = "inject_kv"
+    DRAFT = "draft"
+
+
+class FunctionRole(Name):
+    DECODE = "decode"  # target main (one step or a verify block), ring drafter main
+    PREFILL = "prefill"  # writes caches for a prompt chunk, logits of its last position only
+    INJECT_KV = "inject_kv"  # DFlash: target features -> drafter cache
+    DRAFT = "draft"  # DFlash: [anchor, mask x (K-1)] -> logits
+
+
+class InputName(Name):
+    INPUT_IDS = "input_ids"
+    POSITION_IDS = "position_ids"
+    FEATURES = "features"
+
+
+class OutputName(Name):
+    LOGITS = "logits"
+    DRAFTER_FEATURES = "drafter_features"
+    LAST_INJECTED_POSITION = "last_injected_position"
+
+
+class StateName(Name):
+    GLOBAL_KEY_CACHE = "globalKeyCache"
+    GLOBAL_VALUE_CACHE = "globalValueCache"
+    SLIDING_KEY_CACHE = "slidingKeyCache"
+    SLIDING_VALUE_CACHE = "slidingValueCache"
+
+    @property
+    def kind(self) -> StateKind:
+        return StateKind.SLIDING_KV if self.value.startswith("sliding") else StateKind.GLOBAL_KV
+
+    @property
+    def role(self) -> StateRole:
+        return StateRole.KEY if "Key" in self.value else StateRole.VALUE
+
+
+class StateKind(Name):
+    GLOBAL_KV = "global_kv"  # absolute position p in slot p
+    SLIDING_KV = "sliding_kv"  # a ring: absolute position p in slot p % capacity
+
+
+class StateRole(Name):
+    KEY = "key"
+    VALUE = "value"
+
+
+class DrafterKind(Name):
+    DFLASH = "dflash"
+    RING = "ring"
+
+
+class LayerType(Name):
+    SLIDING_ATTENTION = "sliding_attention"
+    FULL_ATTENTION = "full_attention"
+
+
+TARGET_STATES = (StateName.GLOBAL_KEY_CACHE, StateName.GLOBAL_VALUE_CACHE,
+                 StateName.SLIDING_KEY_CACHE, StateName.SLIDING_VALUE_CACHE)
+DRAFTER_STATES = (StateName.SLIDING_KEY_CACHE, StateName.SLIDING_VALUE_CACHE)
+INT32_OUTPUTS = frozenset({OutputName.LAST_INJECTED_POSITION})
+
+
+def _doc(text: str, **kwargs: Any) -> Any:
+    return field(metadata={"doc": text}, **kwargs)
+
+
+# --- metadata.json ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Generator:
+    name: str = _doc("always `museflash`")
+    version: str = _doc("the exporter's version")
+
+
+@dataclass(frozen=True)
+class TargetSettings:
+    """The target's structural settings, from its config.json."""
+    num_hidden_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    sliding_window: int
+    layer_types: list[LayerType] = _doc("one per layer")
+    final_logit_softcapping: float | None = _doc("tanh soft cap of the logits, or null")
+
+
+@dataclass(frozen=True)
+class Function:
+    role: FunctionRole
+    query_length: int = _doc("fixed number of tokens (or feature rows) per call")
+    inputs: list[InputName] = _doc("input names, in order")
+    outputs: list[OutputName] = _doc("output names, in order")
+
+
+@dataclass(frozen=True)
+class State:
+    """A Core ML state shared by every function of its package."""
+    name: StateName
+    kind: StateKind
+    role: StateRole
+    shape: list[int] = _doc("exact Core ML state shape: [layers, kv_heads, capacity, head_dim], "
+                            "optionally preceded by 1s")
+    dtype: str = _doc("always `float16`")
+    layers: int
+    kv_heads: int
+    capacity: int = _doc("slots; a sliding cache holds position p in slot p % capacity")
+    head_dim: int
+
+
+@dataclass(frozen=True)
+class Asset:
+    path: str = _doc("package path relative to the export directory")
+    kind: AssetKind
+    default_function: FunctionName
+    functions: dict[FunctionName, Function]
+    states: list[State]
+
+    def function(self, name: FunctionName) -> Function:
+        if name not in self.functions:
+            raise BundleError(f"the {self.kind} package has no function {name!s} "
+                              f"(functions: {sorted(str(f) for f in self.functions)})")
+        return self.functions[name]
+
+    def capacity(self, kind: StateKind) -> int | None:
+        """Slots of this package's states of `kind` (None when it has none)."""
+        return next((s.capacity for s in self.states if s.kind == kind), None)
+
+
+@dataclass(frozen=True)
+class DrafterSettings:
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    sliding_window: int
+
+
+@dataclass(frozen=True)
+class SpeculativeDecoding:
+    drafter_kind: DrafterKind
+    block_size: int = _doc("the drafter's block: anchor + drafted tokens; `draft` query length")
+    mask_token_id: int = _doc("token filling the drafted positions of a `draft` call; inside "
+                              "[0, vocab_size)")
+    target_layer_ids: list[int] = _doc("0-based target layers feeding the drafter's encoder")
+    drafter_hidden_size: int = _doc("width of `drafter_features`")
+    num_draft_tokens: int = _doc("tokens proposed per step, 1..block_size - 1")
+    shared_embeddings: bool = _doc("the drafter uses the target's embedding and lm_head")
+    drafter: DrafterSettings
+
+
+@dataclass(frozen=True)
+class Source:
+    checkpoint: str = _doc(f"absolute path of the target checkpoint, or `{BUILTIN_DEMO}`")
+    drafter_checkpoint: str | None = _doc("the drafter checkpoint, likewise; null without one")
+
+
+@dataclass(frozen=True)
+class Metadata:
+    """`metadata.json`: the bundle's description for the app that loads it."""
+    schema_version: int = _doc("major version of this contract; readers reject one they do not "
+                               "know")
+    generator: Generator
+    model_name: str
+    vocab_size: int = _doc("target vocabulary; drafter logits have the same width")
+    context_length: int = _doc("capacity of the global KV caches")
+    compute_precision: str = _doc("always `float16`")
+    target: TargetSettings
+    assets: dict[AssetRole, Asset]
+    speculative_decoding: SpeculativeDecoding | None = _doc("null without a drafter")
+    source: Source
+
+    def asset(self, role: AssetRole) -> Asset:
+        if role not in self.assets:
+            raise BundleError(f"the bundle has no {role!s} asset (assets: "
+                              f"{sorted(str(r) for r in self.assets)})")
+        return self.assets[role]
+
+    @property
+    def drafter_role(self) -> AssetRole | None:
+        kind = self.speculative_decoding.drafter_kind if self.speculative_decoding else None
+        return {DrafterKind.DFLASH: AssetRole.DFLASH_DRAFTER,
+                DrafterKind.RING: AssetRole.RING_DRAFTER}.get(kind)
+
+    def max_query_length(self) -> int:
+        return max(f.query_length for a in self.assets.values() for f in a.functions.values())
+
+    # --- JSON ---
+
+    def to_json(self) -> dict[str, Any]:
+        return _encode(self)
+
+    def dumps(self) -> str:
+        """The text of metadata.json (and of the embedded copy)."""
+        return json.dumps(self.to_json(), indent=2) + "\n"
+
+    @classmethod
+    def from_json(cls, raw: Any) -> Metadata:
+        if not isinstance(raw, dict):
+            raise BundleError(f"metadata: expected an object, got {_json_type(raw)}")
+        version = raw.get("schema_version")
+        if version not in SUPPORTED_SCHEMA_VERSIONS:
+            raise BundleError(
+                f"metadata: schema_version {version!r} is not supported (this reader knows "
+                f"{list(SUPPORTED_SCHEMA_VERSIONS)}); re-export with this museflash or update it")
+        return _decode(cls, raw, "metadata")
+
+    @classmethod
+    def read(cls, export_dir: str | Path) -> Metadata:
+        path = Path(export_dir) / METADATA_FILE
+        if not path.is_file():
+            raise BundleError(f"{path} not found; point at a directory written by //:export")
+        try:
+            raw = json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise BundleError(f"{path} is not valid JSON ({error})") from error
+        try:
+            return cls.from_json(raw)
+        except BundleError as error:
+            raise BundleError(f"{path}: {error}") from error
+
+
+def read_metadata(export_dir: str | Path) -> Metadata:
+    return Metadata.read(export_dir)
+
+
+# --- Encoding and decoding, driven by the type hints -----------------------------------------
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _encode(value: Any) -> Any:
+    if dataclasses.is_dataclass(value):
+        return {f.name: _encode(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, dict):
+        return {str(_encode(k)): _encode(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_encode(v) for v in value]
+    return value
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    return {bool: "boolean", int: "integer", float: "number", str: "string", list: "array",
+            dict: "object"}.get(type(value), type(value).__name__)
+
+
+def _optional(hint: Any) -> Any | None:
+    """X for `X | None`, else None."""
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        others = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(others) == 1:
+            return others[0]
+    return None
+
+
+def _decode(hint: Any, raw: Any, where: str) -> Any:
+    inner = _optional(hint)
+    if inner is not None:
+        return None if raw is None else _decode(inner, raw, where)
+    origin = typing.get_origin(hint)
+    if dataclasses.is_dataclass(hint):
+        if not isinstance(raw, dict):
+            raise BundleError(f"{where}: expected an object, got {_json_type(raw)}")
+        hints = _hints(hint)
+        values = {}
+        for f in dataclasses.fields(hint):
+            if f.name not in raw:
+                raise BundleError(f"{where}: missing key {f.name!r}")
+            values[f.name] = _decode(hints[f.name], raw[f.name], f"{where}.{f.name}")
+        return hint(**values)  # keys this reader does not know are ignored
+    if origin is list:
+        if not isinstance(raw, list):
+            raise BundleError(f"{where}: expected an array, got {_json_type(raw)}")
+        (item,) = typing.get_args(hint)
+        return [_decode(item, v, f"{where}[{i}]") for i, v in enumerate(raw)]
+    if origin is dict:
+        if not isinstance(raw, dict):
+            raise BundleError(f"{where}: expected an object, got {_json_type(raw)}")
+        key_type, value_type = typing.get_args(hint)
+        return {_decode(key_type, k, f"{where} key"): _decode(value_type, v, f"{where}.{k}")
+                for k, v in raw.items()}
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        try:
+            return hint(raw)
+        except ValueError:
+            raise BundleError(f"{where}: {raw!r} is not one of "
+                              f"{[m.value for m in hint]}") from None
+    if hint is bool:
+        if not isinstance(raw, bool):
+            raise BundleError(f"{where}: expected a boolean, got {_json_type(raw)}")
+        return raw
+    if hint is int:
+        if isinstance(raw, bool) or not isinstance(raw, int):
+            raise BundleError(f"{where}: expected an integer, got {_json_type(raw)}")
+        return raw
+    if hint is float:
+        if isinstance(raw, bool) or not isinstance(raw, (int, float)):
+            raise BundleError(f"{where}: expected a number, got {_json_type(raw)}")
+        return float(raw)
+    if hint is str:
+        if not isinstance(raw, str):
+            raise BundleError(f"{where}: expected a string, got {_json_type(raw)}")
+        return raw
+    raise TypeError(f"{where}: no JSON mapping for {hint!r}")
+
+
+# --- JSON Schema ---------------------------------------------------------------------------------
+
+SCHEMA_ID = "https://museflash.invalid/metadata.schema.json"
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12) of metadata.json, generated from the types above."""
+    definitions: dict[str, Any] = {}
+    root = _schema_of(Metadata, definitions)
+    schema = {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": SCHEMA_ID,
+        "title": "museflash metadata.json",
+    }
+    schema.update(definitions.pop(root["$ref"].rsplit("/", 1)[1]))
+    schema["description"] = (
+        f"{schema['description']} Generated from python/museflash/bundle.py: do not edit. "
+        "Compatibility: schema_version is the major version and readers reject one they do "
+        "not know; within a version fields may be added and readers ignore object keys they "
+        "do not know (additionalProperties is true); enumerated names are closed.")
+    schema["properties"]["schema_version"] = {
+        "description": schema["properties"]["schema_version"]["description"],
+        "enum": list(SUPPORTED_SCHEMA_VERSIONS)}
+    schema["$defs"] = dict(sorted(definitions.items()))
+    return schema
+
+
+def _schema_of(hint: Any, definitions: dict[str, Any]) -> dict[str, Any]:
+    inner = _optional(hint)
+    if inner is not None:
+        return {"anyOf": [_schema_of(inner, definitions), {"type": "null"}]}
+    origin = typing.get_origin(hint)
+    if dataclasses.is_dataclass(hint):
+        name = hint.__name__
+        if name not in definitions:
+            definitions[name] = {}  # reserve (recursion guard)
+            hints = _hints(hint)
+            properties = {}
+            for f in dataclasses.fields(hint):
+                entry = _schema_of(hints[f.name], definitions)
+                if f.metadata.get("doc"):
+                    entry = {"description": f.metadata["doc"], **entry}
+                properties[f.name] = entry
+            definition = {"type": "object"}
+            if hint.__doc__ and not hint.__doc__.startswith(f"{name}("):
+                definition["description"] = " ".join(hint.__doc__.split())
+            definition.update({
+                "properties": properties,
+                "required": [f.name for f in dataclasses.fields(hint)],
+                "additionalProperties": True,
+            })
+            definitions[name] = definition
+        return {"$ref": f"#/$defs/{name}"}
+    if origin is list:
+        (item,) = typing.get_args(hint)
+        return {"type": "array", "items": _schema_of(item, definitions)}
+    if origin is dict:
+        key_type, value_type = typing.get_args(hint)
+        entry = {"type": "object", "additionalProperties": _schema_of(value_type, definitions)}
+        if isinstance(key_type, type) and issubclass(key_type, enum.Enum):
+            entry["propertyNames"] = {"enum": [m.value for m in key_type]}
+        return entry
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return {"enum": [m.value for m in hint]}
+    simple = {bool: "boolean", int: "integer", float: "number", str: "string"}
+    if hint in simple:
+        return {"type": simple[hint]}
+    raise TypeError(f"no JSON Schema for {hint!r}")
+
+
+def schema_text() -> str:
+    return json.dumps(json_schema(), indent=2) + "\n"

@@ -1,0 +1,11 @@
+"""The exporter, one module per stage, read top-down in `pipeline.export_bundle`:
+
+options  -> what the user asked for, checked before anything else
+plan     -> configs read and cross-checked once, every package and function decided
+load     -> the modules to trace, with placeholders standing in for the large weights
+convert  -> trace + convert one function into a single-function package
+parallel -> the same conversions in helper processes
+merge    -> functions merged into one multifunction package, real weights streamed in
+describe -> metadata.json (museflash.bundle types) and its embedded copies
+publish  -> the staging directory swapped in atomically
+"""

@@ -1,0 +1,145 @@
+"""Trace one entry point of a module and convert it into a single-function Core ML package."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from museflash.bundle import INT32_OUTPUTS
+from museflash.export.options import ExportError
+from museflash.export.plan import FunctionPlan, InputPlan, PackagePlan
+from museflash.export.progress import Progress, tree_bytes
+
+DISABLE_BF16_CAST_ENV = "DISABLE_BFLOAT16_CAST_FOR_LOGITS"
+
+
+def _cast_bf16_outputs(_module, _inputs, output):
+    """bf16 graph outputs become fp16 (Core ML has no bf16 I/O), every element of tuple and
+    list outputs included; DISABLE_BFLOAT16_CAST_FOR_LOGITS=1 leaves them alone."""
+    if os.environ.get(DISABLE_BF16_CAST_ENV) == "1":
+        return output
+
+    def cast(value):
+        if isinstance(value, torch.Tensor) and value.dtype == torch.bfloat16:
+            return value.to(torch.float16)
+        if isinstance(value, (tuple, list)):
+            return type(value)(cast(v) for v in value)
+        return value
+
+    return cast(output)
+
+
+def trace(module: torch.nn.Module, example_args: tuple) -> torch.export.ExportedProgram:
+    # A forward hook, not a wrapper module: a wrapper would rename the buffers ("m.x") and
+    # with them the Core ML state names.
+    handle = module.register_forward_hook(_cast_bf16_outputs)
+    try:
+        with torch.no_grad():
+            return torch.export.export(module, example_args).run_decompositions({})
+    finally:
+        handle.remove()
+
+
+def check_no_data_dependent_scalars(program: torch.export.ExportedProgram) -> None:
+    """The position contract promises no tensor-to-scalar reads in the graph."""
+    banned = {"aten._local_scalar_dense", "aten.item"}
+    found = sorted({str(node.target) for node in program.graph.nodes
+                    if node.op == "call_function"
+                    and any(str(node.target).startswith(b) for b in banned)})
+    if found:
+        raise ExportError(f"exported graph contains data-dependent scalar reads {found}")
+
+
+def convert(
+    program: torch.export.ExportedProgram,
+    inputs: list[InputPlan],
+    outputs: list[str],
+    module: torch.nn.Module,
+    state_names: tuple[str, ...],
+    validate_every_pass: bool = False,
+):
+    import coremltools as ct
+
+    mutated = set(program.graph_signature.buffers_to_mutate.values())
+    if mutated != {str(n) for n in state_names}:
+        raise ExportError(
+            f"entry point writes caches {sorted(mutated)} but the package declares states "
+            f"{sorted(str(n) for n in state_names)}; every function must write every shared "
+            "cache"
+        )
+    states = [
+        ct.StateType(
+            wrapped_type=ct.TensorType(shape=tuple(getattr(module, n).shape), dtype=np.float16),
+            name=str(n),
+        )
+        for n in state_names
+    ]
+    with nullcontext() if validate_every_pass else validated_once_per_pipeline():
+        return ct.convert(
+            program,
+            # A new list: ct.convert appends the states to the list it is given.
+            inputs=[ct.TensorType(name=str(i.name), shape=i.shape, dtype=i.dtype)
+                    for i in inputs],
+            outputs=[ct.TensorType(name=str(n), dtype=_output_dtype(n)) for n in outputs],
+            states=states,
+            minimum_deployment_target=ct.target.iOS18,
+            compute_precision=ct.precision.FLOAT16,
+            skip_model_load=True,
+        )
+
+
+@contextmanager
+def validated_once_per_pipeline() -> Iterator[None]:
+    """coremltools validates the whole program after every graph pass (~110 per function);
+    measured, that is a third of conversion time, and it grows with ops x fan-out. The checks
+    have no side effects, so inside this block they run once after each pipeline instead: an
+    invalid program still fails, only later. The output is unchanged
+    (the benchmark compares it with a plain conversion)."""
+    from coremltools.converters.mil.mil.passes import pass_pipeline
+    from coremltools.converters.mil.mil.program import Program
+
+    manager = pass_pipeline.PassPipelineManager
+    original_apply = manager.apply_pipeline
+    original_validate = Program.validate
+
+    def apply_validating_at_the_ends(prog, pipeline):
+        Program.validate = lambda self, check_essential_scope=False: None
+        try:
+            original_apply(prog, pipeline)
+        finally:
+            Program.validate = original_validate
+        prog.validate(check_essential_scope=True)
+
+    manager.apply_pipeline = staticmethod(apply_validating_at_the_ends)
+    try:
+        yield
+    finally:
+        manager.apply_pipeline = staticmethod(original_apply)
+
+
+def _output_dtype(name: str):
+    return np.int32 if name in INT32_OUTPUTS else np.float16
+
+
+def convert_function(module: torch.nn.Module, package: PackagePlan, function: FunctionPlan,
+                     part: Path, progress: Progress, where: str = "") -> None:
+    """Traces and converts one entry point into the single-function package `part`."""
+    label = f"{package.role}.{function.name}" + (f", {where}" if where else "")
+    view = module.with_entry_point(function.entry_point)
+    with progress.stage("trace", label):
+        program = trace(view, function.example_args)
+        check_no_data_dependent_scalars(program)
+    with progress.stage("convert", label) as info:
+        model = convert(program, function.inputs, function.outputs, module, package.states)
+        del program
+        # coremltools wrote the package to a temporary directory; keep it instead of copying.
+        shutil.move(model.package_path, part)
+        model.is_temp_package = False
+        del model
+        info["bytes"] = tree_bytes(part)

@@ -1,0 +1,83 @@
+"""What the user asked the export to do, and the checks that need nothing but the flags."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class ExportError(ValueError):
+    """The export cannot proceed; the message names the problem and the fix."""
+
+
+@dataclass
+class ExportOptions:
+    output_dir: Path
+    checkpoint: Path | None = None
+    drafter_checkpoint: Path | None = None
+    overwrite: bool = False
+    fused_target: bool = False
+    dflash_drafter: bool = False
+    with_drafter: bool = False
+    num_draft_tokens: int | None = None
+    max_context_length: int = 512
+    prefill_length: int = 32
+    decode_length: int | None = None
+    model_name: str | None = None
+    # Processes converting functions at once, this one included; None: up to 2 (CPU count).
+    conversion_processes: int | None = None
+    # Show coremltools' per-pass progress bars and library warnings on the console.
+    verbose: bool = False
+
+    @property
+    def wants_drafter(self) -> bool:
+        """The drafter checkpoint is read (for the fused target's encoder or a drafter)."""
+        return self.fused_target or self.dflash_drafter or self.with_drafter
+
+
+def check_flag_rules(options: ExportOptions) -> None:
+    if options.dflash_drafter and options.with_drafter:
+        raise ExportError(
+            "--dflash-drafter and --with-drafter are mutually exclusive: pick the DFlash drafter "
+            "or the older ring drafter"
+        )
+    if options.dflash_drafter and not options.fused_target:
+        raise ExportError(
+            "--dflash-drafter requires --fused-target (the drafter reads the target's "
+            "drafter_features output)"
+        )
+    if options.drafter_checkpoint is not None and not options.wants_drafter:
+        raise ExportError(
+            "--drafter-checkpoint is only used with --fused-target, --dflash-drafter or "
+            "--with-drafter"
+        )
+    if (options.checkpoint is None) != (options.drafter_checkpoint is None) and (
+        options.wants_drafter
+    ):
+        raise ExportError(
+            "give both --checkpoint and --drafter-checkpoint, or neither (the built-in demo "
+            "pair); a target and a drafter from different sources would be mixed"
+        )
+    if options.conversion_processes is not None and options.conversion_processes < 1:
+        raise ExportError(f"--conversion-processes {options.conversion_processes} must be at "
+                          "least 1 (1 converts every function in this process)")
+    for name in ("max_context_length", "prefill_length"):
+        if getattr(options, name) < 1:
+            raise ExportError(f"--{name.replace('_', '-')} must be at least 1")
+    if options.max_context_length % 32:
+        suggestion = -(-options.max_context_length // 32) * 32
+        raise ExportError(
+            f"--max-context-length {options.max_context_length} is not a multiple of 32 (the "
+            f"global KV cache is a Core ML state and the Neural Engine wants state dimensions "
+            f"in multiples of 32); use {suggestion}"
+        )
+    if options.prefill_length > options.max_context_length:
+        raise ExportError(
+            f"--prefill-length {options.prefill_length} exceeds --max-context-length "
+            f"{options.max_context_length}"
+        )
+    for flag, path in (("--checkpoint", options.checkpoint),
+                       ("--drafter-checkpoint", options.drafter_checkpoint)):
+        if path is not None and not Path(path).is_dir():
+            raise ExportError(f"{flag} {path} is not a directory; point it at the checkpoint "
+                              "folder that holds config.json and the safetensors files")

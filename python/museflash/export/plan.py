@@ -1,0 +1,236 @@
+"""Plan an export: read and check both configs once, then decide every package, function,
+input, output and state before any weight is read; load the modules the plan traces."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from museflash.bundle import (
+    DRAFTER_STATES,
+    TARGET_STATES,
+    AssetKind,
+    AssetRole,
+    DrafterKind,
+    DrafterSettings,
+    FunctionName,
+    FunctionRole,
+    InputName,
+    OutputName,
+    SpeculativeDecoding,
+    StateName,
+)
+from museflash.checkpoint import (
+    CheckedConfigs,
+    PlaceholderWeights,
+    check_configs,
+    load_drafter,
+    load_target,
+)
+from museflash.export.options import ExportError, ExportOptions
+from museflash.export.progress import Progress
+from museflash.models.dflash import DFlashConfig
+from museflash.models.muse_glimmer import MuseGlimmerConfig
+
+# Core ML has no bfloat16: weights are converted to fp16 once, while loading.
+TRACE_DTYPE = torch.float16
+
+
+@dataclass(frozen=True)
+class InputPlan:
+    name: InputName
+    shape: tuple[int, ...]
+    dtype: type  # numpy scalar type
+
+
+@dataclass
+class FunctionPlan:
+    name: FunctionName  # Core ML function name
+    role: FunctionRole
+    entry_point: str  # module entry point
+    inputs: list[InputPlan]
+    outputs: list[OutputName]
+    example_args: tuple
+    query_length: int
+
+    @property
+    def input_names(self) -> list[InputName]:
+        return [i.name for i in self.inputs]
+
+
+@dataclass
+class PackagePlan:
+    role: AssetRole  # the package is role.package
+    kind: AssetKind
+    module: str  # "target" or "drafter"
+    states: tuple[StateName, ...]
+    default_function: FunctionName
+    functions: list[FunctionPlan]
+
+    @property
+    def file_name(self) -> str:
+        return self.role.package
+
+    def function(self, name: str) -> FunctionPlan:
+        return next(f for f in self.functions if f.name == name)
+
+
+@dataclass
+class ExportPlan:
+    """Everything decided from the options and configs before any weight is read."""
+    target_dir: Path
+    drafter_dir: Path | None
+    configs: CheckedConfigs
+    spec: SpeculativeDecoding | None
+    max_query: int
+    packages: list[PackagePlan]
+
+    @property
+    def target_cfg(self) -> MuseGlimmerConfig:
+        return self.configs.target
+
+    def package(self, role: str) -> PackagePlan:
+        return next(p for p in self.packages if p.role == role)
+
+
+def plan_export(options: ExportOptions, target_dir: Path, drafter_dir: Path | None) -> ExportPlan:
+    """The export's one validation pass over the checkpoints (`checkpoint.check_configs`:
+    configs, drafter against target, token ids, encoder width), then the plan."""
+    configs = check_configs(target_dir, drafter_dir if options.wants_drafter else None)
+    spec = None
+    if options.dflash_drafter or options.with_drafter:
+        kind = DrafterKind.RING if options.with_drafter else DrafterKind.DFLASH
+        spec = speculative_decoding(configs.drafter_raw, configs.drafter, kind,
+                                    options.num_draft_tokens)
+    block = spec.block_size if spec else 1
+    decode_length = options.decode_length or block
+    if decode_length > options.max_context_length:
+        raise ExportError(f"decode length {decode_length} exceeds --max-context-length "
+                          f"{options.max_context_length}")
+    max_query = max(options.prefill_length, decode_length, block)
+    return ExportPlan(Path(target_dir), Path(drafter_dir) if drafter_dir else None, configs,
+                      spec, max_query, _package_plans(options, spec, decode_length))
+
+
+def speculative_decoding(
+    drafter_raw: dict[str, Any],
+    drafter_cfg: DFlashConfig,
+    kind: DrafterKind,
+    num_draft_tokens: int | None,
+) -> SpeculativeDecoding:
+    """Structural values come from the drafter's config (DFlashConfig reads them explicitly,
+    flat or under dflash_config); runtime knobs from the command line override them."""
+    block_size = drafter_cfg.block_size
+    hidden = drafter_raw.get("drafter_hidden_size", drafter_cfg.hidden_size)
+    draft_tokens = num_draft_tokens if num_draft_tokens is not None else block_size - 1
+    if not 1 <= draft_tokens <= block_size - 1:
+        raise ExportError(
+            f"--num-draft-tokens {draft_tokens} must be between 1 and block_size - 1 = "
+            f"{block_size - 1} (the block is the anchor plus the drafted tokens)"
+        )
+    return SpeculativeDecoding(
+        drafter_kind=kind,
+        block_size=block_size,
+        mask_token_id=drafter_cfg.mask_token_id,
+        target_layer_ids=list(drafter_cfg.target_layer_ids),
+        drafter_hidden_size=int(hidden),
+        num_draft_tokens=int(draft_tokens),
+        shared_embeddings=True,
+        drafter=DrafterSettings(
+            num_hidden_layers=drafter_cfg.num_hidden_layers,
+            num_attention_heads=drafter_cfg.num_attention_heads,
+            num_key_value_heads=drafter_cfg.num_key_value_heads,
+            head_dim=drafter_cfg.head_dim,
+            sliding_window=drafter_cfg.sliding_window,
+        ),
+    )
+
+
+def _ids_function(name: FunctionName, role: FunctionRole, entry_point: str, length: int,
+                  outputs: list[OutputName]) -> FunctionPlan:
+    import numpy as np
+
+    return FunctionPlan(
+        name, role, entry_point,
+        [InputPlan(InputName.INPUT_IDS, (1, length), np.int32),
+         InputPlan(InputName.POSITION_IDS, (length,), np.int32)],
+        outputs,
+        (torch.zeros(1, length, dtype=torch.int32), torch.arange(length, dtype=torch.int32)),
+        length)
+
+
+def _inject_function(block: int, width: int) -> FunctionPlan:
+    import numpy as np
+
+    return FunctionPlan(
+        FunctionName.INJECT_KV, FunctionRole.INJECT_KV, "inject_kv",
+        [InputPlan(InputName.FEATURES, (1, block, width), np.float16),
+         InputPlan(InputName.POSITION_IDS, (block,), np.int32)],
+        [OutputName.LAST_INJECTED_POSITION],
+        (torch.zeros(1, block, width, dtype=TRACE_DTYPE), torch.arange(block, dtype=torch.int32)),
+        block)
+
+
+def _package_plans(options: ExportOptions, spec: SpeculativeDecoding | None,
+                   decode_length: int) -> list[PackagePlan]:
+    fused = options.fused_target
+    target_outputs = [OutputName.LOGITS] + ([OutputName.DRAFTER_FEATURES] if fused else [])
+    packages = [PackagePlan(
+        AssetRole.TARGET, AssetKind.FUSED_TARGET if fused else AssetKind.TARGET, "target",
+        TARGET_STATES, FunctionName.MAIN, [
+            _ids_function(FunctionName.MAIN, FunctionRole.DECODE, "forward", decode_length,
+                          target_outputs),
+            _ids_function(FunctionName.PREFILL, FunctionRole.PREFILL, "prefill",
+                          options.prefill_length, target_outputs),
+        ])]
+    if options.dflash_drafter:
+        packages.append(PackagePlan(
+            AssetRole.DFLASH_DRAFTER, AssetKind.DFLASH_DRAFTER, "drafter", DRAFTER_STATES,
+            FunctionName.DRAFT, [
+                _inject_function(spec.block_size, spec.drafter_hidden_size),
+                _ids_function(FunctionName.DRAFT, FunctionRole.DRAFT, "draft", spec.block_size,
+                              [OutputName.LOGITS]),
+            ]))
+    elif options.with_drafter:
+        packages.append(PackagePlan(
+            AssetRole.RING_DRAFTER, AssetKind.RING_DRAFTER, "drafter", DRAFTER_STATES,
+            FunctionName.MAIN, [
+                _ids_function(FunctionName.MAIN, FunctionRole.DECODE, "decode", 1,
+                              [OutputName.LOGITS]),
+            ]))
+    return packages
+
+
+def module_weight_bytes(module: torch.nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in module.parameters())
+
+
+def load_modules(options: ExportOptions, plan: ExportPlan, progress: Progress,
+                 placeholders: PlaceholderWeights | None) -> dict[str, torch.nn.Module]:
+    """The modules to trace, with `placeholders` standing in for the large weights (each
+    placeholder is derived from its tensor's name, so every process makes the same ones)."""
+    with progress.stage("load", "target") as info:
+        target = load_target(
+            plan.target_dir,
+            plan.drafter_dir if options.fused_target else None,
+            dtype=TRACE_DTYPE,
+            max_context=options.max_context_length,
+            max_query_len=plan.max_query,
+            placeholders=placeholders,
+        )
+        info["bytes"] = module_weight_bytes(target)
+    modules = {"target": target}
+    if options.dflash_drafter or options.with_drafter:
+        with progress.stage("load", "drafter") as info:
+            modules["drafter"] = load_drafter(
+                plan.drafter_dir, target, target_dir=plan.target_dir, dtype=TRACE_DTYPE,
+                max_context=options.max_context_length, max_query_len=plan.max_query,
+                ring=options.with_drafter, placeholders=placeholders)
+            borrowed = [target.embed_tokens] + ([target.lm_head] if target.lm_head else [])
+            info["bytes"] = module_weight_bytes(modules["drafter"]) - sum(
+                module_weight_bytes(m) for m in borrowed)
+    return modules
+
