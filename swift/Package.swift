@@ -32,10 +32,17 @@ let package = Package(
             name: "MuseflashContractTests",
             dependencies: ["MuseflashContract", "ExportMetadata", "MLPackage", "TestSupport"]
         ),
-        // Needs MUSEFLASH_EXPORT_DIR; without it `swift test --skip ContractOnExportTests`.
+        // The next two need files Bazel builds, named by environment variables (see each test's
+        // doc comment); without them run `swift test --skip ContractOnExportTests --skip MetadataExamplesTests`.
+        // Needs MUSEFLASH_EXPORT_DIR.
         .testTarget(
             name: "ContractOnExportTests",
             dependencies: ["MuseflashContract", "ExportMetadata"]
+        ),
+        // Needs MUSEFLASH_METADATA_EXAMPLES (bazel build //python:metadata_examples).
+        .testTarget(
+            name: "MetadataExamplesTests",
+            dependencies: ["ExportMetadata"]
         ),
     ]
 )

@@ -1,8 +1,15 @@
 """Small Swift rules that call the host swiftc (found by //tools/swift:toolchain.bzl).
 
 swift_library emits a static library plus its .swiftmodule; dependents find the module with -I
-and link the archives in topological order. swift_test compiles XCTest cases together with a
-generated XCTMain list, because plain swiftc on Linux has no test discovery.
+and link the archives in topological order.
+
+swift_test compiles `srcs` to a module, has swiftc emit its symbol graph (output group
+`symbol_graph`), and links a main.swift that calls XCTMain with every test in it, written by
+//tools/swift:xctest_discovery.swift: each `test*` instance method taking no arguments and
+returning Void on a subclass of XCTestCase (directly or through classes of the same module),
+including methods in extensions and inherited ones. A test it cannot call (private, or on a class
+whose superclass is in another module) or a module without tests fails the build rather than
+being skipped. `env` values expand $(rootpath) of `data`.
 """
 
 load("@museflash_swift//:defs.bzl", "SWIFTC", "SWIFT_MISSING_MESSAGE")
@@ -20,9 +27,9 @@ _COMMON_FLAGS = ["-swift-version", "5", "-enable-testing", "-g", "-Onone"]
 def _module_name(ctx):
     return ctx.attr.module_name or ctx.label.name
 
-def _collect(deps):
-    modules = depset(transitive = [d[SwiftModuleInfo].modules for d in deps])
-    archives = depset(order = "topological", transitive = [d[SwiftModuleInfo].archives for d in deps])
+def _collect(infos):
+    modules = depset(transitive = [i.modules for i in infos])
+    archives = depset(order = "topological", transitive = [i.archives for i in infos])
     return modules, archives
 
 def _run_swiftc(ctx, inputs, outputs, arguments, mnemonic, progress):
@@ -61,36 +68,46 @@ def _include_flags(modules):
         flags.extend(["-I", directory])
     return flags
 
-def _swift_library_impl(ctx):
-    name = _module_name(ctx)
-    archive = ctx.actions.declare_file("lib%s.a" % name)
-    module = ctx.actions.declare_file("%s.swiftmodule" % name)
-    modules, archives = _collect(ctx.attr.deps)
+def _compile_module(ctx, name, prefix = "", symbol_graph = None):
+    """Compiles srcs to lib<name>.a and <name>.swiftmodule under prefix; returns both and the info.
+
+    symbol_graph: a declared directory that receives <name>.symbols.json, every access level.
+    """
+    archive = ctx.actions.declare_file(prefix + "lib%s.a" % name)
+    module = ctx.actions.declare_file(prefix + "%s.swiftmodule" % name)
+    deps = [d[SwiftModuleInfo] for d in ctx.attr.deps]
+    modules, archives = _collect(deps)
+    outputs = [archive, module]
     args = ["-parse-as-library", "-emit-library", "-static", "-emit-module"]
     args += ["-module-name", name, "-o", archive.path, "-emit-module-path", module.path]
+    if symbol_graph:
+        outputs.append(symbol_graph)
+        args += ["-emit-symbol-graph", "-emit-symbol-graph-dir", symbol_graph.path]
+        args += ["-symbol-graph-minimum-access-level", "private"]
     args += _COMMON_FLAGS + _include_flags(modules) + ctx.attr.copts
     args += [f.path for f in ctx.files.srcs]
     _run_swiftc(
         ctx,
         inputs = depset(ctx.files.srcs, transitive = [modules]),
-        outputs = [archive, module],
+        outputs = outputs,
         arguments = args,
         mnemonic = "SwiftCompile",
         progress = "Compiling Swift module %s" % name,
     )
-    return [
-        DefaultInfo(files = depset([archive, module])),
-        SwiftModuleInfo(
-            modules = depset([module], transitive = [modules]),
-            archives = depset([archive], order = "topological", transitive = [archives]),
-        ),
-    ]
+    return [archive, module], SwiftModuleInfo(
+        modules = depset([module], transitive = [modules]),
+        archives = depset([archive], order = "topological", transitive = [archives]),
+    )
 
-def _link_executable(ctx, srcs, extra_flags):
-    name = _module_name(ctx)
+def _swift_library_impl(ctx):
+    files, info = _compile_module(ctx, _module_name(ctx))
+    return [DefaultInfo(files = depset(files)), info]
+
+def _link_executable(ctx, srcs, name, linked = []):
+    """Compiles srcs as the main module `name` and links it with deps and `linked` modules."""
     executable = ctx.actions.declare_file(ctx.label.name)
-    modules, archives = _collect(ctx.attr.deps)
-    args = ["-module-name", name, "-o", executable.path] + _COMMON_FLAGS + extra_flags
+    modules, archives = _collect(linked + [d[SwiftModuleInfo] for d in ctx.attr.deps])
+    args = ["-module-name", name, "-o", executable.path] + _COMMON_FLAGS
     args += _include_flags(modules) + ctx.attr.copts
     args += [f.path for f in srcs]
     args += [a.path for a in archives.to_list()]
@@ -108,47 +125,29 @@ def _link_executable(ctx, srcs, extra_flags):
     return executable, runfiles
 
 def _swift_binary_impl(ctx):
-    executable, runfiles = _link_executable(ctx, ctx.files.srcs, [])
+    executable, runfiles = _link_executable(ctx, ctx.files.srcs, _module_name(ctx))
     return [DefaultInfo(executable = executable, runfiles = runfiles)]
 
-_XCTMAIN_SCRIPT = """
-set -eu
-out="$1"; shift
-{
-  echo "// Generated by //tools/swift:swift.bzl: the XCTest list that SwiftPM would discover."
-  echo "import XCTest"
-  echo "XCTMain(["
-  awk '
-    FNR == 1 { if (cls != "") { print "    testCase([" tests "]),"; } cls = ""; tests = "" }
-    match($0, /class[ \\t]+[A-Za-z_][A-Za-z0-9_]*[ \\t]*:[ \\t]*XCTestCase/) {
-      decl = substr($0, RSTART, RLENGTH); sub(/^class[ \\t]+/, "", decl); sub(/[ \\t]*:.*/, "", decl)
-      if (cls != "") { print "    testCase([" tests "]),"; }
-      cls = decl; tests = ""; next
-    }
-    cls != "" && match($0, /func[ \\t]+test[A-Za-z0-9_]*[ \\t]*\\([ \\t]*\\)/) {
-      fn = substr($0, RSTART, RLENGTH); sub(/^func[ \\t]+/, "", fn); sub(/[ \\t]*\\(.*/, "", fn)
-      tests = tests "(\\"" fn "\\", " cls "." fn "), "
-    }
-    END { if (cls != "") { print "    testCase([" tests "]),"; } }
-  ' "$@"
-  echo "])"
-} > "$out"
-"""
-
 def _swift_test_impl(ctx):
-    main = ctx.actions.declare_file(ctx.label.name + "_xctmain/main.swift")
-    ctx.actions.run_shell(
-        inputs = ctx.files.srcs,
+    name = _module_name(ctx)
+    scratch = ctx.label.name + ".xctest/"
+    graph = ctx.actions.declare_directory(scratch + "symbol_graph")
+    _, test_module = _compile_module(ctx, name, scratch, symbol_graph = graph)
+    main = ctx.actions.declare_file(scratch + "main.swift")
+    ctx.actions.run(
+        executable = ctx.executable._xctest_discovery,
+        arguments = [name, graph.path, main.path],
+        inputs = [graph],
         outputs = [main],
-        command = _XCTMAIN_SCRIPT,
-        arguments = [main.path] + [f.path for f in ctx.files.srcs],
-        mnemonic = "SwiftTestMain",
-        progress_message = "Listing XCTest cases for %s" % ctx.label.name,
+        mnemonic = "SwiftTestDiscovery",
+        progress_message = "Listing XCTest methods of %s from its symbol graph" % name,
     )
-    executable, runfiles = _link_executable(ctx, ctx.files.srcs + [main], [])
+    executable, runfiles = _link_executable(ctx, [main], name + "_main", [test_module])
+    env = {k: ctx.expand_location(v, ctx.attr.data) for k, v in ctx.attr.env.items()}
     return [
         DefaultInfo(executable = executable, runfiles = runfiles),
-        testing.TestEnvironment(ctx.attr.env),
+        testing.TestEnvironment(env),
+        OutputGroupInfo(symbol_graph = depset([graph])),
     ]
 
 _COMMON_ATTRS = {
@@ -173,6 +172,14 @@ swift_binary = rule(
 
 swift_test = rule(
     implementation = _swift_test_impl,
-    attrs = dict(_RUNNABLE_ATTRS, env = attr.string_dict(doc = "Environment for the test run.")),
+    attrs = dict(
+        _RUNNABLE_ATTRS,
+        env = attr.string_dict(doc = "Environment for the test run; values expand $(rootpath) of data."),
+        _xctest_discovery = attr.label(
+            default = Label("//tools/swift:xctest_discovery"),
+            executable = True,
+            cfg = "exec",
+        ),
+    ),
     test = True,
 )

@@ -1,5 +1,10 @@
-/// `metadata.json`, schema version 1, as docs/metadata.md defines it. Keys
-/// the schema does not name are ignored, so later additive fields still decode.
+/// `metadata.json`, schema version 1, as docs/metadata.md defines it.
+///
+/// Compatibility rules (shared with the Python reader, python/museflash/bundle.py):
+/// `schema_version` is the major version, and a version not in `supportedSchemaVersions` is
+/// rejected (`isSchemaVersionSupported`); object keys the schema does not name are ignored at
+/// every level, so later additive fields still decode; enumerated names (the `ContractName`
+/// enums below) are closed, so an unknown one is a decoding error naming its key path.
 public struct ExportMetadata: Codable, Equatable, Sendable {
     public static let supportedSchemaVersions = [1]
 
@@ -10,8 +15,7 @@ public struct ExportMetadata: Codable, Equatable, Sendable {
     public var contextLength: Int
     public var computePrecision: String
     public var target: TargetSettings
-    /// Asset role (`target`, `dflash_drafter`, `ring_drafter`) -> asset.
-    public var assets: [String: Asset]
+    public var assets: [AssetRole: Asset]
     public var speculativeDecoding: SpeculativeDecoding?
     public var source: Source
 
@@ -40,8 +44,8 @@ public struct ExportMetadata: Codable, Equatable, Sendable {
         public var numKeyValueHeads: Int
         public var headDim: Int
         public var slidingWindow: Int
-        /// `sliding_attention` or `full_attention`, one per layer.
-        public var layerTypes: [String]
+        /// One per layer.
+        public var layerTypes: [LayerType]
         public var finalLogitSoftcapping: Double?
 
         enum CodingKeys: String, CodingKey {
@@ -59,10 +63,9 @@ public struct ExportMetadata: Codable, Equatable, Sendable {
     public struct Asset: Codable, Equatable, Sendable {
         /// Relative to the export directory.
         public var path: String
-        /// `fused_target`, `target`, `dflash_drafter` or `ring_drafter`.
-        public var kind: String
-        public var defaultFunction: String
-        public var functions: [String: Function]
+        public var kind: AssetKind
+        public var defaultFunction: FunctionName
+        public var functions: [FunctionName: Function]
         /// Shared by every function of the package.
         public var states: [State]
 
@@ -74,11 +77,12 @@ public struct ExportMetadata: Codable, Equatable, Sendable {
     }
 
     public struct Function: Codable, Equatable, Sendable {
-        /// `decode`, `prefill`, `inject_kv` or `draft`.
-        public var role: String
+        public var role: FunctionRole
         public var queryLength: Int
-        public var inputs: [String]
-        public var outputs: [String]
+        /// In order.
+        public var inputs: [InputName]
+        /// In order.
+        public var outputs: [OutputName]
 
         enum CodingKeys: String, CodingKey {
             case role
@@ -88,11 +92,9 @@ public struct ExportMetadata: Codable, Equatable, Sendable {
     }
 
     public struct State: Codable, Equatable, Sendable {
-        public var name: String
-        /// `global_kv` or `sliding_kv`.
-        public var kind: String
-        /// `key` or `value`.
-        public var role: String
+        public var name: StateName
+        public var kind: StateKind
+        public var role: StateRole
         /// The exact Core ML state shape: `[layers, kv_heads, capacity, head_dim]`,
         /// possibly preceded by 1s.
         public var shape: [Int]
@@ -111,8 +113,7 @@ public struct ExportMetadata: Codable, Equatable, Sendable {
     }
 
     public struct SpeculativeDecoding: Codable, Equatable, Sendable {
-        /// `dflash` or `ring`.
-        public var drafterKind: String
+        public var drafterKind: DrafterKind
         public var blockSize: Int
         public var maskTokenId: Int
         public var targetLayerIds: [Int]
@@ -163,30 +164,208 @@ public struct ExportMetadata: Codable, Equatable, Sendable {
 }
 
 extension ExportMetadata {
-    public enum AssetRole {
-        public static let target = "target"
-        public static let dflashDrafter = "dflash_drafter"
-        public static let ringDrafter = "ring_drafter"
-    }
-
-    public enum AssetKind {
-        public static let fusedTarget = "fused_target"
-        public static let target = "target"
-        public static let dflashDrafter = "dflash_drafter"
-        public static let ringDrafter = "ring_drafter"
-    }
-
-    public enum StateKind {
-        public static let globalKV = "global_kv"
-        public static let slidingKV = "sliding_kv"
-    }
-
-    public enum LayerType {
-        public static let slidingAttention = "sliding_attention"
-        public static let fullAttention = "full_attention"
-    }
-
     public var isSchemaVersionSupported: Bool {
         Self.supportedSchemaVersions.contains(schemaVersion)
+    }
+}
+
+// MARK: Closed sets of names; each raw value is the spelling in the bundle.
+
+/// A name from a closed set of the bundle contract. Decoding an unknown spelling fails with the
+/// key path and the known spellings; `description` is the spelling itself.
+public protocol ContractName: RawRepresentable, Hashable, Codable, Sendable, CaseIterable,
+    CustomStringConvertible where RawValue == String {
+    /// What the names are, for errors: `asset kind`.
+    static var meaning: String { get }
+}
+
+extension ContractName {
+    public var description: String { rawValue }
+
+    public init(from decoder: Decoder) throws {
+        let container = try decoder.singleValueContainer()
+        let spelling = try container.decode(String.self)
+        guard let name = Self(rawValue: spelling) else {
+            throw DecodingError.dataCorruptedError(in: container, debugDescription: Self.unknown(spelling))
+        }
+        self = name
+    }
+
+    static func unknown(_ spelling: String) -> String {
+        "unknown \(meaning) \"\(spelling)\"; expected one of \(allCases.map(\.rawValue).joined(separator: ", "))"
+    }
+}
+
+extension ExportMetadata {
+    /// Keys of `assets`, in pipeline order; the package is `<role>.mlpackage`.
+    public enum AssetRole: String, Codable, Sendable, CaseIterable, ContractName {
+        case target
+        case dflashDrafter = "dflash_drafter"
+        case ringDrafter = "ring_drafter"
+        public static let meaning = "asset role"
+    }
+
+    public enum AssetKind: String, Codable, Sendable, CaseIterable, ContractName {
+        /// `main` outputs `logits` and `drafter_features`.
+        case fusedTarget = "fused_target"
+        /// `main` outputs `logits` only.
+        case target
+        case dflashDrafter = "dflash_drafter"
+        case ringDrafter = "ring_drafter"
+        public static let meaning = "asset kind"
+    }
+
+    public enum FunctionName: String, Codable, Sendable, CaseIterable, ContractName {
+        case main
+        case prefill
+        case injectKV = "inject_kv"
+        case draft
+        public static let meaning = "function name"
+    }
+
+    public enum FunctionRole: String, Codable, Sendable, CaseIterable, ContractName {
+        case decode
+        case prefill
+        case injectKV = "inject_kv"
+        case draft
+        public static let meaning = "function role"
+    }
+
+    public enum InputName: String, Codable, Sendable, CaseIterable, ContractName {
+        case inputIDs = "input_ids"
+        case positionIDs = "position_ids"
+        case features
+        public static let meaning = "input name"
+    }
+
+    public enum OutputName: String, Codable, Sendable, CaseIterable, ContractName {
+        case logits
+        case drafterFeatures = "drafter_features"
+        case lastInjectedPosition = "last_injected_position"
+        public static let meaning = "output name"
+    }
+
+    public enum StateName: String, Codable, Sendable, CaseIterable, ContractName {
+        case globalKeyCache
+        case globalValueCache
+        case slidingKeyCache
+        case slidingValueCache
+        public static let meaning = "state name"
+    }
+
+    public enum StateKind: String, Codable, Sendable, CaseIterable, ContractName {
+        /// Absolute position `p` in slot `p`.
+        case globalKV = "global_kv"
+        /// A ring: absolute position `p` in slot `p % capacity`.
+        case slidingKV = "sliding_kv"
+        public static let meaning = "state kind"
+    }
+
+    public enum StateRole: String, Codable, Sendable, CaseIterable, ContractName {
+        case key
+        case value
+        public static let meaning = "state role"
+    }
+
+    public enum DrafterKind: String, Codable, Sendable, CaseIterable, ContractName {
+        case dflash
+        case ring
+        public static let meaning = "drafter kind"
+    }
+
+    public enum LayerType: String, Codable, Sendable, CaseIterable, ContractName {
+        case slidingAttention = "sliding_attention"
+        case fullAttention = "full_attention"
+        public static let meaning = "layer type"
+    }
+}
+
+// MARK: Objects keyed by names
+
+/// Any key of a JSON object, for objects keyed by a `ContractName`.
+private struct NameKey: CodingKey {
+    var stringValue: String
+    var intValue: Int? { nil }
+    init(stringValue: String) { self.stringValue = stringValue }
+    init?(intValue: Int) { nil }
+}
+
+extension KeyedDecodingContainer {
+    /// An object whose keys are all names of `Name`; an unknown key fails, naming its path.
+    fileprivate func decodeObject<Name: ContractName, Value: Decodable>(
+        _ type: [Name: Value].Type, forKey key: Key
+    ) throws -> [Name: Value] {
+        let object = try nestedContainer(keyedBy: NameKey.self, forKey: key)
+        var result: [Name: Value] = [:]
+        for member in object.allKeys {
+            guard let name = Name(rawValue: member.stringValue) else {
+                throw DecodingError.dataCorruptedError(forKey: member, in: object,
+                                                       debugDescription: Name.unknown(member.stringValue))
+            }
+            result[name] = try object.decode(Value.self, forKey: member)
+        }
+        return result
+    }
+}
+
+extension KeyedEncodingContainer {
+    fileprivate mutating func encodeObject<Name: ContractName, Value: Encodable>(
+        _ value: [Name: Value], forKey key: Key
+    ) throws {
+        var object = nestedContainer(keyedBy: NameKey.self, forKey: key)
+        for (name, member) in value.sorted(by: { $0.key.rawValue < $1.key.rawValue }) {
+            try object.encode(member, forKey: NameKey(stringValue: name.rawValue))
+        }
+    }
+}
+
+extension ExportMetadata {
+    public init(from decoder: Decoder) throws {
+        let container = try decoder.container(keyedBy: CodingKeys.self)
+        schemaVersion = try container.decode(Int.self, forKey: .schemaVersion)
+        generator = try container.decode(Generator.self, forKey: .generator)
+        modelName = try container.decode(String.self, forKey: .modelName)
+        vocabSize = try container.decode(Int.self, forKey: .vocabSize)
+        contextLength = try container.decode(Int.self, forKey: .contextLength)
+        computePrecision = try container.decode(String.self, forKey: .computePrecision)
+        target = try container.decode(TargetSettings.self, forKey: .target)
+        assets = try container.decodeObject([AssetRole: Asset].self, forKey: .assets)
+        speculativeDecoding = try container.decodeIfPresent(SpeculativeDecoding.self, forKey: .speculativeDecoding)
+        source = try container.decode(Source.self, forKey: .source)
+    }
+
+    public func encode(to encoder: Encoder) throws {
+        var container = encoder.container(keyedBy: CodingKeys.self)
+        try container.encode(schemaVersion, forKey: .schemaVersion)
+        try container.encode(generator, forKey: .generator)
+        try container.encode(modelName, forKey: .modelName)
+        try container.encode(vocabSize, forKey: .vocabSize)
+        try container.encode(contextLength, forKey: .contextLength)
+        try container.encode(computePrecision, forKey: .computePrecision)
+        try container.encode(target, forKey: .target)
+        try container.encodeObject(assets, forKey: .assets)
+        try container.encodeIfPresent(speculativeDecoding, forKey: .speculativeDecoding)
+        try container.encode(source, forKey: .source)
+    }
+}
+
+extension ExportMetadata.Asset {
+    public init(from decoder: Decoder) throws {
+        let container = try decoder.container(keyedBy: CodingKeys.self)
+        path = try container.decode(String.self, forKey: .path)
+        kind = try container.decode(ExportMetadata.AssetKind.self, forKey: .kind)
+        defaultFunction = try container.decode(ExportMetadata.FunctionName.self, forKey: .defaultFunction)
+        functions = try container.decodeObject([ExportMetadata.FunctionName: ExportMetadata.Function].self,
+                                               forKey: .functions)
+        states = try container.decode([ExportMetadata.State].self, forKey: .states)
+    }
+
+    public func encode(to encoder: Encoder) throws {
+        var container = encoder.container(keyedBy: CodingKeys.self)
+        try container.encode(path, forKey: .path)
+        try container.encode(kind, forKey: .kind)
+        try container.encode(defaultFunction, forKey: .defaultFunction)
+        try container.encodeObject(functions, forKey: .functions)
+        try container.encode(states, forKey: .states)
     }
 }

@@ -72,6 +72,17 @@ extension ExportMetadata {
         do {
             return try JSONDecoder().decode(type, from: data)
         } catch let error as DecodingError {
+            // swift-foundation (Linux) reports a number that does not fit an integer field as
+            // invalid JSON at no key; name the numbers that cannot be integers instead.
+            if case .dataCorrupted(let context) = error, context.codingPath.isEmpty,
+               let value = try? JSONDecoder().decode(JSONValue.self, from: data) {
+                let suspects = value.nonIntegerNumberPaths()
+                if !suspects.isEmpty {
+                    throw ExportMetadataError.invalidValue(
+                        path: path, keyPath: suspects.joined(separator: " or "),
+                        reason: "the number does not fit its field (an integer is expected)")
+                }
+            }
             throw ExportMetadataError(decodingError: error, path: path)
         }
     }
@@ -127,6 +138,20 @@ extension ExportMetadataError {
             if name.hasPrefix("Array") { return "an array" }
             if name.hasPrefix("Dictionary") || name.contains("KeyedDecodingContainer") { return "an object" }
             return "a \(name) object"
+        }
+    }
+}
+
+extension JSONValue {
+    /// Key paths (`a.b[2]`) of numbers that no integer field can hold.
+    func nonIntegerNumberPaths(_ path: String = "") -> [String] {
+        switch self {
+        case .number: return [path.isEmpty ? "<root>" : path]
+        case .array(let values):
+            return values.enumerated().flatMap { $0.element.nonIntegerNumberPaths("\(path)[\($0.offset)]") }
+        case .object(let members):
+            return members.keys.sorted().flatMap { members[$0]!.nonIntegerNumberPaths(path.isEmpty ? $0 : "\(path).\($0)") }
+        default: return []
         }
     }
 }

@@ -1,6 +1,6 @@
 /// A parsed JSON value, for comparing two JSON texts by meaning: key order,
 /// whitespace and number spelling (`1` vs `1.0`) do not matter.
-public indirect enum JSONValue: Decodable, Equatable, Sendable, CustomStringConvertible {
+public indirect enum JSONValue: Codable, Equatable, Sendable, CustomStringConvertible {
     case null
     case bool(Bool)
     case integer(Int64)
@@ -27,6 +27,19 @@ public indirect enum JSONValue: Decodable, Equatable, Sendable, CustomStringConv
             self = .object(value)
         } else {
             throw DecodingError.dataCorruptedError(in: container, debugDescription: "not a JSON value")
+        }
+    }
+
+    public func encode(to encoder: Encoder) throws {
+        var container = encoder.singleValueContainer()
+        switch self {
+        case .null: try container.encodeNil()
+        case .bool(let value): try container.encode(value)
+        case .integer(let value): try container.encode(value)
+        case .number(let value): try container.encode(value)
+        case .string(let value): try container.encode(value)
+        case .array(let values): try container.encode(values)
+        case .object(let members): try container.encode(members)
         }
     }
 

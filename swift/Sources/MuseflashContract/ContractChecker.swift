@@ -73,14 +73,22 @@ public struct ContractChecker {
     }
 }
 
+typealias AssetRole = ExportMetadata.AssetRole
+typealias AssetKind = ExportMetadata.AssetKind
+typealias FunctionName = ExportMetadata.FunctionName
+typealias InputName = ExportMetadata.InputName
+typealias OutputName = ExportMetadata.OutputName
+typealias StateKind = ExportMetadata.StateKind
+typealias LayerType = ExportMetadata.LayerType
+
 /// Everything the properties look at, after loading.
 struct LoadedBundle {
     let directory: URL
     let metadata: ExportMetadata
     let metadataJSON: JSONValue
-    var packages: [String: PackageInterface] = [:]
+    var packages: [AssetRole: PackageInterface] = [:]
     /// Role -> why its package is absent.
-    var missing: [String: String] = [:]
+    var missing: [AssetRole: String] = [:]
 
     init(directory: URL, metadata: ExportMetadata, metadataJSON: JSONValue) {
         self.directory = directory
@@ -88,7 +96,7 @@ struct LoadedBundle {
         self.metadataJSON = metadataJSON
     }
 
-    var roles: [String] { metadata.orderedRoles }
+    var roles: [AssetRole] { metadata.orderedRoles }
 
     enum Location {
         case found(URL)
@@ -113,7 +121,7 @@ struct LoadedBundle {
     }
 
     /// The package of `role`, or a violation saying why it cannot be checked.
-    func package(_ role: String) throws -> PackageInterface {
+    func package(_ role: AssetRole) throws -> PackageInterface {
         if let package = packages[role] { return package }
         if let reason = missing[role] {
             throw Violation(detail: "not checked: the \(role) package is missing (\(reason); see metadata.assets_exist)")
@@ -121,9 +129,9 @@ struct LoadedBundle {
         throw Violation(detail: "not checked: metadata.json lists no \(role) asset")
     }
 
-    func function(_ name: String, of role: String) throws -> FunctionDescription {
+    func function(_ name: FunctionName, of role: AssetRole) throws -> FunctionDescription {
         let package = try package(role)
-        guard let function = package.function(named: name) else {
+        guard let function = package.function(named: name.rawValue) else {
             throw Violation(detail: "the \(role) package has no function \(name) (it has \(package.functionNames))")
         }
         return function
@@ -141,10 +149,10 @@ struct LoadedBundle {
         results += roles.map(embeddedMetadata)
         // Every bundle needs a target, so its properties run (and fail) even when none is listed.
         results += targetProperties()
-        if metadata.assets[ExportMetadata.AssetRole.dflashDrafter] != nil {
+        if metadata.assets[.dflashDrafter] != nil {
             results += dflashDrafterProperties()
         }
-        if metadata.assets[ExportMetadata.AssetRole.ringDrafter] != nil {
+        if metadata.assets[.ringDrafter] != nil {
             results += ringDrafterProperties()
         }
         results += roles.map(states)
@@ -154,9 +162,8 @@ struct LoadedBundle {
 }
 
 extension ExportMetadata {
-    /// Known roles first, in pipeline order, then any others alphabetically.
-    var orderedRoles: [String] {
-        let known = [AssetRole.target, AssetRole.dflashDrafter, AssetRole.ringDrafter]
-        return known.filter { assets[$0] != nil } + assets.keys.filter { !known.contains($0) }.sorted()
+    /// The roles present, in pipeline order.
+    var orderedRoles: [AssetRole] {
+        AssetRole.allCases.filter { assets[$0] != nil }
     }
 }

@@ -23,7 +23,7 @@ public struct ContractReport: Sendable {
     /// Nil when metadata.json declares a schema version this checker cannot decode.
     public var metadata: ExportMetadata?
     /// Role -> interface, for the packages that exist.
-    public var packages: [String: PackageInterface]
+    public var packages: [ExportMetadata.AssetRole: PackageInterface]
     public var results: [PropertyResult]
 
     public var allHold: Bool { results.allSatisfy(\.holds) }
@@ -45,7 +45,7 @@ public enum ContractInputError: Error, Sendable, CustomStringConvertible {
     case exportDirectoryMissing(path: String)
     case metadata(ExportMetadataError)
     /// The package directory exists but cannot be read as a package.
-    case unreadablePackage(role: String, path: String, reason: String)
+    case unreadablePackage(role: ExportMetadata.AssetRole, path: String, reason: String)
 
     public var description: String {
         switch self {

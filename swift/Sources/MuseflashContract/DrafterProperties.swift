@@ -2,8 +2,8 @@ import ExportMetadata
 import MLPackage
 
 extension LoadedBundle {
-    private var dflashRole: String { ExportMetadata.AssetRole.dflashDrafter }
-    private var ringRole: String { ExportMetadata.AssetRole.ringDrafter }
+    private var dflashRole: AssetRole { .dflashDrafter }
+    private var ringRole: AssetRole { .ringDrafter }
 
     func dflashDrafterProperties() -> [PropertyResult] {
         [drafterFunctions(), drafterSharedStates(), injectKVSignature(), draftSignature()]
@@ -16,11 +16,11 @@ extension LoadedBundle {
     func drafterFunctions() -> PropertyResult {
         evaluate("drafter.functions") {
             let names = try package(dflashRole).functionNames
-            let expected = [FunctionName.injectKV, FunctionName.draft]
+            let expected = [FunctionName.injectKV, .draft].map(\.rawValue)
             guard names.sorted() == expected.sorted() else {
                 throw Violation(detail: "functions are \(names); exactly \(expected) are required")
             }
-            return "inject_kv, draft"
+            return expected.joined(separator: ", ")
         }
     }
 
@@ -28,18 +28,20 @@ extension LoadedBundle {
     /// must agree on every state exactly.
     func drafterSharedStates() -> PropertyResult {
         evaluate("drafter.shared_states") {
-            let injectKV = try function(FunctionName.injectKV, of: dflashRole)
-            let draft = try function(FunctionName.draft, of: dflashRole)
+            let injectKV = try function(.injectKV, of: dflashRole)
+            let draft = try function(.draft, of: dflashRole)
             var problems = Problems()
             let injectNames = injectKV.states.map(\.name).sorted()
             let draftNames = draft.states.map(\.name).sorted()
-            problems.require(!injectNames.isEmpty, "inject_kv binds no states")
-            problems.require(injectNames == draftNames, "inject_kv binds \(injectNames) but draft binds \(draftNames)")
+            problems.require(!injectNames.isEmpty, "\(FunctionName.injectKV) binds no states")
+            problems.require(injectNames == draftNames,
+                             "\(FunctionName.injectKV) binds \(injectNames) but \(FunctionName.draft) binds \(draftNames)")
             for state in injectKV.states {
                 guard let other = draft.state(named: state.name) else { continue }
                 problems.require(state.type.multiArray?.shape == other.type.multiArray?.shape,
-                                 "\(state.name) is \(describe(state.type)) in inject_kv but \(describe(other.type)) in draft")
-                for (function, feature) in [("inject_kv", state), ("draft", other)] {
+                                 "\(state.name) is \(describe(state.type)) in \(FunctionName.injectKV) but "
+                                 + "\(describe(other.type)) in \(FunctionName.draft)")
+                for (function, feature) in [(FunctionName.injectKV, state), (.draft, other)] {
                     problems.require(feature.type.multiArray?.dataType == .float16,
                                      "\(state.name) in \(function) is \(describe(feature.type)), not fp16")
                 }
@@ -52,65 +54,73 @@ extension LoadedBundle {
     }
 
     func injectKVSignature() -> PropertyResult {
-        evaluate("drafter.inject_kv_signature") {
+        evaluate("drafter.\(FunctionName.injectKV)_signature") {
             let settings = try speculativeDecoding()
-            let injectKV = try function(FunctionName.injectKV, of: dflashRole)
+            let injectKV = try function(.injectKV, of: dflashRole)
             let width = Int64(settings.drafterHiddenSize)
             var problems = Problems()
-            if let features = injectKV.input(named: FeatureName.features) {
+            let inputs = injectKV.inputs.map(\.name)
+            if let features = injectKV.input(.features) {
                 problems.require(lastDimension(of: features) == width,
-                                 "features is \(describe(features.type)); last dim must be drafter_hidden_size = \(width)")
+                                 "\(InputName.features) is \(describe(features.type)); "
+                                 + "last dim must be drafter_hidden_size = \(width)")
             } else {
-                problems.add("inject_kv has no input features (inputs: \(injectKV.inputs.map(\.name)))")
+                problems.add("\(FunctionName.injectKV) has no input \(InputName.features) (inputs: \(inputs))")
             }
-            problems.require(injectKV.input(named: FeatureName.positionIDs) != nil,
-                             "inject_kv has no input position_ids (inputs: \(injectKV.inputs.map(\.name)))")
-            problems.require(!injectKV.outputs.isEmpty, "inject_kv has no outputs; Core ML programs need one")
-            return try problems.verdict("features[..., \(width)], position_ids -> \(injectKV.outputs.map(\.name))")
+            problems.require(injectKV.input(.positionIDs) != nil,
+                             "\(FunctionName.injectKV) has no input \(InputName.positionIDs) (inputs: \(inputs))")
+            problems.require(!injectKV.outputs.isEmpty, "\(FunctionName.injectKV) has no outputs; Core ML programs need one")
+            return try problems.verdict("\(InputName.features)[..., \(width)], \(InputName.positionIDs) -> "
+                                        + "\(injectKV.outputs.map(\.name))")
         }
     }
 
     func draftSignature() -> PropertyResult {
-        evaluate("drafter.draft_signature") {
+        evaluate("drafter.\(FunctionName.draft)_signature") {
             let settings = try speculativeDecoding()
-            let draft = try function(FunctionName.draft, of: dflashRole)
+            let draft = try function(.draft, of: dflashRole)
             let blockSize = Int64(settings.blockSize)
             let vocab = Int64(metadata.vocabSize)
             var problems = Problems()
-            if let inputIDs = draft.input(named: FeatureName.inputIDs) {
+            if let inputIDs = draft.input(.inputIDs) {
                 let admits = inputIDs.type.multiArray.map { $0.admits(size: blockSize, atAxis: -1) } ?? false
-                problems.require(admits, "input_ids is \(describe(inputIDs.type)); it must admit block_size = \(blockSize) tokens")
+                problems.require(admits, "\(InputName.inputIDs) is \(describe(inputIDs.type)); "
+                                 + "it must admit block_size = \(blockSize) tokens")
             } else {
-                problems.add("draft has no input input_ids (inputs: \(draft.inputs.map(\.name)))")
+                problems.add("\(FunctionName.draft) has no input \(InputName.inputIDs) (inputs: \(draft.inputs.map(\.name)))")
             }
-            problems.require(draft.input(named: FeatureName.positionIDs) != nil,
-                             "draft has no input position_ids (inputs: \(draft.inputs.map(\.name)))")
+            problems.require(draft.input(.positionIDs) != nil,
+                             "\(FunctionName.draft) has no input \(InputName.positionIDs) (inputs: \(draft.inputs.map(\.name)))")
             let expectedShape: [Int64] = [1, blockSize, vocab]
-            if let logits = draft.output(named: FeatureName.logits) {
+            if let logits = draft.output(.logits) {
                 problems.require(logits.type.multiArray?.shape == expectedShape,
-                                 "logits is \(describe(logits.type)); expected [1, block_size, vocab_size] = \(describe(expectedShape))")
+                                 "\(OutputName.logits) is \(describe(logits.type)); "
+                                 + "expected [1, block_size, vocab_size] = \(describe(expectedShape))")
             } else {
-                problems.add("draft has no output logits (outputs: \(draft.outputs.map(\.name)))")
+                problems.add("\(FunctionName.draft) has no output \(OutputName.logits) (outputs: \(draft.outputs.map(\.name)))")
             }
-            return try problems.verdict("input_ids[..., \(blockSize)], position_ids -> logits \(describe(expectedShape))")
+            return try problems.verdict("\(InputName.inputIDs)[..., \(blockSize)], \(InputName.positionIDs) -> "
+                                        + "\(OutputName.logits) \(describe(expectedShape))")
         }
     }
 
     func ringDrafterMainSignature() -> PropertyResult {
-        evaluate("ring_drafter.main_signature") {
-            let main = try function(FunctionName.main, of: ringRole)
+        evaluate("\(ringRole).\(FunctionName.main)_signature") {
+            let main = try function(.main, of: ringRole)
             let vocab = Int64(metadata.vocabSize)
             var problems = Problems()
-            for name in [FeatureName.inputIDs, FeatureName.positionIDs] {
-                problems.require(main.input(named: name) != nil, "main has no input \(name) (inputs: \(main.inputs.map(\.name)))")
+            for name in [InputName.inputIDs, .positionIDs] {
+                problems.require(main.input(name) != nil,
+                                 "\(FunctionName.main) has no input \(name) (inputs: \(main.inputs.map(\.name)))")
             }
-            if let logits = main.output(named: FeatureName.logits) {
+            if let logits = main.output(.logits) {
                 problems.require(lastDimension(of: logits) == vocab,
-                                 "logits is \(describe(logits.type)); last dim must be vocab_size = \(vocab)")
+                                 "\(OutputName.logits) is \(describe(logits.type)); last dim must be vocab_size = \(vocab)")
             } else {
-                problems.add("main has no output logits (outputs: \(main.outputs.map(\.name)))")
+                problems.add("\(FunctionName.main) has no output \(OutputName.logits) (outputs: \(main.outputs.map(\.name)))")
             }
-            return try problems.verdict("input_ids, position_ids -> logits[..., \(vocab)]")
+            return try problems.verdict("\(InputName.inputIDs), \(InputName.positionIDs) -> "
+                                        + "\(OutputName.logits)[..., \(vocab)]")
         }
     }
 }

@@ -15,7 +15,7 @@ extension ContractReport {
         lines.append("  vocab_size \(metadata.vocabSize), context_length \(metadata.contextLength), "
                      + "compute_precision \(metadata.computePrecision)")
         let target = metadata.target
-        let sliding = target.layerTypes.filter { $0 == ExportMetadata.LayerType.slidingAttention }.count
+        let sliding = target.layerTypes.filter { $0 == .slidingAttention }.count
         lines.append("  target: \(target.numHiddenLayers) layers (\(sliding) sliding, "
                      + "\(target.layerTypes.count - sliding) full), hidden \(target.hiddenSize), "
                      + "heads \(target.numAttentionHeads)/\(target.numKeyValueHeads) kv, head_dim \(target.headDim), "

@@ -23,7 +23,7 @@ extension LoadedBundle {
         }
     }
 
-    func embeddedMetadata(_ role: String) -> PropertyResult {
+    func embeddedMetadata(_ role: AssetRole) -> PropertyResult {
         evaluate("\(role).embedded_metadata") {
             let package = try package(role)
             let key = ContractChecker.embeddedMetadataKey

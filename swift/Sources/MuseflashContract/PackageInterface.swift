@@ -1,4 +1,5 @@
 import Foundation
+import ExportMetadata
 import MLPackage
 
 /// What the contract inspects of one package: its functions as the device
@@ -23,8 +24,9 @@ public struct PackageInterface: Sendable, Equatable {
         self.stateCreationFailures = stateCreationFailures
     }
 
-    /// Core ML's name for the function of a package that declares none.
-    public static let singleFunctionName = "main"
+    /// Core ML's name for the function of a package that declares none, which the contract
+    /// also uses for the single-function ring drafter.
+    public static let singleFunctionName = ExportMetadata.FunctionName.main.rawValue
 
     public func function(named name: String) -> FunctionDescription? {
         functions.first { $0.name == name }
@@ -61,4 +63,7 @@ extension FunctionDescription {
     public func input(named name: String) -> FeatureDescription? { inputs.first { $0.name == name } }
     public func output(named name: String) -> FeatureDescription? { outputs.first { $0.name == name } }
     public func state(named name: String) -> FeatureDescription? { states.first { $0.name == name } }
+
+    public func input(_ name: ExportMetadata.InputName) -> FeatureDescription? { input(named: name.rawValue) }
+    public func output(_ name: ExportMetadata.OutputName) -> FeatureDescription? { output(named: name.rawValue) }
 }

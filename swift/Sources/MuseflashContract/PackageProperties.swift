@@ -10,41 +10,40 @@ extension LoadedBundle {
         var headDim: Int?
         var slidingWindow: Int?
         /// State kind -> layer count.
-        var layers: [String: Int] = [:]
+        var layers: [StateKind: Int] = [:]
+        /// Key path of the settings object the values come from.
         var source: String
+        /// Where `layers` comes from, for messages.
+        var layersSource = ""
     }
 
-    private func stateExpectations(for role: String) -> StateExpectations {
+    private func stateExpectations(for role: AssetRole) -> StateExpectations {
         switch role {
-        case ExportMetadata.AssetRole.target:
+        case .target:
             let target = metadata.target
-            let count = { (type: String) in target.layerTypes.filter { $0 == type }.count }
+            let count = { (type: LayerType) in target.layerTypes.filter { $0 == type }.count }
             return StateExpectations(
                 kvHeads: target.numKeyValueHeads, headDim: target.headDim, slidingWindow: target.slidingWindow,
-                layers: [ExportMetadata.StateKind.slidingKV: count(ExportMetadata.LayerType.slidingAttention),
-                         ExportMetadata.StateKind.globalKV: count(ExportMetadata.LayerType.fullAttention)],
-                source: "target")
-        case ExportMetadata.AssetRole.dflashDrafter, ExportMetadata.AssetRole.ringDrafter:
+                layers: [.slidingKV: count(.slidingAttention), .globalKV: count(.fullAttention)],
+                source: "target", layersSource: "the number of matching target.layer_types")
+        case .dflashDrafter, .ringDrafter:
             guard let drafter = metadata.speculativeDecoding?.drafter else {
                 return StateExpectations(source: "speculative_decoding.drafter (absent)")
             }
             return StateExpectations(
                 kvHeads: drafter.numKeyValueHeads, headDim: drafter.headDim, slidingWindow: drafter.slidingWindow,
-                layers: [ExportMetadata.StateKind.slidingKV: drafter.numHiddenLayers,
-                         ExportMetadata.StateKind.globalKV: drafter.numHiddenLayers],
-                source: "speculative_decoding.drafter")
-        default:
-            return StateExpectations(source: "nothing (unknown role)")
+                layers: [.slidingKV: drafter.numHiddenLayers, .globalKV: drafter.numHiddenLayers],
+                source: "speculative_decoding.drafter", layersSource: "speculative_decoding.drafter.num_hidden_layers")
         }
     }
 
-    func states(_ role: String) -> PropertyResult {
+    func states(_ role: AssetRole) -> PropertyResult {
         evaluate("\(role).states") {
             let package = try package(role)
             let entries = metadata.assets[role]?.states ?? []
             let expectations = stateExpectations(for: role)
             var problems = Problems()
-            if expectations.kvHeads == nil, role != ExportMetadata.AssetRole.target,
+            if expectations.kvHeads == nil, role != .target,
                metadata.speculativeDecoding == nil, !entries.isEmpty {
                 problems.add("metadata.json has no speculative_decoding.drafter to check the states against")
             }
@@ -53,13 +52,13 @@ extension LoadedBundle {
                 checkEntry(entry, against: expectations, problems: &problems)
             }
 
-            let expectedNames = entries.map(\.name).sorted()
+            let expectedNames = entries.map(\.name.rawValue).sorted()
             for function in package.functions {
                 let names = function.states.map(\.name).sorted()
                 problems.require(names == expectedNames,
                                  "function \(function.name) binds states \(names) but metadata lists \(expectedNames)")
                 for state in function.states {
-                    guard let entry = entries.first(where: { $0.name == state.name }) else { continue }
+                    guard let entry = entries.first(where: { $0.name.rawValue == state.name }) else { continue }
                     guard case .state(let array?) = state.type else {
                         problems.add("\(function.name).\(state.name) is \(describe(state.type)), not a state array")
                         continue
@@ -90,43 +89,40 @@ extension LoadedBundle {
             problems.require(entry.headDim == headDim, "\(label) head_dim \(entry.headDim) != \(expected.source).head_dim \(headDim)")
         }
         if let layers = expected.layers[entry.kind] {
-            let key = expected.source == "target" ? "the number of matching target.layer_types" : "\(expected.source).num_hidden_layers"
-            problems.require(entry.layers == layers, "\(label) layers \(entry.layers) != \(key) \(layers)")
+            problems.require(entry.layers == layers, "\(label) layers \(entry.layers) != \(expected.layersSource) \(layers)")
         }
         switch entry.kind {
-        case ExportMetadata.StateKind.slidingKV:
+        case .slidingKV:
             if let window = expected.slidingWindow {
                 problems.require(entry.capacity >= window,
                                  "\(label) capacity \(entry.capacity) < \(expected.source).sliding_window \(window)")
             }
-        case ExportMetadata.StateKind.globalKV:
+        case .globalKV:
             problems.require(entry.capacity == metadata.contextLength,
                              "\(label) capacity \(entry.capacity) != context_length \(metadata.contextLength)")
-        default:
-            problems.add("\(label) has kind \(entry.kind), neither global_kv nor sliding_kv")
         }
     }
 
-    func functionMap(_ role: String) -> PropertyResult {
+    func functionMap(_ role: AssetRole) -> PropertyResult {
         evaluate("\(role).function_map") {
             let package = try package(role)
             guard let asset = metadata.assets[role] else { return "no asset" }
             var problems = Problems()
-            problems.require(package.defaultFunctionName == asset.defaultFunction,
+            problems.require(package.defaultFunctionName == asset.defaultFunction.rawValue,
                              "default function is \"\(package.defaultFunctionName)\" but metadata says \"\(asset.defaultFunction)\"")
-            for (name, expected) in asset.functions.sorted(by: { $0.key < $1.key }) {
-                guard let function = package.function(named: name) else {
+            for (name, expected) in asset.functions.sorted(by: { $0.key.rawValue < $1.key.rawValue }) {
+                guard let function = package.function(named: name.rawValue) else {
                     problems.add("metadata lists function \(name) but the package has \(package.functionNames)")
                     continue
                 }
                 let inputs = function.inputs.map(\.name)
                 let outputs = function.outputs.map(\.name)
-                problems.require(inputs.sorted() == expected.inputs.sorted(),
+                problems.require(inputs.sorted() == expected.inputs.map(\.rawValue).sorted(),
                                  "\(name) inputs are \(inputs) but metadata says \(expected.inputs)")
-                problems.require(outputs.sorted() == expected.outputs.sorted(),
+                problems.require(outputs.sorted() == expected.outputs.map(\.rawValue).sorted(),
                                  "\(name) outputs are \(outputs) but metadata says \(expected.outputs)")
             }
-            return try problems.verdict(asset.functions.keys.sorted().joined(separator: ", "))
+            return try problems.verdict(asset.functions.keys.map(\.rawValue).sorted().joined(separator: ", "))
         }
     }
 }

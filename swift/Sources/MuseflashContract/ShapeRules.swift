@@ -30,10 +30,6 @@ extension MultiArrayType {
         return Self.dimension(of: shape, axis: axis)
     }
 
-    var isFlexible: Bool {
-        !(enumeratedShapes ?? []).isEmpty || !(shapeRange ?? []).isEmpty
-    }
-
     private static func index(_ axis: Int, count: Int) -> Int? {
         let index = axis < 0 ? count + axis : axis
         return index >= 0 && index < count ? index : nil

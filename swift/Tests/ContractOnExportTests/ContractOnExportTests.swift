@@ -91,28 +91,48 @@ final class ContractOnExportTests: XCTestCase {
         XCTAssertEqual(report.result(named: "metadata.schema_version")?.holds, true, verdict(report))
     }
 
+    /// Metadata naming a function the package does not have (under another known name).
     func testRenamedFunctionInMetadataIsCaught() throws {
         let copy = try interfaceCopy()
-        var role = ""
+        var role = ExportMetadata.AssetRole.target
         try editMetadata(in: copy) { metadata in
             var assets = try XCTUnwrap(metadata["assets"] as? [String: Any])
-            role = assets["dflash_drafter"] != nil ? "dflash_drafter" : "target"
-            var asset = try XCTUnwrap(assets[role] as? [String: Any])
+            role = assets[ExportMetadata.AssetRole.dflashDrafter.rawValue] != nil ? .dflashDrafter : .target
+            var asset = try XCTUnwrap(assets[role.rawValue] as? [String: Any])
             var functions = try XCTUnwrap(asset["functions"] as? [String: Any])
-            let name = role == "dflash_drafter" ? "draft" : "main"
-            functions[name + "_renamed"] = functions.removeValue(forKey: name)
+            let (name, renamed): (ExportMetadata.FunctionName, ExportMetadata.FunctionName) =
+                role == .dflashDrafter ? (.draft, .main) : (.main, .draft)
+            functions[renamed.rawValue] = functions.removeValue(forKey: name.rawValue)
             asset["functions"] = functions
-            assets[role] = asset
+            assets[role.rawValue] = asset
             metadata["assets"] = assets
         }
         let report = try ContractChecker().check(exportDirectory: copy)
         XCTAssertEqual(report.result(named: "\(role).function_map")?.holds, false, verdict(report))
     }
 
+    /// Enumerated names are closed: an unknown one is unreadable input, naming its key.
+    func testUnknownNameInMetadataIsRefused() throws {
+        let copy = try interfaceCopy()
+        try editMetadata(in: copy) { metadata in
+            var target = try XCTUnwrap((metadata["assets"] as? [String: Any])?["target"] as? [String: Any])
+            target["kind"] = "future_target"
+            var assets = try XCTUnwrap(metadata["assets"] as? [String: Any])
+            assets["target"] = target
+            metadata["assets"] = assets
+        }
+        XCTAssertThrowsError(try ContractChecker().check(exportDirectory: copy)) { error in
+            guard case .metadata(.invalidValue(_, let keyPath, _))? = error as? ContractInputError else {
+                return XCTFail("expected an invalid value, got \(error)")
+            }
+            XCTAssertEqual(keyPath, "assets.target.kind")
+        }
+    }
+
     func testManifestPathLeavingThePackageIsRefused() throws {
         let copy = try interfaceCopy()
         let metadata = try ExportMetadata.load(fromExportDirectory: copy).metadata
-        let target = try XCTUnwrap(metadata.assets["target"])
+        let target = try XCTUnwrap(metadata.assets[.target])
         let manifestURL = copy.appendingPathComponent(target.path).appendingPathComponent("Manifest.json")
         var manifest = try XCTUnwrap(JSONSerialization.jsonObject(with: Data(contentsOf: manifestURL)) as? [String: Any])
         let root = try XCTUnwrap(manifest["rootModelIdentifier"] as? String)
@@ -126,7 +146,7 @@ final class ContractOnExportTests: XCTestCase {
             guard case .unreadablePackage(let role, _, let reason)? = error as? ContractInputError else {
                 return XCTFail("expected unreadablePackage, got \(error)")
             }
-            XCTAssertEqual(role, "target")
+            XCTAssertEqual(role, .target)
             XCTAssertTrue(reason.contains("points outside the package"), reason)
         }
     }

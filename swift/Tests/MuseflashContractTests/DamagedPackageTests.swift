@@ -1,5 +1,6 @@
 import XCTest
 import Foundation
+import ExportMetadata
 import MuseflashContract
 import TestSupport
 
@@ -8,7 +9,7 @@ import TestSupport
 final class DamagedPackageTests: XCTestCase {
     private let export = SyntheticExport.fusedTargetWithDFlashDrafter()
 
-    private func assertUnreadable(_ role: String, mentioning fragment: String,
+    private func assertUnreadable(_ role: ExportMetadata.AssetRole, mentioning fragment: String,
                                   damage: (URL) throws -> Void, file: StaticString = #filePath, line: UInt = #line) throws {
         let error = try ContractAssertions.inputError(export, damage: damage)
         guard case .unreadablePackage(let failedRole, _, let reason)? = error else {
@@ -19,14 +20,14 @@ final class DamagedPackageTests: XCTestCase {
     }
 
     func testMissingManifestIsUnreadableInput() throws {
-        try assertUnreadable("dflash_drafter", mentioning: "Manifest.json is missing") { directory in
+        try assertUnreadable(.dflashDrafter, mentioning: "Manifest.json is missing") { directory in
             try FileManager.default.removeItem(
                 at: ContractAssertions.packageURL(directory, role: "dflash_drafter").appendingPathComponent("Manifest.json"))
         }
     }
 
     func testTruncatedSpecIsUnreadableInput() throws {
-        try assertUnreadable("target", mentioning: "corrupt or truncated") { directory in
+        try assertUnreadable(.target, mentioning: "corrupt or truncated") { directory in
             let model = ContractAssertions.modelURL(directory, role: "target")
             let bytes = try Data(contentsOf: model)
             try bytes.prefix(bytes.count / 2).write(to: model)
@@ -50,7 +51,7 @@ final class DamagedPackageTests: XCTestCase {
     }
 
     func testManifestPathWithParentComponentIsRefused() throws {
-        try assertUnreadable("target", mentioning: "points outside the package") { directory in
+        try assertUnreadable(.target, mentioning: "points outside the package") { directory in
             let manifestURL = ContractAssertions.packageURL(directory, role: "target").appendingPathComponent("Manifest.json")
             var manifest = try XCTUnwrap(JSONSerialization.jsonObject(with: Data(contentsOf: manifestURL)) as? [String: Any])
             let root = try XCTUnwrap(manifest["rootModelIdentifier"] as? String)

@@ -30,14 +30,26 @@ final class ExportMetadataDecodingTests: XCTestCase {
         XCTAssertEqual(metadata.contextLength, 32)
         XCTAssertEqual(metadata.target.layerTypes.count, 4)
         XCTAssertEqual(metadata.target.finalLogitSoftcapping, 30.0)
-        let drafter = try XCTUnwrap(metadata.assets["dflash_drafter"])
-        XCTAssertEqual(drafter.kind, "dflash_drafter")
-        XCTAssertEqual(drafter.defaultFunction, "draft")
-        XCTAssertEqual(drafter.functions["inject_kv"]?.queryLength, 8)
-        XCTAssertEqual(drafter.functions["draft"]?.inputs, ["input_ids", "position_ids"])
+        XCTAssertEqual(metadata.target.layerTypes, [.slidingAttention, .slidingAttention, .slidingAttention, .fullAttention])
+        XCTAssertEqual(Set(metadata.assets.keys), [.target, .dflashDrafter])
+        XCTAssertEqual(metadata.assets[.target]?.kind, .fusedTarget)
+        XCTAssertEqual(metadata.assets[.target]?.functions[.prefill]?.role, .prefill)
+        XCTAssertEqual(metadata.assets[.target]?.functions[.main]?.outputs, [.logits, .drafterFeatures])
+        let drafter = try XCTUnwrap(metadata.assets[.dflashDrafter])
+        XCTAssertEqual(drafter.kind, .dflashDrafter)
+        XCTAssertEqual(drafter.defaultFunction, .draft)
+        XCTAssertEqual(drafter.functions[.injectKV]?.role, .injectKV)
+        XCTAssertEqual(drafter.functions[.injectKV]?.queryLength, 8)
+        XCTAssertEqual(drafter.functions[.injectKV]?.inputs, [.features, .positionIDs])
+        XCTAssertEqual(drafter.functions[.injectKV]?.outputs, [.lastInjectedPosition])
+        XCTAssertEqual(drafter.functions[.draft]?.inputs, [.inputIDs, .positionIDs])
+        XCTAssertEqual(drafter.states.map(\.name), [.slidingKeyCache, .slidingValueCache])
+        XCTAssertEqual(drafter.states.map(\.kind), [.slidingKV, .slidingKV])
+        XCTAssertEqual(drafter.states.map(\.role), [.key, .value])
         XCTAssertEqual(drafter.states.first?.kvHeads, 1)
         XCTAssertEqual(drafter.states.first?.shape, [2, 1, 16, 8])
         let speculative = try XCTUnwrap(metadata.speculativeDecoding)
+        XCTAssertEqual(speculative.drafterKind, .dflash)
         XCTAssertEqual(speculative.blockSize, 4)
         XCTAssertEqual(speculative.targetLayerIds, [1, 2])
         XCTAssertEqual(speculative.drafter.slidingWindow, 8)
@@ -73,6 +85,80 @@ final class ExportMetadataDecodingTests: XCTestCase {
         XCTAssertEqual(keyPath, "assets.target.states[1].kv_heads")
         XCTAssertEqual(expected, "an integer")
         XCTAssertTrue(error!.description.contains("assets.target.states[1].kv_heads"))
+    }
+
+    /// Enumerated names are closed: an unknown one fails decoding, naming its key path.
+    func testUnknownNameIsRejectedNamingItsPath() throws {
+        let cases: [(keyPath: [String], value: Any, reported: String)] = [
+            (["assets", "target", "kind"], "fused", "assets.target.kind"),
+            (["assets", "target", "default_function"], "decode", "assets.target.default_function"),
+            (["assets", "target", "functions", "main", "role"], "verify", "assets.target.functions.main.role"),
+            (["assets", "target", "functions", "main", "inputs"], ["input_ids", "token_ids"],
+             "assets.target.functions.main.inputs[1]"),
+            (["assets", "dflash_drafter", "functions", "inject_kv", "outputs"], ["done"],
+             "assets.dflash_drafter.functions.inject_kv.outputs[0]"),
+            (["speculative_decoding", "drafter_kind"], "eagle", "speculative_decoding.drafter_kind"),
+            (["target", "layer_types"], ["sliding_attention", "linear_attention"], "target.layer_types[1]"),
+            (["assets", "medusa_drafter"], ["path": "medusa.mlpackage"], "assets.medusa_drafter"),
+            (["assets", "target", "functions", "verify"], ["role": "decode"], "assets.target.functions.verify"),
+        ]
+        for (keyPath, value, reported) in cases {
+            let error = try decodingError { $0.setMetadata(keyPath, to: value) }
+            guard case .invalidValue(_, let path, let reason)? = error else {
+                XCTFail("\(reported): \(String(describing: error))")
+                continue
+            }
+            XCTAssertEqual(path, reported)
+            XCTAssertTrue(reason.hasPrefix("unknown "), reason)
+        }
+    }
+
+    func testUnknownStateNamesKindsAndRolesAreRejected() throws {
+        for (key, value) in [("name", "ringCache"), ("kind", "paged_kv"), ("role", "query")] {
+            let error = try decodingError { export in
+                var target = (export.metadata["assets"] as! [String: Any])["target"] as! [String: Any]
+                var states = target["states"] as! [[String: Any]]
+                states[2][key] = value
+                target["states"] = states
+                export.setMetadata(["assets", "target"], to: target)
+            }
+            guard case .invalidValue(_, let path, let reason)? = error else { XCTFail("\(key): \(String(describing: error))"); continue }
+            XCTAssertEqual(path, "assets.target.states[2].\(key)")
+            XCTAssertTrue(reason.contains("\"\(value)\""), reason)
+        }
+    }
+
+    /// Unknown keys of every object with fixed keys are ignored, so a later additive field still
+    /// decodes. (Objects keyed by names, `assets` and `functions`, are closed like the names.)
+    func testUnknownKeysAreIgnoredAtEveryLevel() throws {
+        let plain = try ExportMetadata.decode(from: try metadataData())
+        let extended = try ExportMetadata.decode(from: try metadataData { export in
+            for object in [[], ["generator"], ["target"], ["assets", "target"], ["assets", "dflash_drafter"],
+                           ["assets", "target", "functions", "main"], ["speculative_decoding"],
+                           ["speculative_decoding", "drafter"], ["source"]] {
+                export.setMetadata(object + ["added_later"], to: ["nested": [1, 2]])
+            }
+            var target = (export.metadata["assets"] as! [String: Any])["target"] as! [String: Any]
+            var states = target["states"] as! [[String: Any]]
+            states[0]["added_later"] = true
+            target["states"] = states
+            export.setMetadata(["assets", "target"], to: target)
+        })
+        XCTAssertEqual(extended, plain)
+    }
+
+    /// Encoding gives back the JSON that was decoded (nil optionals are left out).
+    func testEncodingRoundTrips() throws {
+        let data = try metadataData()
+        let encoded = try JSONEncoder().encode(try ExportMetadata.decode(from: data))
+        let decode = { (data: Data) in try JSONDecoder().decode(JSONValue.self, from: data) }
+        XCTAssertEqual(try decode(encoded), try decode(data))
+    }
+
+    func testFractionInAnIntegerFieldIsNamed() throws {
+        let error = try decodingError { $0.setMetadata(["assets", "target", "functions", "main", "query_length"], to: 4.5) }
+        guard case .invalidValue(_, let keyPath, _)? = error else { return XCTFail("\(String(describing: error))") }
+        XCTAssertEqual(keyPath, "assets.target.functions.main.query_length")
     }
 
     func testInvalidJSONIsReported() throws {

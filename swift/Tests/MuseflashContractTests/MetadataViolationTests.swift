@@ -92,8 +92,29 @@ final class MetadataViolationTests: XCTestCase {
     }
 
     func testFunctionIONamesDifferingFromMetadataFailFunctionMap() throws {
-        export.setMetadata(["assets", "dflash_drafter", "functions", "inject_kv", "outputs"], to: ["done"])
+        export.setMetadata(["assets", "dflash_drafter", "functions", "inject_kv", "outputs"], to: ["logits"])
         ContractAssertions.assertFailing(["dflash_drafter.function_map"], in: try report())
+    }
+
+    func testFunctionMissingFromThePackageFailsFunctionMap() throws {
+        let target = try XCTUnwrap((export.metadata["assets"] as? [String: Any])?["target"] as? [String: Any])
+        var functions = try XCTUnwrap(target["functions"] as? [String: Any])
+        functions["draft"] = functions.removeValue(forKey: "prefill")
+        export.setMetadata(["assets", "target", "functions"], to: functions)
+        let report = try report()
+        ContractAssertions.assertFailing(["target.function_map"], in: report)
+        XCTAssertTrue(ContractAssertions.detail("target.function_map", in: report).contains("metadata lists function draft"))
+    }
+
+    /// Names are closed, so an unknown one is unreadable input rather than a verdict.
+    func testUnknownNameInMetadataIsUnreadableInput() throws {
+        export.setMetadata(["assets", "dflash_drafter", "functions", "draft_v2"], to: ["role": "draft"])
+        let error = try ContractAssertions.inputError(export) { _ in }
+        guard case .metadata(.invalidValue(_, let keyPath, let reason))? = error else {
+            return XCTFail("expected an invalid value, got \(String(describing: error))")
+        }
+        XCTAssertEqual(keyPath, "assets.dflash_drafter.functions.draft_v2")
+        XCTAssertTrue(reason.contains("unknown function name \"draft_v2\""), reason)
     }
 
     func testDefaultFunctionDifferingFromMetadataFailsFunctionMap() throws {

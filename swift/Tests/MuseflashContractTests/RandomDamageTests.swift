@@ -1,43 +1,148 @@
 import XCTest
 import Foundation
+import ExportMetadata
 import MuseflashContract
 import TestSupport
 
-/// Flipped bytes anywhere the checker reads must yield a report or a
-/// ContractInputError, never a trap or another kind of error.
+/// Random damage of kinds whose verdict is known, each round asserting the verdict its damage
+/// must produce. The generator is seeded: the seed is printed, and
+/// MUSEFLASH_RANDOM_DAMAGE_SEED=<seed> replays a run.
 final class RandomDamageTests: XCTestCase {
-    private func flipBytes(in file: URL, count: Int, using generator: inout SystemRandomNumberGenerator) throws {
-        var bytes = [UInt8](try Data(contentsOf: file))
-        guard !bytes.isEmpty else { return }
-        for _ in 0..<count {
-            bytes[Int.random(in: 0..<bytes.count, using: &generator)] = UInt8.random(in: 0...255, using: &generator)
+    static let defaultSeed: UInt64 = 0x6D75_7365_666C_6173
+
+    /// SplitMix64: small, seedable and the same on every platform.
+    struct SeededGenerator: RandomNumberGenerator {
+        var state: UInt64
+
+        mutating func next() -> UInt64 {
+            state &+= 0x9E37_79B9_7F4A_7C15
+            var z = state
+            z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+            z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+            return z ^ (z >> 31)
         }
-        try Data(bytes).write(to: file)
     }
 
-    func testFlippedBytesNeverTrap() throws {
+    enum Damage: CaseIterable {
+        /// One byte of metadata.json replaced by another byte.
+        case metadataByte
+        /// One byte of the metadata text embedded in a package's spec replaced by another
+        /// printable character; the spec stays well formed.
+        case embeddedMetadataByte
+        /// Bytes of a weight file replaced; weights are never read.
+        case weightBytes
+        /// A package's Manifest.json cut short.
+        case manifestTruncation
+    }
+
+    private let export = SyntheticExport.fusedTargetWithDFlashDrafter()
+    private let roles: [ExportMetadata.AssetRole] = [.target, .dflashDrafter]
+
+    private static func seed() throws -> UInt64 {
+        guard let text = ProcessInfo.processInfo.environment["MUSEFLASH_RANDOM_DAMAGE_SEED"], !text.isEmpty else {
+            return defaultSeed
+        }
+        let parsed = text.hasPrefix("0x") ? UInt64(text.dropFirst(2), radix: 16) : UInt64(text)
+        return try XCTUnwrap(parsed, "MUSEFLASH_RANDOM_DAMAGE_SEED=\(text) is not a 64-bit unsigned integer")
+    }
+
+    func testRandomDamageYieldsTheVerdictItMust() throws {
+        let seed = try Self.seed()
+        print("RandomDamageTests seed: \(seed) (replay with MUSEFLASH_RANDOM_DAMAGE_SEED=\(seed))")
+        var generator = SeededGenerator(state: seed)
         let pristine = try ScratchDirectory.make()
         defer { ScratchDirectory.remove(pristine) }
-        try SyntheticExport.fusedTargetWithDFlashDrafter().write(to: pristine)
-        let targets = ["metadata.json", "target.mlpackage/Manifest.json",
-                       "target.mlpackage/" + PackageSpec.modelPath, "dflash_drafter.mlpackage/" + PackageSpec.modelPath]
-        var generator = SystemRandomNumberGenerator()
-        var outcomes = (reports: 0, inputErrors: 0)
-        let rounds = 60
-        for round in 0..<rounds {
-            let copy = try ScratchDirectory.make()
-            defer { ScratchDirectory.remove(copy) }
-            let export = copy.appendingPathComponent("export")
-            try FileManager.default.copyItem(at: pristine, to: export)
-            try flipBytes(in: export.appendingPathComponent(targets[round % targets.count]),
-                          count: 1 + round % 4, using: &generator)
-            do {
-                _ = try ContractChecker().check(exportDirectory: export)
-                outcomes.reports += 1
-            } catch is ContractInputError {
-                outcomes.inputErrors += 1
+        try export.write(to: pristine)
+        let embeddedText = Data(try export.metadataText().utf8)
+
+        for round in 0..<48 {
+            let scratch = try ScratchDirectory.make()
+            defer { ScratchDirectory.remove(scratch) }
+            let directory = scratch.appendingPathComponent("export")
+            try FileManager.default.copyItem(at: pristine, to: directory)
+            let damage = Damage.allCases[round % Damage.allCases.count]
+            let role = roles.randomElement(using: &generator)!
+            let label = "seed \(seed) round \(round)"
+
+            switch damage {
+            case .metadataByte:
+                let url = directory.appendingPathComponent(ExportMetadata.fileName)
+                let change = try replaceByte(in: url, range: nil, using: &generator) { old, generator in
+                    old &+ UInt8.random(in: 1...255, using: &generator)
+                }
+                try assertMetadataDamageIsCaught(in: directory, "\(label): metadata.json \(change)")
+            case .embeddedMetadataByte:
+                let url = ContractAssertions.modelURL(directory, role: role.rawValue)
+                let spec = try Data(contentsOf: url)
+                let text = try XCTUnwrap(spec.range(of: embeddedText), "\(label): no embedded metadata in the \(role) spec")
+                let change = try replaceByte(in: url, range: text, using: &generator) { old, generator in
+                    var byte = old
+                    while byte == old { byte = UInt8.random(in: 0x20...0x7E, using: &generator) }
+                    return byte
+                }
+                let report = try ContractChecker().check(exportDirectory: directory)
+                let verdict = "\(label): \(role) embedded metadata \(change)\n" + report.verdictLines.joined(separator: "\n")
+                XCTAssertEqual(report.results.map(\.name), ContractAssertions.dflashBundleProperties, verdict)
+                XCTAssertEqual(report.failures.map(\.name), ["\(role).embedded_metadata"], verdict)
+            case .weightBytes:
+                let url = ContractAssertions.packageURL(directory, role: role.rawValue)
+                    .appendingPathComponent(PackageSpec.weightPath)
+                for _ in 0..<Int.random(in: 1...8, using: &generator) {
+                    _ = try replaceByte(in: url, range: nil, using: &generator) { old, _ in ~old }
+                }
+                let report = try ContractChecker().check(exportDirectory: directory)
+                XCTAssertTrue(report.allHold, "\(label): damaged \(role) weights must not matter\n"
+                              + report.verdictLines.joined(separator: "\n"))
+            case .manifestTruncation:
+                let url = ContractAssertions.packageURL(directory, role: role.rawValue).appendingPathComponent("Manifest.json")
+                let bytes = try Data(contentsOf: url)
+                let length = Int.random(in: 0..<bytes.count, using: &generator)
+                try bytes.prefix(length).write(to: url)
+                do {
+                    let report = try ContractChecker().check(exportDirectory: directory)
+                    XCTFail("\(label): \(role) Manifest.json cut to \(length) bytes gave a report:\n"
+                            + report.verdictLines.joined(separator: "\n"))
+                } catch ContractInputError.unreadablePackage(let failedRole, _, _) {
+                    XCTAssertEqual(failedRole, role, "\(label): \(role) Manifest.json cut to \(length) bytes")
+                } catch {
+                    XCTFail("\(label): \(role) Manifest.json cut to \(length) bytes: unexpected \(error)")
+                }
             }
         }
-        XCTAssertEqual(outcomes.reports + outcomes.inputErrors, rounds)
+    }
+
+    /// Replaces one byte at a random offset (within `range` if given) by `replacement(old)`
+    /// and says what it did.
+    private func replaceByte(in url: URL, range: Range<Data.Index>?, using generator: inout SeededGenerator,
+                             _ replacement: (UInt8, inout SeededGenerator) -> UInt8) throws -> String {
+        var bytes = try Data(contentsOf: url)
+        let offset = Int.random(in: range ?? bytes.startIndex..<bytes.endIndex, using: &generator)
+        let old = bytes[offset]
+        let new = replacement(old, &generator)
+        XCTAssertNotEqual(old, new)
+        bytes[offset] = new
+        try bytes.write(to: url)
+        return "byte \(offset) \(old) -> \(new)"
+    }
+
+    /// metadata.json no longer equals the text every package embeds, so the checker must refuse
+    /// it as input, report only an unknown schema version, or fail every embedded_metadata.
+    private func assertMetadataDamageIsCaught(in directory: URL, _ label: String) throws {
+        let report: ContractReport
+        do {
+            report = try ContractChecker().check(exportDirectory: directory)
+        } catch let error as ContractInputError {
+            guard case .metadata = error else { return XCTFail("\(label): unexpected input error \(error)") }
+            return
+        }
+        let verdict = "\(label)\n" + report.verdictLines.joined(separator: "\n")
+        if report.metadata == nil {
+            XCTAssertEqual(report.results.map(\.name), ["metadata.schema_version"], verdict)
+            XCTAssertFalse(report.allHold, verdict)
+            return
+        }
+        for role in roles {
+            XCTAssertEqual(report.result(named: "\(role).embedded_metadata")?.holds, false, verdict)
+        }
     }
 }

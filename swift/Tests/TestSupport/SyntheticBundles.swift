@@ -55,7 +55,7 @@ extension SyntheticExport {
             name: "inject_kv",
             inputs: [T("features", [1, Size.prefillChunk, Size.drafterHidden], T.float16),
                      T("position_ids", [Size.prefillChunk], T.int32)],
-            outputs: [T("last_position", [1], T.int32)], states: drafterStates)
+            outputs: [T("last_injected_position", [1], T.int32)], states: drafterStates)
         let draft = FunctionSpec(name: "draft", inputs: tokenInputs(Size.blockSize),
                                  outputs: [T("logits", [1, Size.blockSize, Size.vocab], T.float16)], states: drafterStates)
         return PackageSpec(path: "dflash_drafter.mlpackage", functions: [injectKV, draft], isMultiFunction: true,

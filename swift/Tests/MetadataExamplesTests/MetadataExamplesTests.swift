@@ -1,0 +1,129 @@
+import XCTest
+import Foundation
+import ExportMetadata
+
+/// The Swift reader against the golden examples the Python side writes in the same build
+/// (//python:metadata_examples, from python/museflash/bundle.py), so a field renamed, retyped or
+/// dropped on either side fails here. MUSEFLASH_METADATA_EXAMPLES names the file; missing it is a
+/// failure, not a skip. SwiftPM: `bazel build //python:metadata_examples`, then
+/// `MUSEFLASH_METADATA_EXAMPLES=$PWD/../bazel-bin/python/metadata_examples.json swift test --filter MetadataExamplesTests`.
+final class MetadataExamplesTests: XCTestCase {
+    struct Examples: Decodable {
+        var supportedSchemaVersions: [Int]
+        var valid: [Example]
+        var forwardCompatible: [Example]
+        var invalid: [Example]
+
+        enum CodingKeys: String, CodingKey {
+            case supportedSchemaVersions = "supported_schema_versions"
+            case valid
+            case forwardCompatible = "forward_compatible"
+            case invalid
+        }
+    }
+
+    struct Example: Decodable {
+        var name: String
+        var metadata: JSONValue
+        /// forward_compatible: the valid example this one extends.
+        var base: String?
+        /// invalid: why a reader must reject it.
+        var reason: String?
+    }
+
+    private struct ExamplesUnavailable: Error, CustomStringConvertible {
+        var description: String
+    }
+
+    private func examples() throws -> Examples {
+        let variable = "MUSEFLASH_METADATA_EXAMPLES"
+        guard let path = ProcessInfo.processInfo.environment[variable], !path.isEmpty else {
+            throw ExamplesUnavailable(description: "\(variable) is required: set it to the metadata_examples.json "
+                                      + "that //python:metadata_examples builds")
+        }
+        let url = path.hasPrefix("/") ? URL(fileURLWithPath: path)
+            : URL(fileURLWithPath: FileManager.default.currentDirectoryPath).appendingPathComponent(path)
+        let examples = try JSONDecoder().decode(Examples.self, from: Data(contentsOf: url))
+        for (list, entries) in [("valid", examples.valid), ("forward_compatible", examples.forwardCompatible),
+                                ("invalid", examples.invalid)] where entries.isEmpty {
+            throw ExamplesUnavailable(description: "\(path) has no \(list) examples")
+        }
+        return examples
+    }
+
+    /// The example as the bytes a reader would get from metadata.json.
+    private func text(of example: Example) throws -> Data {
+        try JSONEncoder().encode(example.metadata)
+    }
+
+    /// Swift leaves nil optionals out where Python writes null; both mean the same.
+    private func withoutNulls(_ value: JSONValue) -> JSONValue {
+        switch value {
+        case .object(let members): return .object(members.filter { $0.value != .null }.mapValues(withoutNulls))
+        case .array(let values): return .array(values.map(withoutNulls))
+        default: return value
+        }
+    }
+
+    func testSupportedSchemaVersionsAgree() throws {
+        XCTAssertEqual(try examples().supportedSchemaVersions, ExportMetadata.supportedSchemaVersions)
+    }
+
+    /// Every valid example decodes, and encoding it again gives the same JSON: every field the
+    /// exporter writes is read under the same name, with nothing left over.
+    func testValidExamplesDecodeAndRoundTrip() throws {
+        for example in try examples().valid {
+            let metadata: ExportMetadata
+            do {
+                metadata = try ExportMetadata.decode(from: try text(of: example), path: example.name)
+            } catch {
+                XCTFail("valid example \(example.name) does not decode: \(error)")
+                continue
+            }
+            XCTAssertTrue(metadata.isSchemaVersionSupported, "valid example \(example.name)")
+            let encoded = try JSONDecoder().decode(JSONValue.self, from: try JSONEncoder().encode(metadata))
+            let (expected, actual) = (withoutNulls(example.metadata), withoutNulls(encoded))
+            XCTAssertEqual(actual, expected, "valid example \(example.name) does not round-trip "
+                           + "(first: example, second: Swift): " + expected.differences(from: actual).joined(separator: "; "))
+        }
+    }
+
+    /// Keys a reader does not know are ignored at every level.
+    func testForwardCompatibleExamplesDecodeLikeTheirBase() throws {
+        let examples = try examples()
+        for example in examples.forwardCompatible {
+            guard let baseName = example.base, let base = examples.valid.first(where: { $0.name == baseName }) else {
+                XCTFail("forward_compatible example \(example.name) names no valid base (\(example.base ?? "none"))")
+                continue
+            }
+            XCTAssertNotEqual(example.metadata, base.metadata, "forward_compatible example \(example.name) adds nothing")
+            do {
+                let decoded = try ExportMetadata.decode(from: try text(of: example), path: example.name)
+                let decodedBase = try ExportMetadata.decode(from: try text(of: base), path: baseName)
+                if decoded != decodedBase {
+                    let json = { (metadata: ExportMetadata) in
+                        try JSONDecoder().decode(JSONValue.self, from: try JSONEncoder().encode(metadata))
+                    }
+                    XCTFail("forward_compatible example \(example.name) decodes unlike \(baseName) (first: base): "
+                            + (try json(decodedBase)).differences(from: try json(decoded)).joined(separator: "; "))
+                }
+            } catch {
+                XCTFail("forward_compatible example \(example.name) or its base does not decode: \(error)")
+            }
+        }
+    }
+
+    /// Every invalid example fails to decode or declares a schema version this reader rejects.
+    func testInvalidExamplesAreRejected() throws {
+        for example in try examples().invalid {
+            let reason = example.reason ?? "no reason given"
+            do {
+                let metadata = try ExportMetadata.decode(from: try text(of: example), path: example.name)
+                XCTAssertFalse(metadata.isSchemaVersionSupported,
+                               "invalid example \(example.name) was accepted; it must not be because: \(reason)")
+            } catch let error as ExportMetadataError {
+                print("invalid example \(example.name) (\(reason)) rejected: \(error)")
+            }
+        }
+    }
+}
