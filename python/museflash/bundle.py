@@ -13,6 +13,7 @@ Compatibility rules, stated in the schema and honoured by both readers:
   older reader still reads a newer exporter's bundle of the same version.
 - Enumerated names (asset roles and kinds, function roles, state kinds, ...) are closed: an
   unknown value is an error, since a reader cannot drive what it does not know.
+- Optional values are written as null; readers also accept them absent.
 
 This module imports nothing from the rest of museflash (and no torch or coremltools).
 """
@@ -304,10 +305,6 @@ class Metadata:
             raise BundleError(f"{path}: {error}") from error
 
 
-def read_metadata(export_dir: str | Path) -> Metadata:
-    return Metadata.read(export_dir)
-
-
 # --- Encoding and decoding, driven by the type hints -----------------------------------------
 
 
@@ -354,9 +351,9 @@ def _decode(hint: Any, raw: Any, where: str) -> Any:
         hints = _hints(hint)
         values = {}
         for f in dataclasses.fields(hint):
-            if f.name not in raw:
+            if f.name not in raw and _optional(hints[f.name]) is None:
                 raise BundleError(f"{where}: missing key {f.name!r}")
-            values[f.name] = _decode(hints[f.name], raw[f.name], f"{where}.{f.name}")
+            values[f.name] = _decode(hints[f.name], raw.get(f.name), f"{where}.{f.name}")
         return hint(**values)  # keys this reader does not know are ignored
     if origin is list:
         if not isinstance(raw, list):
@@ -413,7 +410,8 @@ def json_schema() -> dict[str, Any]:
         f"{schema['description']} Generated from python/museflash/bundle.py: do not edit. "
         "Compatibility: schema_version is the major version and readers reject one they do "
         "not know; within a version fields may be added and readers ignore object keys they "
-        "do not know (additionalProperties is true); enumerated names are closed.")
+        "do not know (additionalProperties is true); enumerated names are closed; optional values "
+        "are written as null and may also be absent.")
     schema["properties"]["schema_version"] = {
         "description": schema["properties"]["schema_version"]["description"],
         "enum": list(SUPPORTED_SCHEMA_VERSIONS)}
@@ -442,7 +440,8 @@ def _schema_of(hint: Any, definitions: dict[str, Any]) -> dict[str, Any]:
                 definition["description"] = " ".join(hint.__doc__.split())
             definition.update({
                 "properties": properties,
-                "required": [f.name for f in dataclasses.fields(hint)],
+                "required": [f.name for f in dataclasses.fields(hint)
+                             if _optional(hints[f.name]) is None],
                 "additionalProperties": True,
             })
             definitions[name] = definition
@@ -466,3 +465,13 @@ def _schema_of(hint: Any, definitions: dict[str, Any]) -> dict[str, Any]:
 
 def schema_text() -> str:
     return json.dumps(json_schema(), indent=2) + "\n"
+
+
+def schema_errors(raw: Any) -> list[str]:
+    """Where `raw` breaks the JSON Schema, one line each (empty when it conforms)."""
+    import jsonschema
+
+    validator = jsonschema.Draft202012Validator(json_schema())
+    errors = sorted(validator.iter_errors(raw), key=lambda e: [str(p) for p in e.absolute_path])
+    return [f"{'.'.join(str(p) for p in e.absolute_path) or '(top level)'}: {e.message}"
+            for e in errors]

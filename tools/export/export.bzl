@@ -6,10 +6,11 @@ the demo checkpoint re-exports and re-checks; nothing is exported by hand.
 
 def _museflash_export_impl(ctx):
     bundle = ctx.actions.declare_directory(ctx.label.name)
-    # coremltools prints progress bars for every pass; show them only when the export fails.
+    # coremltools prints progress bars for every pass; show them only when the export fails
+    # (--verbose: this action keeps the whole output in its own log instead of the exporter).
     ctx.actions.run_shell(
         command = 'log="$(mktemp)"; "$@" >"$log" 2>&1 || { status=$?; cat "$log" >&2; exit $status; }',
-        arguments = [ctx.executable.exporter.path, "--output-dir=" + bundle.path, "--overwrite"] +
+        arguments = [ctx.executable.exporter.path, "--output-dir=" + bundle.path, "--overwrite", "--verbose"] +
                     ctx.attr.export_args,
         tools = [ctx.attr.exporter[DefaultInfo].files_to_run],
         outputs = [bundle],

@@ -31,7 +31,7 @@ def _python_venv_impl(rctx):
     lock = rctx.path(rctx.attr.lock)
 
     # Reading the lock makes its content part of this repository's identity.
-    lock_text = rctx.read(rctx.attr.lock)
+    rctx.read(rctx.attr.lock)
     python = _find_python(rctx)
 
     created = rctx.execute([python, "-m", "venv", "--clear", "venv"], quiet = True)
@@ -100,7 +100,6 @@ toolchain(
     toolchain_type = "@bazel_tools//tools/python:toolchain_type",
 )
 """.format(interpreter = str(rctx.path("python3"))))
-    rctx.file("lock.sha", str(hash(lock_text)))
 
 python_venv = repository_rule(
     implementation = _python_venv_impl,

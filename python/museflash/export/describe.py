@@ -25,7 +25,9 @@ from museflash.bundle import (
     State,
     StateName,
     TargetSettings,
+    schema_errors,
 )
+from museflash.export.options import ExportError
 from museflash.export.plan import ExportPlan, PackagePlan
 from museflash.models.muse_glimmer import MuseGlimmerConfig
 
@@ -67,7 +69,8 @@ def target_settings(cfg: MuseGlimmerConfig) -> TargetSettings:
 
 def bundle_metadata(plan: ExportPlan, modules: dict[str, torch.nn.Module], source: Source,
                     context_length: int, model_name: str | None) -> Metadata:
-    return Metadata(
+    """The bundle's metadata, checked against the JSON Schema every reader relies on."""
+    metadata = Metadata(
         schema_version=SCHEMA_VERSION,
         generator=Generator(name="museflash", version=__version__),
         model_name=model_name or default_model_name(source),
@@ -79,6 +82,11 @@ def bundle_metadata(plan: ExportPlan, modules: dict[str, torch.nn.Module], sourc
         speculative_decoding=plan.spec,
         source=source,
     )
+    problems = schema_errors(metadata.to_json())
+    if problems:
+        raise ExportError(f"the export's own metadata breaks docs/metadata.schema.json at "
+                          f"{problems[0]}; this is a museflash bug, please report it")
+    return metadata
 
 
 def default_model_name(source: Source) -> str:

@@ -605,10 +605,6 @@ class Interpreter:
             else:
                 self.constants[var.name] = np.asarray(value).astype(_numpy_dtype(var.dtype))
 
-    @property
-    def op_types(self) -> set[str]:
-        return {op.op_type for op in self._ops}
-
     def run(
         self, inputs: Mapping[str, np.ndarray], states: Mapping[str, np.ndarray] | None = None
     ) -> dict[str, np.ndarray]:

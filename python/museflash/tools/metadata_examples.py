@@ -1,0 +1,145 @@
+"""Golden metadata.json examples for both readers of the bundle contract.
+
+  python -m museflash.tools.metadata_examples OUTPUT.json
+
+`valid` holds the metadata the exporter writes for each kind of export (made by the exporter's
+own plan, load and describe stages on the demo checkpoints, without converting anything);
+`forward_compatible` the same with keys a later exporter of the same schema version might add
+(and one without its null optional values, which readers accept absent);
+`invalid` what a reader must refuse. Built by `//python:metadata_examples` and read by the
+Swift decoder's tests and by tests/python/test_bundle.py, so a field changed on one side fails
+the other side's test.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from museflash.bundle import SUPPORTED_SCHEMA_VERSIONS, Metadata, Source
+
+# name -> export flags
+EXPORT_KINDS: dict[str, dict[str, bool]] = {
+    "dflash": {"fused_target": True, "dflash_drafter": True},
+    "ring": {"with_drafter": True},
+    "fused_target_only": {"fused_target": True},
+    "target_only": {},
+}
+
+
+def exported_metadata() -> dict[str, Metadata]:
+    """The metadata the exporter writes for each of EXPORT_KINDS (demo pair, default knobs)."""
+    from museflash.checkpoint import PlaceholderWeights
+    from museflash.demo_checkpoint import write_demo_checkpoints
+    from museflash.export.describe import bundle_metadata
+    from museflash.export.options import ExportOptions
+    from museflash.export.plan import load_modules, plan_export
+    from museflash.export.progress import Progress
+
+    examples = {}
+    with tempfile.TemporaryDirectory(prefix="museflash-examples-") as scratch:
+        target_dir, drafter_dir = write_demo_checkpoints(scratch)
+        for name, flags in EXPORT_KINDS.items():
+            options = ExportOptions(output_dir=Path(scratch) / name, **flags)
+            drafter = drafter_dir if options.wants_drafter else None
+            plan = plan_export(options, target_dir, drafter)
+            modules = load_modules(options, plan, Progress(echo=lambda _line: None),
+                                   PlaceholderWeights())
+            source = Source(checkpoint="/checkpoints/muse-glimmer-demo",
+                            drafter_checkpoint="/checkpoints/demo-drafter" if drafter else None)
+            examples[name] = bundle_metadata(plan, modules, source, options.max_context_length,
+                                             None)
+    return examples
+
+
+def _with_unknown_keys(raw: dict[str, Any]) -> dict[str, Any]:
+    grown = copy.deepcopy(raw)
+    grown["added_in_a_later_exporter"] = {"anything": [1, 2.5, None, "x"]}
+    grown["target"]["new_setting"] = 3
+    for asset in grown["assets"].values():
+        asset["new_asset_field"] = "value"
+        for function in asset["functions"].values():
+            function["new_function_field"] = True
+        for state in asset["states"]:
+            state["new_state_field"] = [0]
+    if grown.get("speculative_decoding"):
+        grown["speculative_decoding"]["new_spec_field"] = None
+        grown["speculative_decoding"]["drafter"]["new_drafter_field"] = 1
+    grown["source"]["revision"] = "abc123"
+    return grown
+
+
+def _without_null_values(raw: dict[str, Any]) -> dict[str, Any]:
+    """Optional values may be absent as well as null."""
+    if isinstance(raw, dict):
+        return {k: _without_null_values(v) for k, v in raw.items() if v is not None}
+    if isinstance(raw, list):
+        return [_without_null_values(v) for v in raw]
+    return raw
+
+
+def _invalid(base: dict[str, Any]) -> list[dict[str, Any]]:
+    def changed(edit) -> dict[str, Any]:
+        raw = copy.deepcopy(base)
+        edit(raw)
+        return raw
+
+    target = base["assets"]["target"]
+    first_state = 0
+    return [
+        {"name": "unsupported_schema_version", "reason": "a schema version the reader does "
+         "not know", "metadata": changed(lambda r: r.update(
+             schema_version=max(SUPPORTED_SCHEMA_VERSIONS) + 1))},
+        {"name": "missing_vocab_size", "reason": "a required key is absent",
+         "metadata": changed(lambda r: r.pop("vocab_size"))},
+        {"name": "missing_state_capacity", "reason": "a required nested key is absent",
+         "metadata": changed(lambda r: r["assets"]["target"]["states"][first_state]
+                             .pop("capacity"))},
+        {"name": "context_length_is_a_string", "reason": "a value of the wrong type",
+         "metadata": changed(lambda r: r.update(context_length=str(r["context_length"])))},
+        {"name": "query_length_is_fractional", "reason": "an integer field holds a fraction",
+         "metadata": changed(lambda r: r["assets"]["target"]["functions"]["main"].update(
+             query_length=target["functions"]["main"]["query_length"] + 0.5))},
+        {"name": "unknown_asset_kind", "reason": "an enumerated name the contract does not "
+         "have", "metadata": changed(lambda r: r["assets"]["target"].update(kind="turbo"))},
+        {"name": "unknown_drafter_kind", "reason": "an enumerated name the contract does not "
+         "have", "metadata": changed(lambda r: r["speculative_decoding"].update(
+             drafter_kind="medusa"))},
+        {"name": "unknown_state_kind", "reason": "an enumerated name the contract does not "
+         "have", "metadata": changed(lambda r: r["assets"]["target"]["states"][first_state]
+                                     .update(kind="paged_kv"))},
+        {"name": "unknown_asset_role", "reason": "an asset role the contract does not have",
+         "metadata": changed(lambda r: r["assets"].update(vision=r["assets"]["target"]))},
+        {"name": "not_an_object", "reason": "metadata must be a JSON object",
+         "metadata": [base]},
+    ]
+
+
+def examples() -> dict[str, Any]:
+    valid = {name: metadata.to_json() for name, metadata in exported_metadata().items()}
+    return {
+        "supported_schema_versions": list(SUPPORTED_SCHEMA_VERSIONS),
+        "valid": [{"name": name, "metadata": raw} for name, raw in valid.items()],
+        "forward_compatible": [{"name": f"{name}_with_unknown_keys", "base": name,
+                                "metadata": _with_unknown_keys(raw)}
+                               for name, raw in valid.items()] + [
+            {"name": "target_only_without_its_null_values", "base": "target_only",
+             "metadata": _without_null_values(valid["target_only"])}],
+        "invalid": _invalid(valid["dflash"]),
+    }
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print("usage: python -m museflash.tools.metadata_examples OUTPUT.json", file=sys.stderr)
+        return 2
+    Path(argv[1]).write_text(json.dumps(examples(), indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,131 @@
+"""The bundle contract (museflash.bundle): its schema, its decoder and the golden examples that
+the Swift reader is tested against too."""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from museflash import bundle
+from museflash.bundle import (
+    AssetRole,
+    BundleError,
+    DrafterKind,
+    FunctionName,
+    Metadata,
+    StateKind,
+    StateName,
+    schema_errors,
+    schema_text,
+)
+
+CHECKED_IN_SCHEMA = Path(os.environ.get("MUSEFLASH_METADATA_SCHEMA", "docs/metadata.schema.json"))
+EXAMPLES = Path(os.environ.get("MUSEFLASH_METADATA_EXAMPLES", "python/metadata_examples.json"))
+
+
+@pytest.fixture(scope="module")
+def examples():
+    return json.loads(EXAMPLES.read_text())
+
+
+def test_the_checked_in_schema_is_the_generated_one():
+    assert CHECKED_IN_SCHEMA.read_text() == schema_text(), (
+        "docs/metadata.schema.json is stale: run ./bazelw run //:metadata_schema")
+
+
+def test_the_schema_states_the_compatibility_rules():
+    schema = bundle.json_schema()
+    assert schema["properties"]["schema_version"]["enum"] == list(
+        bundle.SUPPORTED_SCHEMA_VERSIONS)
+    objects = [schema] + [d for d in schema["$defs"].values() if d.get("type") == "object"]
+    assert all(o["additionalProperties"] is True for o in objects)
+    assert schema["$defs"]["SpeculativeDecoding"]["properties"]["drafter_kind"]["enum"] == [
+        k.value for k in DrafterKind]
+
+
+def test_every_valid_example_conforms_decodes_and_round_trips(examples):
+    assert {e["name"] for e in examples["valid"]} == {"dflash", "ring", "fused_target_only",
+                                                      "target_only"}
+    for example in examples["valid"]:
+        raw = example["metadata"]
+        assert schema_errors(raw) == [], example["name"]
+        assert Metadata.from_json(raw).to_json() == raw, example["name"]
+
+
+def test_the_examples_are_what_the_exporter_writes_for_each_kind(examples):
+    by_name = {e["name"]: Metadata.from_json(e["metadata"]) for e in examples["valid"]}
+    dflash = by_name["dflash"]
+    assert set(dflash.assets) == {AssetRole.TARGET, AssetRole.DFLASH_DRAFTER}
+    assert set(dflash.asset(AssetRole.DFLASH_DRAFTER).functions) == {FunctionName.INJECT_KV,
+                                                                     FunctionName.DRAFT}
+    assert dflash.speculative_decoding.drafter_kind == DrafterKind.DFLASH
+    assert by_name["ring"].drafter_role == AssetRole.RING_DRAFTER
+    assert by_name["target_only"].speculative_decoding is None
+    assert by_name["target_only"].source.drafter_checkpoint is None
+    states = dflash.asset(AssetRole.TARGET).states
+    assert [s.name for s in states] == list(bundle.TARGET_STATES)
+    assert {s.name: s.kind for s in states}[StateName.SLIDING_KEY_CACHE] == StateKind.SLIDING_KV
+
+
+def test_unknown_keys_and_absent_optional_values_are_accepted(examples):
+    bases = {e["name"]: e["metadata"] for e in examples["valid"]}
+    assert len(examples["forward_compatible"]) == len(bases) + 1
+    for example in examples["forward_compatible"]:
+        assert schema_errors(example["metadata"]) == [], example["name"]
+        assert Metadata.from_json(example["metadata"]) == Metadata.from_json(
+            bases[example["base"]])
+
+
+def test_every_invalid_example_is_refused_by_the_schema_and_the_decoder(examples):
+    assert len(examples["invalid"]) >= 8
+    for example in examples["invalid"]:
+        assert schema_errors(example["metadata"]), example["name"]
+        with pytest.raises(BundleError):
+            Metadata.from_json(example["metadata"])
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda r: r.update(schema_version=2), r"schema_version 2 is not supported"),
+    (lambda r: r["assets"]["target"]["functions"]["main"].pop("inputs"),
+     r"metadata\.assets\.target\.functions\.main: missing key 'inputs'"),
+    (lambda r: r["assets"]["target"]["states"][1].update(layers="2"),
+     r"metadata\.assets\.target\.states\[1\]\.layers: expected an integer, got string"),
+    (lambda r: r["speculative_decoding"].update(shared_embeddings=1),
+     r"shared_embeddings: expected a boolean, got integer"),
+    (lambda r: r["assets"]["target"].update(kind="turbo"),
+     r"metadata\.assets\.target\.kind: 'turbo' is not one of"),
+])
+def test_decoding_errors_name_the_place(examples, edit, message):
+    raw = json.loads(json.dumps(examples["valid"][0]["metadata"]))
+    edit(raw)
+    with pytest.raises(BundleError, match=message):
+        Metadata.from_json(raw)
+
+
+def test_read_names_the_file_when_the_metadata_is_missing_or_broken(tmp_path, examples):
+    with pytest.raises(BundleError, match="metadata.json not found"):
+        Metadata.read(tmp_path)
+    (tmp_path / bundle.METADATA_FILE).write_text("{")
+    with pytest.raises(BundleError, match="is not valid JSON"):
+        Metadata.read(tmp_path)
+    raw = examples["valid"][0]["metadata"]
+    (tmp_path / bundle.METADATA_FILE).write_text(json.dumps(raw))
+    assert Metadata.read(tmp_path).to_json() == raw
+
+
+def test_asset_and_function_lookups_say_what_exists(examples):
+    metadata = Metadata.from_json(next(e["metadata"] for e in examples["valid"]
+                                       if e["name"] == "target_only"))
+    with pytest.raises(BundleError, match=r"no dflash_drafter asset \(assets: \['target'\]\)"):
+        metadata.asset(AssetRole.DFLASH_DRAFTER)
+    with pytest.raises(BundleError, match="no function draft"):
+        metadata.asset(AssetRole.TARGET).function(FunctionName.DRAFT)
+
+
+def test_names_are_spelled_as_in_the_bundle():
+    assert AssetRole.DFLASH_DRAFTER.package == "dflash_drafter.mlpackage"
+    assert f"{StateName.GLOBAL_VALUE_CACHE}" == "globalValueCache"
+    assert StateName.GLOBAL_VALUE_CACHE.kind == StateKind.GLOBAL_KV
+    assert StateName.SLIDING_KEY_CACHE.role == bundle.StateRole.KEY
+    assert {"main": 1}[FunctionName.MAIN] == 1  # str-valued: usable wherever a name is
