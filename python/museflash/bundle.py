@@ -41,6 +41,10 @@ COMPUTE_PRECISION = "float16"
 STATE_DTYPE = "float16"
 
 # Inside a .mlpackage.
+# Tokenizer files (Hugging Face layout) copied from the target checkpoint when present.
+TOKENIZER_FILE = "tokenizer.json"
+TOKENIZER_FILES = (TOKENIZER_FILE, "tokenizer_config.json", "special_tokens_map.json")
+
 PACKAGE_SUFFIX = ".mlpackage"
 PACKAGE_DATA_DIR = Path("Data") / "com.apple.CoreML"
 PACKAGE_SPEC = PACKAGE_DATA_DIR / "model.mlmodel"
@@ -241,6 +245,16 @@ class Source:
 
 
 @dataclass(frozen=True)
+class Tokenizer:
+    """The target checkpoint's tokenizer, copied into the export (Hugging Face layout)."""
+    files: list[str] = _doc("relative to the export directory; `tokenizer.json` first")
+    vocab_size: int = _doc("ids the tokenizer can produce, added tokens included; equals the "
+                           "bundle's vocab_size")
+    special_tokens: dict[str, int] = _doc("special token text -> id (the drafter's "
+                                          "mask_token_id is one of them)")
+
+
+@dataclass(frozen=True)
 class Metadata:
     """`metadata.json`: the bundle's description for the app that loads it."""
     schema_version: int = _doc("major version of this contract; readers reject one they do not "
@@ -254,6 +268,7 @@ class Metadata:
     assets: dict[AssetRole, Asset]
     speculative_decoding: SpeculativeDecoding | None = _doc("null without a drafter")
     source: Source
+    tokenizer: Tokenizer | None = _doc("null when the target checkpoint has no tokenizer.json")
 
     def asset(self, role: AssetRole) -> Asset:
         if role not in self.assets:

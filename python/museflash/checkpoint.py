@@ -21,6 +21,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
+from museflash.bundle import TOKENIZER_FILE, TOKENIZER_FILES, Tokenizer
 from museflash.models.base import RotaryTables
 from museflash.models.dflash import (
     DFlashConfig,
@@ -447,21 +448,55 @@ def read_target_config(target_dir: Path) -> MuseGlimmerConfig:
     return config
 
 
+def read_tokenizer(target_dir: Path, vocab_size: int,
+                   mask_token_id: int | None = None) -> Tokenizer | None:
+    """The checkpoint's Hugging Face tokenizer files, when it has a tokenizer.json: its
+    vocabulary must be the model's, and the drafter's mask token one of its special tokens."""
+    target_dir = Path(target_dir)
+    path = target_dir / TOKENIZER_FILE
+    if not path.is_file():
+        return None
+    from tokenizers import Tokenizer as HFTokenizer
+
+    try:
+        tokenizer = HFTokenizer.from_file(str(path))
+        added = json.loads(path.read_text()).get("added_tokens") or []
+    except Exception as error:  # noqa: BLE001 - the library raises plain Exceptions
+        raise CheckpointError(f"{path}: not a tokenizer the tokenizers library reads "
+                              f"({error})") from error
+    size = tokenizer.get_vocab_size(with_added_tokens=True)
+    if size != vocab_size:
+        raise CheckpointError(
+            f"{path}: the tokenizer has {size} tokens but config.json's vocab_size is "
+            f"{vocab_size}; the bundle's logits are indexed by token id, so they must agree")
+    special = {t["content"]: int(t["id"]) for t in added if t.get("special")}
+    if mask_token_id is not None and mask_token_id not in special.values():
+        raise CheckpointError(
+            f"{path}: the drafter's mask_token_id {mask_token_id} is not one of the "
+            f"tokenizer's special tokens {sorted(special.values())}; add it as a special token")
+    files = [name for name in TOKENIZER_FILES if (target_dir / name).is_file()]
+    return Tokenizer(files=files, vocab_size=size, special_tokens=special)
+
+
 @dataclass(frozen=True)
 class CheckedConfigs:
     target: MuseGlimmerConfig
     drafter: DFlashConfig | None = None
     drafter_raw: dict[str, Any] | None = None
+    tokenizer: Tokenizer | None = None
 
 
 def check_configs(target_dir: Path, drafter_dir: Path | None = None) -> CheckedConfigs:
     """Everything about a target (and drafter) checkpoint that can be checked before a weight
     is read; every problem is a CheckpointError naming the file, the key and both values."""
     target_cfg = read_target_config(target_dir)
-    if drafter_dir is None:
-        return CheckedConfigs(target_cfg)
-    raw, drafter_cfg = check_drafter_against_target(drafter_dir, target_cfg, Path(target_dir))
-    return CheckedConfigs(target_cfg, drafter_cfg, raw)
+    raw = drafter_cfg = None
+    if drafter_dir is not None:
+        raw, drafter_cfg = check_drafter_against_target(drafter_dir, target_cfg,
+                                                        Path(target_dir))
+    tokenizer = read_tokenizer(target_dir, target_cfg.vocab_size,
+                               drafter_cfg.mask_token_id if drafter_cfg else None)
+    return CheckedConfigs(target_cfg, drafter_cfg, raw, tokenizer)
 
 
 def load_target(

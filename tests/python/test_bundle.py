@@ -45,8 +45,8 @@ def test_the_schema_states_the_compatibility_rules():
 
 
 def test_every_valid_example_conforms_decodes_and_round_trips(examples):
-    assert {e["name"] for e in examples["valid"]} == {"dflash", "ring", "fused_target_only",
-                                                      "target_only"}
+    assert {e["name"] for e in examples["valid"]} == {
+        "dflash", "dflash_with_tokenizer", "ring", "fused_target_only", "target_only"}
     for example in examples["valid"]:
         raw = example["metadata"]
         assert schema_errors(raw) == [], example["name"]
@@ -66,6 +66,11 @@ def test_the_examples_are_what_the_exporter_writes_for_each_kind(examples):
     states = dflash.asset(AssetRole.TARGET).states
     assert [s.name for s in states] == list(bundle.TARGET_STATES)
     assert {s.name: s.kind for s in states}[StateName.SLIDING_KEY_CACHE] == StateKind.SLIDING_KV
+    assert [n for n, m in by_name.items() if m.tokenizer] == ["dflash_with_tokenizer"]
+    tokenizer = by_name["dflash_with_tokenizer"].tokenizer
+    assert tokenizer.files[0] == bundle.TOKENIZER_FILE
+    assert tokenizer.vocab_size == dflash.vocab_size
+    assert dflash.speculative_decoding.mask_token_id in tokenizer.special_tokens.values()
 
 
 def test_unknown_keys_and_absent_optional_values_are_accepted(examples):

@@ -92,8 +92,8 @@ def test_the_cycle_finder_finds_a_lazy_import_cycle(tmp_path):
 LAYERS = {
     "bundle": set(),
     "models": set(),
-    "checkpoint": {"models"},
-    "demo_checkpoint": {"checkpoint", "models"},
+    "checkpoint": {"bundle", "models"},
+    "demo_checkpoint": {"bundle", "checkpoint", "models"},
     "export": {"bundle", "checkpoint", "demo_checkpoint", "models"},
     "runtime": {"bundle", "checkpoint", "demo_checkpoint", "models"},
     "tools": {"bundle", "checkpoint", "demo_checkpoint", "models", "export", "runtime"},

@@ -11,8 +11,8 @@ import sys
 
 from absl import app, flags, logging
 
-from museflash.tools.benchmark import run_benchmark
 from museflash.cli.paths import resolve_user_path
+from museflash.tools.benchmark import run_benchmark
 
 flags.DEFINE_list("sizes", ["0.25", "0.5", "1", "2"], "Checkpoint sizes in GB of fp16 weights.")
 flags.DEFINE_string("output-dir", "benchmark", "Where benchmark.json and benchmark.png go.")

@@ -14,12 +14,12 @@ import traceback
 
 from absl import app, flags, logging
 
-from museflash.export.publish import OutputDirError
 from museflash.checkpoint import CheckpointError
 from museflash.cli.paths import resolve_user_path
 from museflash.export.options import ExportError, ExportOptions
 from museflash.export.pipeline import export_bundle
 from museflash.export.progress import log_path_for, quiet_console
+from museflash.export.publish import OutputDirError
 from museflash.models.dflash import DrafterTargetMismatchError
 
 flags.DEFINE_string("checkpoint", None, "Target checkpoint directory (Hugging Face layout).")

@@ -81,6 +81,7 @@ def bundle_metadata(plan: ExportPlan, modules: dict[str, torch.nn.Module], sourc
         assets={p.role: asset(p, modules[p.module]) for p in plan.packages},
         speculative_decoding=plan.spec,
         source=source,
+        tokenizer=plan.configs.tokenizer,
     )
     problems = schema_errors(metadata.to_json())
     if problems:

@@ -6,10 +6,11 @@ process converts some functions itself while helper processes convert others, ea
 single-function package that the export then merges (`multifunction.merge_packages`).
 
 A helper is this module run as a program. It reads one JSON request from stdin (the options and
-the checkpoint directories), plans and loads the modules exactly as the export does (same
-placeholder rows: each is derived from its tensor's name), prints READY, and then converts one function per JSON
-line it is sent, answering DONE or ERROR. Progress lines travel on the same channel; anything
-else a library prints goes to its stderr, which the export shows if the helper fails.
+the checkpoint directories), plans and loads the modules exactly as the export does (the same
+placeholder rows: each is derived from its tensor's name), prints READY, and then converts one
+function per JSON line it is sent, answering DONE or ERROR. Progress lines travel on the same
+channel; anything else a library prints goes to its stderr, which the export shows if the
+helper fails.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ decided) -> load (safetensors, large weights replaced by placeholders) -> conver
 possibly in a helper process (parallel): trace one small entry-point view with torch.export and
 convert it (coremltools, ML program, iOS18, fp16 states) into a single-function package ->
 merge (the functions of a package into one multifunction package, real weights streamed in) ->
-describe (metadata.json, embedded in every package) -> publish (the staging directory replaces
+describe (metadata.json, embedded in every package; the checkpoint's tokenizer files copied
+beside it) -> publish (the staging directory replaces
 the destination only at the end; nothing is half-written).
 """
 
@@ -64,6 +65,8 @@ def export_bundle(options: ExportOptions, progress: Progress | None = None) -> P
                                        options.model_name)
             for package in plan.packages:
                 embed_metadata(staging / package.file_name, metadata)
+            for name in metadata.tokenizer.files if metadata.tokenizer else ():
+                shutil.copyfile(plan.target_dir / name, staging / name)
             (staging / METADATA_FILE).write_text(metadata.dumps())
         progress.say(f"[export] wrote {options.output_dir} "
                      f"({human_bytes(tree_bytes(options.output_dir))})")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -22,13 +23,31 @@ from typing import Any
 
 from museflash.bundle import SUPPORTED_SCHEMA_VERSIONS, Metadata, Source
 
-# name -> export flags
-EXPORT_KINDS: dict[str, dict[str, bool]] = {
-    "dflash": {"fused_target": True, "dflash_drafter": True},
-    "ring": {"with_drafter": True},
-    "fused_target_only": {"fused_target": True},
-    "target_only": {},
+# name -> export flags, and whether the target checkpoint has a tokenizer
+EXPORT_KINDS: dict[str, tuple[dict[str, bool], bool]] = {
+    "dflash": ({"fused_target": True, "dflash_drafter": True}, False),
+    "dflash_with_tokenizer": ({"fused_target": True, "dflash_drafter": True}, True),
+    "ring": ({"with_drafter": True}, False),
+    "fused_target_only": ({"fused_target": True}, False),
+    "target_only": ({}, False),
 }
+
+
+def write_word_tokenizer(directory: Path, vocab_size: int, special: dict[str, int]) -> None:
+    """A word-level tokenizer.json (+ tokenizer_config.json) with exactly `vocab_size` ids,
+    `special` among them, made with the tokenizers library."""
+    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
+
+    by_id = {i: text for text, i in special.items()}
+    vocab = {by_id.get(i, f"w{i}"): i for i in range(vocab_size)}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token=by_id.get(0, "w0")))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    # Tokens already in the vocabulary keep their ids when marked special.
+    tokenizer.add_special_tokens([AddedToken(text, special=True) for text in special])
+    tokenizer.save(str(directory / "tokenizer.json"))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast",
+              **{f"{text.strip('<>')}_token": text for text in special}}
+    (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
 def exported_metadata() -> dict[str, Metadata]:
@@ -42,11 +61,19 @@ def exported_metadata() -> dict[str, Metadata]:
 
     examples = {}
     with tempfile.TemporaryDirectory(prefix="museflash-examples-") as scratch:
-        target_dir, drafter_dir = write_demo_checkpoints(scratch)
-        for name, flags in EXPORT_KINDS.items():
+        target_dir, drafter_dir = write_demo_checkpoints(Path(scratch) / "plain")
+        with_tokenizer = Path(scratch) / "with_tokenizer"
+        shutil.copytree(Path(scratch) / "plain", with_tokenizer)
+        config = json.loads((drafter_dir / "config.json").read_text())
+        write_word_tokenizer(with_tokenizer / target_dir.name,
+                             json.loads((target_dir / "config.json").read_text())
+                             ["text_config"]["vocab_size"],
+                             {"<mask>": config["mask_token_id"]})
+        for name, (flags, tokenizer) in EXPORT_KINDS.items():
             options = ExportOptions(output_dir=Path(scratch) / name, **flags)
-            drafter = drafter_dir if options.wants_drafter else None
-            plan = plan_export(options, target_dir, drafter)
+            root = with_tokenizer if tokenizer else target_dir.parent
+            drafter = root / drafter_dir.name if options.wants_drafter else None
+            plan = plan_export(options, root / target_dir.name, drafter)
             modules = load_modules(options, plan, Progress(echo=lambda _line: None),
                                    PlaceholderWeights())
             source = Source(checkpoint="/checkpoints/muse-glimmer-demo",

@@ -18,6 +18,8 @@ public struct ExportMetadata: Codable, Equatable, Sendable {
     public var assets: [AssetRole: Asset]
     public var speculativeDecoding: SpeculativeDecoding?
     public var source: Source
+    /// Nil (null or absent) when the target checkpoint had no tokenizer.
+    public var tokenizer: Tokenizer?
 
     enum CodingKeys: String, CodingKey {
         case schemaVersion = "schema_version"
@@ -30,6 +32,7 @@ public struct ExportMetadata: Codable, Equatable, Sendable {
         case assets
         case speculativeDecoding = "speculative_decoding"
         case source
+        case tokenizer
     }
 
     public struct Generator: Codable, Equatable, Sendable {
@@ -159,6 +162,32 @@ public struct ExportMetadata: Codable, Equatable, Sendable {
         enum CodingKeys: String, CodingKey {
             case checkpoint
             case drafterCheckpoint = "drafter_checkpoint"
+        }
+    }
+}
+
+extension ExportMetadata {
+    /// The target checkpoint's Hugging Face tokenizer files, copied into the export.
+    public struct Tokenizer: Codable, Equatable, Sendable {
+        public static let tokenizerFileName = "tokenizer.json"
+
+        /// Relative to the export directory; `tokenizer.json` first.
+        public var files: [String]
+        /// Ids the tokenizer can produce, added tokens included; equals the bundle's `vocab_size`.
+        public var vocabSize: Int
+        /// Special token text -> id.
+        public var specialTokens: [String: Int]
+
+        public init(files: [String], vocabSize: Int, specialTokens: [String: Int]) {
+            self.files = files
+            self.vocabSize = vocabSize
+            self.specialTokens = specialTokens
+        }
+
+        enum CodingKeys: String, CodingKey {
+            case files
+            case vocabSize = "vocab_size"
+            case specialTokens = "special_tokens"
         }
     }
 }
@@ -332,6 +361,7 @@ extension ExportMetadata {
         assets = try container.decodeObject([AssetRole: Asset].self, forKey: .assets)
         speculativeDecoding = try container.decodeIfPresent(SpeculativeDecoding.self, forKey: .speculativeDecoding)
         source = try container.decode(Source.self, forKey: .source)
+        tokenizer = try container.decodeIfPresent(Tokenizer.self, forKey: .tokenizer)
     }
 
     public func encode(to encoder: Encoder) throws {
@@ -346,6 +376,7 @@ extension ExportMetadata {
         try container.encodeObject(assets, forKey: .assets)
         try container.encodeIfPresent(speculativeDecoding, forKey: .speculativeDecoding)
         try container.encode(source, forKey: .source)
+        try container.encodeIfPresent(tokenizer, forKey: .tokenizer)
     }
 }
 

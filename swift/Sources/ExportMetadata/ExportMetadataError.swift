@@ -114,7 +114,7 @@ extension ExportMetadataError {
     }
 
     /// `a.b[0].c`; `<root>` for the document itself.
-    static func keyPath(_ codingPath: [CodingKey]) -> String {
+    public static func keyPath(_ codingPath: [CodingKey]) -> String {
         var text = ""
         for key in codingPath {
             if let index = key.intValue, key.stringValue == "Index \(index)" {

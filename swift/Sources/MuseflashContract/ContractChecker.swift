@@ -103,13 +103,19 @@ struct LoadedBundle {
         case absent(String)
     }
 
+    /// `path` inside the export directory, or nil when it is absolute or leaves the directory.
+    func exportURL(_ path: String) -> URL? {
+        let components = path.split(separator: "/", omittingEmptySubsequences: true)
+        guard !path.hasPrefix("/"), !path.contains("\0"), !components.isEmpty, !components.contains("..") else {
+            return nil
+        }
+        return components.reduce(directory) { $0.appendingPathComponent(String($1)) }
+    }
+
     func locate(_ asset: ExportMetadata.Asset) -> Location {
-        let components = asset.path.split(separator: "/", omittingEmptySubsequences: true)
-        guard !asset.path.hasPrefix("/"), !asset.path.contains("\0"), !components.isEmpty,
-              !components.contains("..") else {
+        guard let url = exportURL(asset.path) else {
             return .absent("path \"\(asset.path)\" is not a relative path inside the export directory")
         }
-        let url = components.reduce(directory) { $0.appendingPathComponent(String($1)) }
         var isDirectory: ObjCBool = false
         guard FileManager.default.fileExists(atPath: url.path, isDirectory: &isDirectory) else {
             return .absent("\(asset.path) does not exist")
@@ -157,6 +163,9 @@ struct LoadedBundle {
         }
         results += roles.map(states)
         results += roles.map(functionMap)
+        if let tokenizer = metadata.tokenizer {
+            results += tokenizerProperties(tokenizer)
+        }
         return results
     }
 }

@@ -30,6 +30,14 @@ extension ContractReport {
         } else {
             lines.append("  speculative decoding: none")
         }
+        if let tokenizer = metadata.tokenizer {
+            let special = tokenizer.specialTokens.sorted { ($0.value, $0.key) < ($1.value, $1.key) }
+                .map { "\"\($0.key)\"=\($0.value)" }
+            lines.append("  tokenizer: \(tokenizer.files.joined(separator: ", ")); vocab_size \(tokenizer.vocabSize), "
+                         + "special tokens \(special.isEmpty ? "none" : special.joined(separator: ", "))")
+        } else {
+            lines.append("  tokenizer: none")
+        }
         for role in metadata.orderedRoles {
             guard let asset = metadata.assets[role] else { continue }
             lines.append("")

@@ -23,6 +23,9 @@ enum ContractAssertions {
         "target.function_map", "ring_drafter.function_map",
     ]
 
+    /// Evaluated only when metadata.json has a tokenizer; the last only with speculative_decoding.
+    static let tokenizerProperties = ["tokenizer.files", "tokenizer.vocab_size", "tokenizer.mask_token"]
+
     /// Writes `export` to a fresh directory, lets `damage` alter the files,
     /// checks it and removes the directory.
     static func check(_ export: SyntheticExport, damage: (URL) throws -> Void = { _ in }) throws -> ContractReport {

@@ -149,10 +149,38 @@ final class ExportMetadataDecodingTests: XCTestCase {
 
     /// Encoding gives back the JSON that was decoded (nil optionals are left out).
     func testEncodingRoundTrips() throws {
-        let data = try metadataData()
-        let encoded = try JSONEncoder().encode(try ExportMetadata.decode(from: data))
         let decode = { (data: Data) in try JSONDecoder().decode(JSONValue.self, from: data) }
-        XCTAssertEqual(try decode(encoded), try decode(data))
+        for data in [try metadataData(), try metadataData { try! $0.addTokenizer() }] {
+            let encoded = try JSONEncoder().encode(try ExportMetadata.decode(from: data))
+            XCTAssertEqual(try decode(encoded), try decode(data))
+        }
+    }
+
+    func testTokenizerDecodes() throws {
+        XCTAssertNil(try ExportMetadata.decode(from: try metadataData()).tokenizer)
+        XCTAssertNil(try ExportMetadata.decode(from: try metadataData { $0.setMetadata(["tokenizer"], to: NSNull()) }).tokenizer)
+        let tokenizer = try XCTUnwrap(try ExportMetadata.decode(from: try metadataData { try! $0.addTokenizer() }).tokenizer)
+        XCTAssertEqual(tokenizer, ExportMetadata.Tokenizer(files: ["tokenizer.json", "tokenizer_config.json"],
+                                                           vocabSize: 64, specialTokens: ["<mask>": 63]))
+        let extended = try ExportMetadata.decode(from: try metadataData {
+            try! $0.addTokenizer()
+            $0.setMetadata(["tokenizer", "added_later"], to: ["nested": [1, 2]])
+        })
+        XCTAssertEqual(extended.tokenizer, tokenizer)
+    }
+
+    func testMalformedTokenizerIsNamedByItsPath() throws {
+        let missing = try decodingError {
+            try! $0.addTokenizer()
+            $0.removeMetadata(["tokenizer", "vocab_size"])
+        }
+        XCTAssertEqual(missing, .missingKey(path: "metadata.json", keyPath: "tokenizer.vocab_size"))
+        let wrongType = try decodingError {
+            try! $0.addTokenizer()
+            $0.setMetadata(["tokenizer", "special_tokens", "<mask>"], to: "63")
+        }
+        guard case .wrongType(_, let keyPath, _)? = wrongType else { return XCTFail("\(String(describing: wrongType))") }
+        XCTAssertEqual(keyPath, "tokenizer.special_tokens.<mask>")
     }
 
     func testFractionInAnIntegerFieldIsNamed() throws {

@@ -132,7 +132,7 @@ extension SyntheticExport {
             "speculative_decoding": [
                 "drafter_kind": drafterRole == "dflash_drafter" ? "dflash" : "ring",
                 "block_size": Int(Size.blockSize),
-                "mask_token_id": 63,
+                "mask_token_id": maskTokenID,
                 "target_layer_ids": [1, 2],
                 "drafter_hidden_size": Int(Size.drafterHidden),
                 "num_draft_tokens": Int(Size.blockSize) - 1,

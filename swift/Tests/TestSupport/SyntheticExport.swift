@@ -8,10 +8,13 @@ public struct SyntheticExport {
     public var metadata: [String: Any]
     /// Role -> package.
     public var packages: [String: PackageSpec]
+    /// Other files (tokenizer files), path relative to the export directory -> contents.
+    public var files: [String: Data]
 
-    public init(metadata: [String: Any], packages: [String: PackageSpec]) {
+    public init(metadata: [String: Any], packages: [String: PackageSpec], files: [String: Data] = [:]) {
         self.metadata = metadata
         self.packages = packages
+        self.files = files
     }
 
     public func metadataText() throws -> String {
@@ -26,6 +29,11 @@ public struct SyntheticExport {
         try Data(text.utf8).write(to: directory.appendingPathComponent("metadata.json"))
         for package in packages.values {
             try package.write(to: directory.appendingPathComponent(package.path), metadataText: text)
+        }
+        for (path, contents) in files {
+            let url = directory.appendingPathComponent(path)
+            try fileManager.createDirectory(at: url.deletingLastPathComponent(), withIntermediateDirectories: true)
+            try contents.write(to: url)
         }
     }
 

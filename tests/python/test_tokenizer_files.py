@@ -1,0 +1,89 @@
+"""A checkpoint's tokenizer: checked against the model before any work, copied into the bundle
+and described in metadata.json."""
+
+import json
+import shutil
+
+import pytest
+
+from museflash.bundle import TOKENIZER_FILE, Metadata
+from museflash.checkpoint import CheckpointError, check_configs, read_tokenizer
+from museflash.demo_checkpoint import DEMO_DRAFTER_CONFIG, write_demo_checkpoints
+from museflash.export.options import ExportOptions
+from museflash.export.pipeline import export_bundle
+from museflash.export.progress import Progress
+from museflash.tools.metadata_examples import write_word_tokenizer
+
+VOCAB = 512
+MASK = DEMO_DRAFTER_CONFIG["mask_token_id"]
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("checkpoints")
+    target, drafter = write_demo_checkpoints(root)
+    write_word_tokenizer(target, VOCAB, {"<pad>": 0, "<mask>": MASK})
+    return target, drafter
+
+
+def test_the_tokenizer_is_described_from_the_file(checkpoints):
+    target, drafter = checkpoints
+    tokenizer = check_configs(target, drafter).tokenizer
+    assert tokenizer.files == ["tokenizer.json", "tokenizer_config.json"]
+    assert tokenizer.vocab_size == VOCAB
+    assert tokenizer.special_tokens == {"<pad>": 0, "<mask>": MASK}
+
+
+def test_a_checkpoint_without_tokenizer_has_none(tmp_path):
+    target, drafter = write_demo_checkpoints(tmp_path)
+    assert check_configs(target, drafter).tokenizer is None
+
+
+def test_a_tokenizer_of_another_size_is_refused(tmp_path, checkpoints):
+    write_word_tokenizer(tmp_path, VOCAB - 12, {"<mask>": 7})
+    with pytest.raises(CheckpointError, match=r"tokenizer has 500 tokens but config.json's "
+                                              r"vocab_size is 512"):
+        read_tokenizer(tmp_path, VOCAB)
+
+
+def test_a_mask_token_that_is_not_special_is_refused(tmp_path):
+    write_word_tokenizer(tmp_path, VOCAB, {"<pad>": 0})
+    with pytest.raises(CheckpointError, match=f"mask_token_id {MASK} is not one of the "
+                                              r"tokenizer's special tokens \[0\]"):
+        read_tokenizer(tmp_path, VOCAB, MASK)
+
+
+def test_an_unreadable_tokenizer_is_refused(tmp_path):
+    (tmp_path / TOKENIZER_FILE).write_text('{"model": 3}')
+    with pytest.raises(CheckpointError, match="not a tokenizer the tokenizers library reads"):
+        read_tokenizer(tmp_path, VOCAB)
+
+
+def test_the_export_copies_the_tokenizer_and_records_it(checkpoints, tmp_path):
+    target, drafter = checkpoints
+    out = tmp_path / "bundle"
+    export_bundle(ExportOptions(output_dir=out, checkpoint=target, drafter_checkpoint=drafter,
+                                fused_target=True, dflash_drafter=True, max_context_length=64,
+                                prefill_length=8, conversion_processes=1),
+                  Progress(echo=lambda _line: None))
+    metadata = Metadata.read(out)
+    assert metadata.tokenizer.files == ["tokenizer.json", "tokenizer_config.json"]
+    for name in metadata.tokenizer.files:
+        assert (out / name).read_bytes() == (target / name).read_bytes()
+    assert metadata.speculative_decoding.mask_token_id in metadata.tokenizer.special_tokens.values()
+
+
+def test_a_bad_tokenizer_stops_the_export_before_anything_is_written(checkpoints, tmp_path):
+    target, drafter = checkpoints
+    broken = tmp_path / "target"
+    shutil.copytree(target, broken)
+    data = json.loads((broken / TOKENIZER_FILE).read_text())
+    data["added_tokens"] = [t for t in data["added_tokens"] if t["content"] != "<mask>"]
+    (broken / TOKENIZER_FILE).write_text(json.dumps(data))
+    out = tmp_path / "bundle"
+    with pytest.raises(CheckpointError, match=f"mask_token_id {MASK} is not one of"):
+        export_bundle(ExportOptions(output_dir=out, checkpoint=broken,
+                                    drafter_checkpoint=drafter, fused_target=True,
+                                    dflash_drafter=True, conversion_processes=1),
+                      Progress(echo=lambda _line: None))
+    assert not out.exists()
