@@ -6,7 +6,6 @@ actually accepted, partly and fully, and the rollback paths of the loop are exer
 untrained demo drafter accepts almost nothing, which would make "lossless" vacuous.
 """
 
-import json
 import shutil
 
 import numpy as np
@@ -14,18 +13,21 @@ import pytest
 import torch
 from package_surgery import swap_blobs
 
+from museflash.bundle import FunctionName, Metadata
 from museflash.checkpoint import load_target
 from museflash.demo_checkpoint import write_demo_checkpoints
-from museflash.export import ExportOptions, Progress, export_bundle
-from museflash.speculative import (
+from museflash.export.options import ExportOptions
+from museflash.export.pipeline import export_bundle
+from museflash.export.progress import Progress
+from museflash.runtime.speculative import (
     chunk_starts,
     eager_greedy_generate,
     greedy_generate,
     load_exported_pair,
     speculative_generate,
 )
+from museflash.runtime.verify import check_target, load_reference_models
 from museflash.tools import train_demo_drafter as trainer
-from museflash.verify import check_target, load_reference_models
 
 ct = pytest.importorskip("coremltools")
 
@@ -63,12 +65,12 @@ def bundle(tmp_path_factory):
 
 def _run(export_dir, prompt):
     target, drafter, metadata = load_exported_pair(export_dir)
-    spec = metadata["speculative_decoding"]
+    spec = metadata.speculative_decoding
     speculative = speculative_generate(target, drafter, prompt, NEW_TOKENS,
-                                       mask_token_id=spec["mask_token_id"],
-                                       num_draft_tokens=spec["num_draft_tokens"],
-                                       context_length=metadata["context_length"])
-    plain = greedy_generate(target, prompt, NEW_TOKENS, context_length=metadata["context_length"])
+                                       mask_token_id=spec.mask_token_id,
+                                       num_draft_tokens=spec.num_draft_tokens,
+                                       context_length=metadata.context_length)
+    plain = greedy_generate(target, prompt, NEW_TOKENS, context_length=metadata.context_length)
     return speculative, plain
 
 
@@ -124,11 +126,11 @@ def test_broken_target_export_is_caught_by_parity(bundle, tmp_path):
     swap_blobs(broken / "target.mlpackage",
                 [("layers_1_self_attn_k_proj_weight", "layers_1_self_attn_v_proj_weight")])
 
-    metadata = json.loads((broken / "metadata.json").read_text())
+    metadata = Metadata.read(broken)
     target, _ = load_reference_models(metadata, bundle["target_dir"], bundle["drafter_dir"])
-    intact = check_target(bundle["dir"], metadata, target, "main", "forward", seed=1)
+    intact = check_target(bundle["dir"], metadata, target, FunctionName.MAIN, "forward", seed=1)
     assert intact.ok, intact.line()
-    result = check_target(broken, metadata, target, "main", "forward", seed=1)
+    result = check_target(broken, metadata, target, FunctionName.MAIN, "forward", seed=1)
     print(result.line())
     assert not result.ok
     assert result.outputs["logits"].max_rel > 0.1

@@ -1,4 +1,4 @@
-"""Reference greedy speculative decoding (DFlash) over an exported bundle.
+"""Reference speculative decoding (DFlash) over an exported bundle, greedy or sampled.
 
 The loop drives only what the app would drive: the target's `prefill` and `main` functions and
 the drafter's `inject_kv` and `draft` functions, run by the numpy ML-program interpreter with
@@ -13,6 +13,10 @@ docs/metadata.md and docs/positions.md:
             positions with ONE target `main` call, accept the longest agreeing prefix plus the
             target's own token, then continue from the first unaccepted position. Nothing is
             truncated: rejected slots are overwritten by the next call (docs/positions.md).
+  sampling  with a temperature > 0 the drafts are sampled from the drafter's rows and the
+            speculative rejection rule (runtime/sampling.py) replaces "longest agreeing
+            prefix", so the output is distributed as the target's own sampling; temperature 0
+            (or no sampling) is the greedy loop above, token for token.
 
 Backends are small adapters so the same loop runs over the exported packages (the reference)
 and over eager torch modules (used to measure acceptance while training a drafter).
@@ -39,6 +43,7 @@ from museflash.bundle import (
     OutputName,
 )
 from museflash.runtime.interpreter import Interpreter, load_program
+from museflash.runtime.sampling import Sampling, accept_drafts, probabilities, sample
 
 # --- Backends --------------------------------------------------------------------------------
 
@@ -209,6 +214,7 @@ class DecodeResult:
     draft_calls: int = 0
     accepted: list[int] = field(default_factory=list)  # drafted tokens accepted, per step
     num_draft_tokens: int = 0
+    sampling: Sampling | None = None  # None or temperature 0: greedy
 
     @property
     def mean_accepted_length(self) -> float:
@@ -241,7 +247,8 @@ class DecodeResult:
                 f"{self.mean_accepted_length:.2f}/{self.num_draft_tokens} "
                 f"({100 * self.acceptance_rate:.1f}%), "
                 f"{self.tokens_per_target_call:.2f} tokens per target call, "
-                f"{self.tokens_per_verify_call:.2f} per main call")
+                f"{self.tokens_per_verify_call:.2f} per main call"
+                + (f", sampled ({self.sampling.describe()})" if _sampled(self.sampling) else ""))
 
 
 def chunk_starts(length: int, chunk: int) -> list[int]:
@@ -263,8 +270,27 @@ def _check_prompt(prompt: list[int], target: Target, block: int) -> None:
             f"chunk of {target.prefill_length} and one inject_kv block of {block})")
 
 
+def _sampled(sampling: Sampling | None) -> bool:
+    return sampling is not None and not sampling.greedy
+
+
+def _check_sampling(sampling: Sampling | None, rng: np.random.Generator | None) -> bool:
+    """Whether to sample; sampling needs the caller's Generator (no hidden randomness)."""
+    if _sampled(sampling) and rng is None:
+        raise ValueError("sampling with a temperature > 0 needs rng=np.random.default_rng(seed)")
+    return _sampled(sampling)
+
+
+def _next_token(logits: np.ndarray, sampling: Sampling | None,
+                rng: np.random.Generator | None) -> int:
+    """The token after one logits row: argmax, or a sample under `sampling`."""
+    if not _sampled(sampling):
+        return int(np.argmax(logits))
+    return int(sample(probabilities(logits, sampling), rng))
+
+
 def _prefill(target: Target, prompt: list[int], result: DecodeResult):
-    """Returns the first generated token and the features of every prompt position."""
+    """Returns the logits after the prompt and the features of every prompt position."""
     ids = np.asarray(prompt, np.int32)
     features: dict[int, np.ndarray] = {}
     length = target.prefill_length
@@ -274,7 +300,7 @@ def _prefill(target: Target, prompt: list[int], result: DecodeResult):
         logits, rows = target.prefill(ids[start:start + length], positions)
         result.prefill_calls += 1
         features.update(zip(positions.tolist(), rows, strict=True))
-    return int(np.argmax(logits)), features
+    return logits, features
 
 
 def _check_room(metadata_context: int | None, prompt_len: int, new_tokens: int, block: int):
@@ -296,8 +322,15 @@ def speculative_generate(
     mask_token_id: int,
     num_draft_tokens: int | None = None,
     context_length: int | None = None,
+    sampling: Sampling | None = None,
+    rng: np.random.Generator | None = None,
 ) -> DecodeResult:
-    """Greedy speculative decoding; the output equals the target's own greedy output."""
+    """Speculative decoding. Greedy (no `sampling`, or temperature 0): the output equals the
+    target's own greedy output. Sampled: the drafts are sampled from the drafter's rows under
+    the same settings and accepted by the rejection rule, so the output is distributed as
+    `target_only_generate` with the same settings; `rng` (required then) is the only source
+    of randomness."""
+    sampled = _check_sampling(sampling, rng)
     block = drafter.block_size
     if target.verify_length != block:
         raise ValueError(f"target main takes {target.verify_length} tokens but the drafter's "
@@ -309,8 +342,9 @@ def speculative_generate(
     _check_room(context_length, len(prompt), max_new_tokens, block)
     target.reset()
     drafter.reset()
-    result = DecodeResult(tokens=[], num_draft_tokens=proposals)
-    anchor, features = _prefill(target, prompt, result)
+    result = DecodeResult(tokens=[], num_draft_tokens=proposals, sampling=sampling)
+    logits, features = _prefill(target, prompt, result)
+    anchor = _next_token(logits, sampling, rng)
     result.tokens.append(anchor)
     for start in chunk_starts(len(prompt), block):
         positions = np.arange(start, start + block, dtype=np.int32)
@@ -323,16 +357,26 @@ def speculative_generate(
                                 positions)
         result.draft_calls += 1
         guesses = np.argmax(drafted[1:], axis=-1).astype(np.int32)
+        if sampled:
+            # Only the first `proposals` rows are judged; later slots keep their argmax, and
+            # their target rows are never used.
+            q = probabilities(drafted[1:proposals + 1], sampling)
+            guesses[:proposals] = sample(q, rng)
         logits, rows = target.verify(np.concatenate([[anchor], guesses]).astype(np.int32),
                                      positions)
         result.verify_calls += 1
-        greedy = np.argmax(logits, axis=-1)
-        accepted = 0
-        while accepted < proposals and guesses[accepted] == greedy[accepted]:
-            accepted += 1
+        if sampled:
+            accepted, token = accept_drafts(probabilities(logits[:proposals + 1], sampling), q,
+                                            guesses[:proposals], rng)
+        else:
+            greedy = np.argmax(logits, axis=-1)
+            accepted = 0
+            while accepted < proposals and guesses[accepted] == greedy[accepted]:
+                accepted += 1
+            token = int(greedy[accepted])
         result.accepted.append(accepted)
         result.tokens.extend(int(t) for t in guesses[:accepted])
-        result.tokens.append(int(greedy[accepted]))
+        result.tokens.append(token)
         # Rows 0..accepted were computed from correct tokens; later rows saw rejected drafts.
         last = anchor_pos + accepted
         features.update(zip(range(anchor_pos, last + 1), rows[:accepted + 1], strict=True))
@@ -341,9 +385,47 @@ def speculative_generate(
         result.inject_calls += 1
         for old in [p for p in features if p <= last - block]:
             del features[old]
-        anchor, anchor_pos = int(greedy[accepted]), last + 1
+        anchor, anchor_pos = token, last + 1
     del result.tokens[max_new_tokens:]
     result.drafter_calls = result.inject_calls + result.draft_calls
+    result.target_calls = result.prefill_calls + result.verify_calls
+    return result
+
+
+def target_only_generate(
+    target: Target,
+    prompt: list[int],
+    max_new_tokens: int,
+    *,
+    pad_token_id: int = 0,
+    context_length: int | None = None,
+    sampling: Sampling | None = None,
+    rng: np.random.Generator | None = None,
+) -> DecodeResult:
+    """Target-only decoding over the same functions: one new token per `main` call, greedy
+    (no `sampling`, or temperature 0) or sampled under `sampling` with `rng`.
+
+    `main` has a fixed query length, so each call feeds [newest token, pad ...]: only row 0 is
+    used, and the pad rows' cache writes sit at later positions that the next call overwrites
+    before any query can see them (the same rollback argument as rejected drafts).
+    """
+    _check_sampling(sampling, rng)
+    block = target.verify_length
+    _check_prompt(prompt, target, 1)
+    _check_room(context_length, len(prompt), max_new_tokens, block)
+    target.reset()
+    result = DecodeResult(tokens=[], sampling=sampling)
+    logits, _ = _prefill(target, prompt, result)
+    token = _next_token(logits, sampling, rng)
+    result.tokens.append(token)
+    position = len(prompt)
+    while len(result.tokens) < max_new_tokens:
+        ids = np.array([token] + [pad_token_id] * (block - 1), np.int32)
+        logits, _ = target.verify(ids, np.arange(position, position + block, dtype=np.int32))
+        result.verify_calls += 1
+        token = _next_token(logits[0], sampling, rng)
+        result.tokens.append(token)
+        position += 1
     result.target_calls = result.prefill_calls + result.verify_calls
     return result
 
@@ -356,29 +438,9 @@ def greedy_generate(
     pad_token_id: int = 0,
     context_length: int | None = None,
 ) -> DecodeResult:
-    """Target-only greedy decoding over the same functions: one new token per `main` call.
-
-    `main` has a fixed query length, so each call feeds [newest token, pad ...]: only row 0 is
-    used, and the pad rows' cache writes sit at later positions that the next call overwrites
-    before any query can see them (the same rollback argument as rejected drafts).
-    """
-    block = target.verify_length
-    _check_prompt(prompt, target, 1)
-    _check_room(context_length, len(prompt), max_new_tokens, block)
-    target.reset()
-    result = DecodeResult(tokens=[])
-    token, _ = _prefill(target, prompt, result)
-    result.tokens.append(token)
-    position = len(prompt)
-    while len(result.tokens) < max_new_tokens:
-        ids = np.array([token] + [pad_token_id] * (block - 1), np.int32)
-        logits, _ = target.verify(ids, np.arange(position, position + block, dtype=np.int32))
-        result.verify_calls += 1
-        token = int(np.argmax(logits[0]))
-        result.tokens.append(token)
-        position += 1
-    result.target_calls = result.prefill_calls + result.verify_calls
-    return result
+    """Target-only greedy decoding: `target_only_generate` without sampling."""
+    return target_only_generate(target, prompt, max_new_tokens, pad_token_id=pad_token_id,
+                                context_length=context_length)
 
 
 def eager_greedy_generate(model: torch.nn.Module, prompt: list[int],
