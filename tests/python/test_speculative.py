@@ -136,10 +136,27 @@ def test_broken_target_export_is_caught_by_parity(bundle, tmp_path):
     assert result.outputs["logits"].max_rel > 0.1
 
 
-def test_prompts_too_short_or_too_long_are_refused(bundle):
+def test_prompts_shorter_than_a_chunk_or_a_block_decode_exactly(bundle):
+    """Prompts of 1 to 7 tokens (prefill chunk 8, block 4): the padded prefill and the
+    placeholder inject rows must not change a single token."""
+    eager_target = load_target(bundle["target_dir"], dtype=torch.float32, max_context=64,
+                               max_query_len=32, cache_dtype=torch.float32)
+    rng = np.random.default_rng(5)
+    for length in (1, 3, 4, 7):
+        prompt = rng.integers(0, 511, length).tolist()
+        speculative, plain = _run(bundle["dir"], prompt)
+        assert speculative.tokens == plain.tokens, (length, speculative.tokens, plain.tokens)
+        assert len(plain.tokens) == NEW_TOKENS
+        eager = eager_greedy_generate(eager_target, prompt, NEW_TOKENS)
+        # fp16 export against fp32 eager: the first tokens agree whatever the prompt length
+        # (a wrong position or a pad row leaking into attention changes them at once).
+        assert plain.tokens[:4] == eager[:4], (length, plain.tokens, eager)
+
+
+def test_empty_and_too_long_prompts_are_refused(bundle):
     target, drafter, metadata = load_exported_pair(bundle["dir"])
-    with pytest.raises(ValueError, match="at least 8"):
-        speculative_generate(target, drafter, [1, 2, 3], 4, mask_token_id=511)
+    with pytest.raises(ValueError, match="the prompt is empty"):
+        speculative_generate(target, drafter, [], 4, mask_token_id=511)
     with pytest.raises(ValueError, match="context_length 64"):
         speculative_generate(target, drafter, list(range(40)), 30, mask_token_id=511,
                              context_length=64)

@@ -262,12 +262,9 @@ def chunk_starts(length: int, chunk: int) -> list[int]:
     return starts
 
 
-def _check_prompt(prompt: list[int], target: Target, block: int) -> None:
-    needed = max(target.prefill_length, block)
-    if len(prompt) < needed:
-        raise ValueError(
-            f"prompt has {len(prompt)} tokens; this bundle needs at least {needed} (one prefill "
-            f"chunk of {target.prefill_length} and one inject_kv block of {block})")
+def _check_prompt(prompt: list[int]) -> None:
+    if not prompt:
+        raise ValueError("the prompt is empty; give at least one token")
 
 
 def _sampled(sampling: Sampling | None) -> bool:
@@ -289,18 +286,40 @@ def _next_token(logits: np.ndarray, sampling: Sampling | None,
     return int(sample(probabilities(logits, sampling), rng))
 
 
-def _prefill(target: Target, prompt: list[int], result: DecodeResult):
-    """Returns the logits after the prompt and the features of every prompt position."""
+def _prefill(target: Target, prompt: list[int], result: DecodeResult, pad_token_id: int):
+    """Returns the logits after the prompt and the features of every prompt position.
+
+    A prompt shorter than one prefill chunk is padded at its end: the pad rows write the caches
+    at positions after the prompt, which later calls overwrite before any query can see them
+    (the rollback argument of docs/positions.md), and the features returned for those positions
+    are placeholders of the same kind. `prefill` returns the logits of its last row only, so the
+    last prompt token then goes through `main` once more (re-writing its own K/V unchanged)."""
     ids = np.asarray(prompt, np.int32)
     features: dict[int, np.ndarray] = {}
     length = target.prefill_length
+    if len(prompt) < length:
+        ids = np.concatenate([ids, np.full(length - len(prompt), pad_token_id, np.int32)])
     logits = None
-    for start in chunk_starts(len(prompt), length):
+    for start in chunk_starts(len(ids), length):
         positions = np.arange(start, start + length, dtype=np.int32)
         logits, rows = target.prefill(ids[start:start + length], positions)
         result.prefill_calls += 1
         features.update(zip(positions.tolist(), rows, strict=True))
+    if len(prompt) < length:
+        last = len(prompt) - 1
+        verify = target.verify_length
+        ids = np.array([prompt[-1]] + [pad_token_id] * (verify - 1), np.int32)
+        all_logits, rows = target.verify(ids, np.arange(last, last + verify, dtype=np.int32))
+        result.verify_calls += 1
+        logits = all_logits[0]
+        features.update(zip(range(last, last + verify), rows, strict=True))
     return logits, features
+
+
+def _inject_starts(length: int, block: int) -> list[int]:
+    """Blocks that hand the prompt's features to the drafter; a prompt shorter than a block
+    is injected as one block from position 0 (its tail rows are placeholders, see _prefill)."""
+    return chunk_starts(length, block) if length >= block else [0]
 
 
 def _check_room(metadata_context: int | None, prompt_len: int, new_tokens: int, block: int):
@@ -324,6 +343,7 @@ def speculative_generate(
     context_length: int | None = None,
     sampling: Sampling | None = None,
     rng: np.random.Generator | None = None,
+    pad_token_id: int = 0,
 ) -> DecodeResult:
     """Speculative decoding. Greedy (no `sampling`, or temperature 0): the output equals the
     target's own greedy output. Sampled: the drafts are sampled from the drafter's rows under
@@ -338,15 +358,15 @@ def speculative_generate(
     proposals = num_draft_tokens if num_draft_tokens is not None else block - 1
     if not 1 <= proposals <= block - 1:
         raise ValueError(f"num_draft_tokens {proposals} must be in 1..{block - 1}")
-    _check_prompt(prompt, target, block)
+    _check_prompt(prompt)
     _check_room(context_length, len(prompt), max_new_tokens, block)
     target.reset()
     drafter.reset()
     result = DecodeResult(tokens=[], num_draft_tokens=proposals, sampling=sampling)
-    logits, features = _prefill(target, prompt, result)
+    logits, features = _prefill(target, prompt, result, pad_token_id)
     anchor = _next_token(logits, sampling, rng)
     result.tokens.append(anchor)
-    for start in chunk_starts(len(prompt), block):
+    for start in _inject_starts(len(prompt), block):
         positions = np.arange(start, start + block, dtype=np.int32)
         drafter.inject(np.stack([features[p] for p in positions.tolist()]), positions)
         result.inject_calls += 1
@@ -377,10 +397,13 @@ def speculative_generate(
         result.accepted.append(accepted)
         result.tokens.extend(int(t) for t in guesses[:accepted])
         result.tokens.append(token)
-        # Rows 0..accepted were computed from correct tokens; later rows saw rejected drafts.
+        # Rows 0..accepted were computed from correct tokens; later rows saw rejected drafts
+        # and stand only at positions the next verify call re-writes (they fill the inject
+        # window while fewer than `block` positions are known).
         last = anchor_pos + accepted
-        features.update(zip(range(anchor_pos, last + 1), rows[:accepted + 1], strict=True))
-        window = np.arange(last - block + 1, last + 1, dtype=np.int32)
+        features.update(zip(range(anchor_pos, anchor_pos + block), rows, strict=True))
+        first = max(0, last - block + 1)
+        window = np.arange(first, first + block, dtype=np.int32)
         drafter.inject(np.stack([features[p] for p in window.tolist()]), window)
         result.inject_calls += 1
         for old in [p for p in features if p <= last - block]:
@@ -411,11 +434,11 @@ def target_only_generate(
     """
     _check_sampling(sampling, rng)
     block = target.verify_length
-    _check_prompt(prompt, target, 1)
+    _check_prompt(prompt)
     _check_room(context_length, len(prompt), max_new_tokens, block)
     target.reset()
     result = DecodeResult(tokens=[], sampling=sampling)
-    logits, _ = _prefill(target, prompt, result)
+    logits, _ = _prefill(target, prompt, result, pad_token_id)
     token = _next_token(logits, sampling, rng)
     result.tokens.append(token)
     position = len(prompt)
