@@ -3,7 +3,7 @@ import stat
 
 import pytest
 
-from museflash.atomic_output import OutputDirError, check_destination, publish_directory
+from museflash.export.publish import OutputDirError, check_destination, publish_directory
 
 
 def _snapshot(root):

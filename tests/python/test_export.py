@@ -11,20 +11,30 @@ import sys
 import pytest
 import torch
 
-from museflash import export as export_module
-from museflash.atomic_output import OutputDirError
-from museflash.demo_checkpoint import DEMO_DRAFTER_CONFIG, DEMO_TARGET_CONFIG
-from museflash.export import (
+from museflash.bundle import (
     EMBEDDED_METADATA_KEY,
-    ExportError,
-    ExportOptions,
-    check_flag_rules,
+    TARGET_STATES,
+    DrafterKind,
+    FunctionName,
+    FunctionRole,
+    OutputName,
+)
+from museflash.checkpoint import CheckpointError, check_configs
+from museflash.demo_checkpoint import DEMO_DRAFTER_CONFIG, DEMO_TARGET_CONFIG
+from museflash.export import pipeline as pipeline_module
+from museflash.export import plan as plan_module
+from museflash.export.convert import (
+    _cast_bf16_outputs,
     check_no_data_dependent_scalars,
-    export_bundle,
-    speculative_decoding_block,
+    convert,
     trace,
 )
-from museflash.models.dflash import DFlashConfig, DrafterTargetMismatchError
+from museflash.export.options import ExportError, ExportOptions, check_flag_rules
+from museflash.export.pipeline import export_bundle
+from museflash.export.plan import _ids_function, speculative_decoding
+from museflash.export.progress import Progress
+from museflash.export.publish import OutputDirError
+from museflash.models.dflash import DFlashConfig
 
 ct = pytest.importorskip("coremltools")
 
@@ -70,24 +80,12 @@ def test_missing_checkpoint_directory_is_named(tmp_path):
         check_flag_rules(options)
 
 
-def test_cli_prints_a_one_line_error_and_exits_2(tmp_path):
-    result = subprocess.run(
-        [sys.executable, "-m", "museflash.cli.export_main", "--dflash-drafter",
-         f"--output-dir={tmp_path / 'out'}"],
-        capture_output=True, text=True, check=False,
-    )
-    assert result.returncode == 2
-    errors = [line for line in result.stderr.splitlines() if line.startswith("export: error")]
-    assert errors == ["export: error: --dflash-drafter requires --fused-target (the drafter "
-                      "reads the target's drafter_features output)"]
-    assert not (tmp_path / "out").exists()
-
-
 def _forbid_loading(monkeypatch):
     def refuse(*_args, **_kwargs):
         raise AssertionError("the export loaded weights although its input was invalid")
 
-    monkeypatch.setattr(export_module, "load_target", refuse)
+    monkeypatch.setattr(plan_module, "load_target", refuse)
+    monkeypatch.setattr(plan_module, "load_drafter", refuse)
 
 
 def test_non_empty_output_dir_needs_overwrite(tmp_path, monkeypatch):
@@ -100,28 +98,109 @@ def test_non_empty_output_dir_needs_overwrite(tmp_path, monkeypatch):
     assert (out / "keep.txt").read_text() == "keep"
 
 
-class _Silent(export_module.Progress):
+class _Silent(Progress):
     def __init__(self):
         super().__init__(echo=_quiet)
+
+
+# --- Command line: one error line, library output in a log beside the output -----------------
+
+
+def _export_cli(*args, cwd):
+    # Run from `cwd` (the log goes beside the output), with this process's import path.
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(os.path.abspath(p) for p in sys.path if p))
+    return subprocess.run([sys.executable, "-m", "museflash.cli.export_main", *args],
+                          capture_output=True, text=True, check=False, cwd=cwd, env=env)
+
+
+def test_cli_prints_a_one_line_error_and_exits_2(tmp_path):
+    result = _export_cli("--dflash-drafter", f"--output-dir={tmp_path / 'out'}", cwd=tmp_path)
+    assert result.returncode == 2
+    assert len(result.stderr.splitlines()) == 1, result.stderr
+    assert result.stderr.startswith("export: error: --dflash-drafter requires --fused-target")
+    assert result.stdout == ""
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_names_an_out_of_range_token_id_in_one_line(tmp_path):
+    target_dir, drafter_dir = _write_pair(tmp_path)
+    config = json.loads((drafter_dir / "config.json").read_text())
+    config["mask_token_id"] = DEMO_TARGET_CONFIG["text_config"]["vocab_size"]
+    (drafter_dir / "config.json").write_text(json.dumps(config))
+    result = _export_cli("--fused-target", "--dflash-drafter", f"--checkpoint={target_dir}",
+                         f"--drafter-checkpoint={drafter_dir}", f"--output-dir={tmp_path / 'out'}",
+                         cwd=tmp_path)
+    assert result.returncode == 2
+    assert len(result.stderr.splitlines()) == 1, result.stderr
+    assert result.stderr.startswith("export: error: ")
+    assert "mask_token_id 512 is outside the target vocabulary" in result.stderr
+    assert "fix the config" in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_success_prints_only_stage_lines_and_removes_its_log(tmp_path):
+    out = tmp_path / "out"
+    result = _export_cli("--fused-target", "--dflash-drafter", "--conversion-processes=1",
+                         "--max-context-length=64", "--prefill-length=8", f"--output-dir={out}",
+                         cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    assert lines and all(line.startswith("[export] ") for line in lines), result.stdout
+    assert lines[-1].startswith(f"[export] wrote {out}")
+    assert (out / "metadata.json").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no out.export.log
+
+
+def test_cli_internal_failure_keeps_the_log_and_prints_its_path(tmp_path, monkeypatch, capfd):
+    """An unexpected exception: exit 1, one line naming it and the log; the traceback and
+    whatever the libraries printed are in the log, not on the console."""
+    from absl import flags
+
+    from museflash.cli import export_main
+
+    def crash(*_args, **_kwargs):
+        print("chatter from a library", file=sys.stderr)
+        os.write(2, b"native chatter\n")
+        raise RuntimeError("injected internal failure")
+
+    monkeypatch.setattr(pipeline_module, "convert_function", crash)
+    out = tmp_path / "out"
+    flags.FLAGS(["export", "--fused-target", "--conversion-processes=1",
+                 "--max-context-length=64", "--prefill-length=8", f"--output-dir={out}"])
+    try:
+        status = export_main.main(["export"])
+    finally:
+        flags.FLAGS.unparse_flags()
+    captured = capfd.readouterr()
+    log = tmp_path / "out.export.log"
+    assert status == 1
+    assert captured.err.splitlines() == [
+        f"export: failed: RuntimeError: injected internal failure (library output: {log})"]
+    assert all(line.startswith("[export] ") for line in captured.out.splitlines())
+    logged = log.read_text()
+    assert "Traceback" in logged and "injected internal failure" in logged
+    assert "chatter from a library" in logged and "native chatter" in logged
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.export.log"]
 
 
 # --- Metadata --------------------------------------------------------------------------------
 
 
 def _spec(raw, num_draft_tokens=None):
-    return speculative_decoding_block(raw, DFlashConfig.from_dict(raw), "dflash",
-                                      num_draft_tokens)
+    return speculative_decoding(raw, DFlashConfig.from_dict(raw), DrafterKind.DFLASH,
+                                num_draft_tokens)
 
 
 def test_speculative_block_comes_from_the_drafter_config():
     block = _spec(DEMO_DRAFTER_CONFIG)
-    assert block["block_size"] == DEMO_DRAFTER_CONFIG["block_size"]
-    assert block["mask_token_id"] == DEMO_DRAFTER_CONFIG["mask_token_id"]
-    assert block["target_layer_ids"] == DEMO_DRAFTER_CONFIG["target_layer_ids"]
-    assert block["drafter_hidden_size"] == DEMO_DRAFTER_CONFIG["hidden_size"]
-    assert block["num_draft_tokens"] == DEMO_DRAFTER_CONFIG["block_size"] - 1
-    assert block["shared_embeddings"] is True
-    assert block["drafter"]["num_hidden_layers"] == DEMO_DRAFTER_CONFIG["num_hidden_layers"]
+    assert block.drafter_kind == DrafterKind.DFLASH
+    assert block.block_size == DEMO_DRAFTER_CONFIG["block_size"]
+    assert block.mask_token_id == DEMO_DRAFTER_CONFIG["mask_token_id"]
+    assert block.target_layer_ids == DEMO_DRAFTER_CONFIG["target_layer_ids"]
+    assert block.drafter_hidden_size == DEMO_DRAFTER_CONFIG["hidden_size"]
+    assert block.num_draft_tokens == DEMO_DRAFTER_CONFIG["block_size"] - 1
+    assert block.shared_embeddings is True
+    assert block.drafter.num_hidden_layers == DEMO_DRAFTER_CONFIG["num_hidden_layers"]
 
 
 def test_dflash_config_form_and_mask_alias_are_merged_and_renamed():
@@ -130,19 +209,18 @@ def test_dflash_config_form_and_mask_alias_are_merged_and_renamed():
     raw["dflash_config"] = {"block_size": 8, "draft_mask_token_id": 7,
                             "target_layer_ids": [0, 2]}
     block = _spec(raw)
-    assert (block["block_size"], block["mask_token_id"], block["target_layer_ids"]) == (
-        8, 7, [0, 2])
+    assert (block.block_size, block.mask_token_id, block.target_layer_ids) == (8, 7, [0, 2])
 
 
 def test_drafter_hidden_size_is_preferred_and_falls_back_to_hidden_size():
     raw = dict(DEMO_DRAFTER_CONFIG, drafter_hidden_size=64)
-    assert _spec(raw)["drafter_hidden_size"] == 64
+    assert _spec(raw).drafter_hidden_size == 64
     assert "drafter_hidden_size" not in DEMO_DRAFTER_CONFIG
-    assert _spec(DEMO_DRAFTER_CONFIG)["drafter_hidden_size"] == DEMO_DRAFTER_CONFIG["hidden_size"]
+    assert _spec(DEMO_DRAFTER_CONFIG).drafter_hidden_size == DEMO_DRAFTER_CONFIG["hidden_size"]
 
 
 def test_command_line_overrides_the_runtime_knob_within_the_block():
-    assert _spec(DEMO_DRAFTER_CONFIG, num_draft_tokens=2)["num_draft_tokens"] == 2
+    assert _spec(DEMO_DRAFTER_CONFIG, num_draft_tokens=2).num_draft_tokens == 2
     with pytest.raises(ExportError, match="--num-draft-tokens 4 must be between 1 and"):
         _spec(DEMO_DRAFTER_CONFIG, num_draft_tokens=DEMO_DRAFTER_CONFIG["block_size"])
 
@@ -170,29 +248,69 @@ def test_divergent_drafter_fails_before_writing(tmp_path, monkeypatch, key, draf
     out = tmp_path / "out"
     options = ExportOptions(output_dir=out, fused_target=True, dflash_drafter=True,
                             checkpoint=target_dir, drafter_checkpoint=drafter_dir)
-    with pytest.raises(DrafterTargetMismatchError,
+    with pytest.raises(CheckpointError,
                        match=f"{key}: drafter has {drafter_value} but target has {target_value}"):
         export_bundle(options, _Silent())
     assert not out.exists()
 
 
 def test_target_layer_ids_beyond_the_target_fail(tmp_path, monkeypatch):
-    drafter = dict(copy.deepcopy(DEMO_DRAFTER_CONFIG))
+    demo_before = copy.deepcopy(DEMO_DRAFTER_CONFIG)
     target_dir, drafter_dir = _write_pair(tmp_path)
     config = json.loads((drafter_dir / "config.json").read_text())
     config["target_layer_ids"] = [1, 4, 8]
-    (drafter_dir / "config.json").write_text(json.dumps(config))
+    written = json.dumps(config)
+    (drafter_dir / "config.json").write_text(written)
     _forbid_loading(monkeypatch)
     options = ExportOptions(output_dir=tmp_path / "out", fused_target=True, dflash_drafter=True,
                             checkpoint=target_dir, drafter_checkpoint=drafter_dir)
-    with pytest.raises(DrafterTargetMismatchError, match=r"target_layer_ids.*\[1, 4, 8\]"):
+    with pytest.raises(CheckpointError, match=r"target_layer_ids.*\[1, 4, 8\]"):
         export_bundle(options, _Silent())
-    assert drafter["num_hidden_layers"] == DEMO_DRAFTER_CONFIG["num_hidden_layers"]
+    assert not (tmp_path / "out").exists()
+    # The check only reads: neither the user's config nor the shared demo config is changed.
+    assert (drafter_dir / "config.json").read_text() == written
+    assert DEMO_DRAFTER_CONFIG == demo_before
+
+
+@pytest.mark.parametrize(
+    ("which", "edit", "message"),
+    [
+        ("drafter", {"mask_token_id": 512}, "mask_token_id 512"),
+        ("drafter", {"dflash_config": {"draft_mask_token_id": -1}}, "draft_mask_token_id -1"),
+        ("drafter", {"pad_token_id": 4096}, "pad_token_id 4096"),
+        ("target", {"eos_token_id": [1, 600]}, "eos_token_id 600"),
+        ("target", {"text_config": {"bos_token_id": 512}}, "bos_token_id 512"),
+    ],
+)
+def test_token_ids_outside_the_target_vocabulary_fail_before_any_work(tmp_path, monkeypatch,
+                                                                     which, edit, message):
+    """On device the embedding gather does not check its index: an id >= vocab_size (512 in
+    the demo) must stop the export before anything is loaded or written."""
+    target_dir, drafter_dir = _write_pair(tmp_path)
+    config_path = (drafter_dir if which == "drafter" else target_dir) / "config.json"
+    config = json.loads(config_path.read_text())
+    for key, value in edit.items():
+        if isinstance(value, dict):
+            config[key] = dict(config.get(key) or {}, **value)
+        else:
+            config[key] = value
+    config_path.write_text(json.dumps(config))
+    _forbid_loading(monkeypatch)
+    out = tmp_path / "out"
+    options = ExportOptions(output_dir=out, fused_target=True, dflash_drafter=True,
+                            checkpoint=target_dir, drafter_checkpoint=drafter_dir)
+    with pytest.raises(CheckpointError) as caught:
+        export_bundle(options, _Silent())
+    text = str(caught.value)
+    assert "\n" not in text
+    assert str(config_path) in text
+    assert message in text
+    assert "outside the target vocabulary [0, 512)" in text
+    assert "fix the config" in text
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
 
 
 def test_shallower_drafter_and_absent_keys_pass_validation(tmp_path):
-    from museflash.export import prepare
-
     target_dir, drafter_dir = _write_pair(tmp_path)
     config = json.loads((drafter_dir / "config.json").read_text())
     config["num_hidden_layers"] = 1
@@ -200,9 +318,10 @@ def test_shallower_drafter_and_absent_keys_pass_validation(tmp_path):
     del config["head_dim"]
     (drafter_dir / "config.json").write_text(json.dumps(config))
     options = ExportOptions(output_dir=tmp_path / "out", fused_target=True)
-    target_cfg, raw, drafter_cfg = prepare(options, target_dir, drafter_dir)
-    assert drafter_cfg.num_hidden_layers == 1 < target_cfg.num_hidden_layers
-    assert raw["num_key_value_heads"] == 4
+    configs = plan_module.plan_export(options, target_dir, drafter_dir).configs
+    assert configs.drafter.num_hidden_layers == 1 < configs.target.num_hidden_layers
+    assert configs.drafter_raw["num_key_value_heads"] == 4
+    assert configs == check_configs(target_dir, drafter_dir)
 
 
 # --- Atomicity -------------------------------------------------------------------------------
@@ -218,7 +337,7 @@ def test_failure_mid_export_leaves_nothing_behind(tmp_path, monkeypatch):
         (part / "half-written").write_bytes(b"x" * 100)
         raise RuntimeError("injected failure while converting")
 
-    monkeypatch.setattr(export_module, "convert_function", half_then_crash)
+    monkeypatch.setattr(pipeline_module, "convert_function", half_then_crash)
     with pytest.raises(RuntimeError, match="injected failure"):
         export_bundle(ExportOptions(output_dir=out, fused_target=True, dflash_drafter=True,
                                     conversion_processes=2), _Silent())
@@ -233,7 +352,7 @@ def test_failure_keeps_an_existing_export_intact(tmp_path, monkeypatch):
     def crash(*_args, **_kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(export_module, "convert_function", crash)
+    monkeypatch.setattr(pipeline_module, "convert_function", crash)
     with pytest.raises(KeyboardInterrupt):
         export_bundle(ExportOptions(output_dir=out, overwrite=True, fused_target=True,
                                     conversion_processes=2), _Silent())
@@ -260,7 +379,7 @@ def test_bf16_outputs_are_cast_unless_disabled(monkeypatch):
             return x.to(torch.bfloat16), [x.to(torch.bfloat16), x]
 
     module = Bf16Outputs()
-    handle = module.register_forward_hook(export_module._cast_bf16_outputs)
+    handle = module.register_forward_hook(_cast_bf16_outputs)
     first, (second, third) = module(torch.ones(2))
     assert (first.dtype, second.dtype, third.dtype) == (torch.float16, torch.float16,
                                                        torch.float32)
@@ -279,7 +398,7 @@ def bundle(tmp_path_factory):
     lines = []
     export_bundle(ExportOptions(output_dir=out, fused_target=True, dflash_drafter=True,
                                 max_context_length=64, prefill_length=8),
-                  export_module.Progress(echo=lines.append))
+                  Progress(echo=lines.append))
     return out, lines
 
 
@@ -345,7 +464,7 @@ def test_target_package_functions_and_signatures(bundle):
     assert prefill["drafter_features"][1] == [1, 8, hidden]  # but features for the chunk
     for function in functions.values():
         states = _features(function.state)
-        assert sorted(states) == sorted(export_module.TARGET_STATES)
+        assert sorted(states) == sorted(TARGET_STATES)
         assert {dtype for _, _, dtype in states.values()} == {FP16}
 
 
@@ -412,7 +531,7 @@ def test_exported_files_are_readable_by_everyone(bundle):
 
 def _large_consts(package):
     """Const name -> (shape, stored bytes) of every 2-D weight in the package's weight file."""
-    from museflash.multifunction import _BLOB_METADATA, blob_constants, read_spec
+    from museflash.export.merge import _BLOB_METADATA, blob_constants, read_spec
 
     blob = (package / "Data" / "com.apple.CoreML" / "weights" / "weight.bin").read_bytes()
     found = {}
@@ -456,10 +575,10 @@ def test_conversion_keeps_placeholders_unmaterialised(tmp_path):
     target = load_target(target_dir, drafter_dir, dtype=torch.float16, max_context=64,
                          max_query_len=4, placeholders=placeholders)
     assert len(placeholders.by_row) >= 8
-    program = trace(target.with_entry_point("forward"), export_module._example_ids(4))
-    model = export_module.convert(program, export_module._int_inputs("input_ids", 4),
-                                  ["logits", "drafter_features"], target,
-                                  export_module.TARGET_STATES)
+    function = _ids_function(FunctionName.MAIN, FunctionRole.DECODE, "forward", 4,
+                             [OutputName.LOGITS, OutputName.DRAFTER_FEATURES])
+    program = trace(target.with_entry_point(function.entry_point), function.example_args)
+    model = convert(program, function.inputs, function.outputs, target, TARGET_STATES)
     materialised, kept = [], 0
     for op in model._mil_program.functions["main"].operations:
         value = op.outputs[0].val if op.op_type == "const" else None

@@ -5,7 +5,9 @@ import json
 import pytest
 
 from museflash.demo_checkpoint import DEMO_DRAFTER_CONFIG, DEMO_TARGET_CONFIG
-from museflash.export import ExportOptions, Progress, export_bundle
+from museflash.export.options import ExportOptions
+from museflash.export.pipeline import export_bundle
+from museflash.export.progress import Progress
 
 ct = pytest.importorskip("coremltools")
 
@@ -54,7 +56,7 @@ def test_ring_metadata(bundle):
 def test_ring_bundle_verifies_against_its_checkpoints(bundle):
     """verify's ring-drafter branch: parity of the plain target and the ring drafter (positions
     that wrap the drafter's ring) and the lossless loop, on the builtin demo pair."""
-    from museflash.verify import VerifyOptions, run_verify
+    from museflash.runtime.verify import VerifyOptions, run_verify
 
     lines = []
     status = run_verify(VerifyOptions(export_dir=bundle, echo=lines.append, new_tokens=8))

@@ -13,7 +13,8 @@ import torch
 from package_surgery import swap_blobs
 
 from museflash.demo_checkpoint import DEMO_DRAFTER_CONFIG, DEMO_TARGET_CONFIG, build_demo_models
-from museflash.mlprogram_interpreter import (
+from museflash.models.dflash import DFlashRingDrafter
+from museflash.runtime.interpreter import (
     KERNELS,
     SUPPORTED_OP_TYPES,
     Interpreter,
@@ -22,8 +23,7 @@ from museflash.mlprogram_interpreter import (
     list_functions,
     load_program,
 )
-from museflash.models.dflash import DFlashRingDrafter
-from museflash.parity import ParityError, Tolerance, module_states, parity_step, sync_states
+from museflash.runtime.parity import ParityError, Tolerance, module_states, parity_step, sync_states
 
 ct = pytest.importorskip("coremltools")
 

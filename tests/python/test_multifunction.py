@@ -6,25 +6,26 @@ import shutil
 import pytest
 import torch
 
-from museflash import export
-from museflash.benchmark import _without_state_op_debug_names as without_labels
+from museflash.bundle import PACKAGE_SPEC, PACKAGE_WEIGHT_FILE
 from museflash.checkpoint import PlaceholderWeights, WeightLocation
 from museflash.demo_checkpoint import write_demo_checkpoints
-from museflash.multifunction import (
+from museflash.export.convert import convert_function
+from museflash.export.merge import (
     _BLOB_METADATA,
-    SPEC_FILE,
-    WEIGHT_FILE,
-    WEIGHTS_DIR,
     MergeError,
     blob_constants,
     merge_packages,
     read_spec,
 )
+from museflash.export.options import ExportOptions
+from museflash.export.plan import load_modules, plan_export
+from museflash.export.progress import Progress
+from museflash.tools.benchmark import _without_state_op_debug_names as without_labels
 
 ct = pytest.importorskip("coremltools")
 
 
-class _Quiet(export.Progress):
+class _Quiet(Progress):
     def __init__(self):
         super().__init__(echo=lambda _line: None)
 
@@ -35,18 +36,18 @@ def parts(tmp_path_factory):
     real weights and once with placeholders."""
     root = tmp_path_factory.mktemp("parts")
     target_dir, drafter_dir = write_demo_checkpoints(root / "demo")
-    options = export.ExportOptions(output_dir=root / "unused", fused_target=True,
-                                   max_context_length=64, prefill_length=8)
-    plan = export.plan_export(options, target_dir, drafter_dir)
+    options = ExportOptions(output_dir=root / "unused", fused_target=True,
+                            max_context_length=64, prefill_length=8)
+    plan = plan_export(options, target_dir, drafter_dir)
     package = plan.package("target")
     made = {}
     for label, placeholders in (("real", None), ("placeholders", PlaceholderWeights())):
-        modules = export.load_modules(options, plan, _Quiet(), placeholders)
+        modules = load_modules(options, plan, _Quiet(), placeholders)
         (root / label).mkdir()
         functions = []
         for function in package.functions:
             part = root / label / f"{function.name}.mlpackage"
-            export.convert_function(modules["target"], package, function, part, _Quiet())
+            convert_function(modules["target"], package, function, part, _Quiet())
             functions.append((function.name, part))
         rows = None
         if placeholders is not None:
@@ -56,7 +57,7 @@ def parts(tmp_path_factory):
 
 
 def _weights(package):
-    return (package / WEIGHTS_DIR / WEIGHT_FILE).read_bytes()
+    return (package / PACKAGE_WEIGHT_FILE).read_bytes()
 
 
 def test_merge_writes_what_save_multifunction_writes(parts, tmp_path):
@@ -91,7 +92,7 @@ def test_placeholders_become_the_real_weights(parts, tmp_path):
 
 
 def _first_placeholder_blob(part, placeholders):
-    data = (part / WEIGHTS_DIR / WEIGHT_FILE).read_bytes()
+    data = (part / PACKAGE_WEIGHT_FILE).read_bytes()
     for const in blob_constants(read_spec(part).mlProgram.functions["main"]):
         _, _, size, start = _BLOB_METADATA.unpack_from(data, const.offset)
         if len(const.shape) == 2 and data[start:start + 2 * const.shape[1]] in placeholders.by_row:
@@ -107,7 +108,7 @@ def test_a_placeholder_changed_past_its_first_row_is_refused(parts, tmp_path):
         shutil.copytree(part, copy)
         damaged.append((name, copy))
     start, size = _first_placeholder_blob(damaged[0][1], placeholders)
-    with (damaged[0][1] / WEIGHTS_DIR / WEIGHT_FILE).open("r+b") as handle:
+    with (damaged[0][1] / PACKAGE_WEIGHT_FILE).open("r+b") as handle:
         handle.seek(start + size - 2)
         last = handle.read(2)
         handle.seek(start + size - 2)
@@ -123,7 +124,7 @@ def test_a_weight_missing_from_the_parts_is_refused(parts, tmp_path):
     functions, placeholders, rows = parts["placeholders"]
     lost = WeightLocation(path=tmp_path / "nowhere.safetensors", offset=0, nbytes=2 * 64 * 64,
                           dtype="F16", shape=(64, 64), key="model.lost.weight")
-    extra = PlaceholderWeights(seed=7)
+    extra = PlaceholderWeights()
     extra.by_row.update(placeholders.by_row)
     row = extra.row_of(extra.make(lost, torch.float16))
     with pytest.raises(MergeError, match=r"\['model.lost.weight'\] are not stored"):
@@ -141,4 +142,4 @@ def test_a_multifunction_part_is_refused(parts, tmp_path):
     merge_packages(parts["real"][0], merged, "main")
     with pytest.raises(MergeError, match="is not a single-function ML program"):
         merge_packages([("main", merged)], tmp_path / "again.mlpackage", "main")
-    assert (merged / SPEC_FILE).exists()
+    assert (merged / PACKAGE_SPEC).exists()

@@ -2,14 +2,14 @@
 and name their cause, and a real helper process reports its own errors."""
 
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
-from museflash import parallel_conversion
-from museflash.export import ExportError, ExportOptions, PackagePlan, plan_export
-from museflash.parallel_conversion import HelperError, HelperProcess, process_count, run_conversions
+from museflash.export import parallel as parallel_conversion
+from museflash.export.options import ExportError, ExportOptions
+from museflash.export.parallel import HelperError, HelperProcess, process_count, run_conversions
+from museflash.export.plan import PackagePlan, plan_export
 
 
 def _jobs(count):
@@ -22,39 +22,55 @@ class _Function:
         self.name = name
 
 
-class _FakeHelper:
-    """Stands in for a HelperProcess: converts by recording, optionally failing."""
+WAIT = 60  # seconds; only reached when run_conversions is broken (then the test fails, not hangs)
 
-    def __init__(self, fails=False, delay=0.0):
+
+class _FakeHelper:
+    """Stands in for a HelperProcess: converts by recording, after `before_convert` (which may
+    block, or raise like a failing or killed helper)."""
+
+    def __init__(self, before_convert=lambda function: None):
         self.busy = False
         self.stopped = False
+        self.stopped_event = threading.Event()
         self.done = []
-        self.fails = fails
-        self.delay = delay
+        self.before_convert = before_convert
 
     def wait_ready(self):
         pass
 
     def convert(self, asset, function, part):
-        time.sleep(self.delay)
-        if self.fails:
-            raise HelperError(f"ValueError: cannot convert {function}")
+        self.before_convert(function)
         self.done.append(function)
 
     def stop(self):
         self.stopped = True
+        self.stopped_event.set()
+
+
+def _wait(event):
+    assert event.wait(WAIT), "run_conversions did not get here"
 
 
 def test_every_job_is_converted_once_here_or_in_a_helper():
+    """Each of the three converters blocks in its first job until all three hold one: so all
+    of them take part, whatever the scheduling."""
+    everyone_busy = threading.Barrier(3, timeout=WAIT)
     here = []
-    lock = threading.Lock()
+
+    def first_waits(converted):
+        def before(_function):
+            if not converted:
+                everyone_busy.wait()
+        return before
 
     def convert_here(job):
-        time.sleep(0.02)
-        with lock:
-            here.append(job[1].name)
+        first_waits(here)(job[1].name)
+        here.append(job[1].name)
 
-    helpers = [_FakeHelper(delay=0.02), _FakeHelper(delay=0.02)]
+    helpers = [_FakeHelper(), _FakeHelper()]
+    for helper in helpers:
+        helper.before_convert = first_waits(helper.done)
     run_conversions(_jobs(12), convert_here, helpers)
     converted = here + helpers[0].done + helpers[1].done
     assert sorted(converted) == sorted(f"f{i}" for i in range(12))
@@ -68,12 +84,26 @@ def test_without_helpers_everything_converts_here():
 
 
 def test_a_failing_helper_stops_the_export_and_names_its_error():
+    """The helper fails while this process converts its first job, which lasts until the
+    helper's thread has finished reporting the failure; then nothing new may start here."""
+    before = set(threading.enumerate())
+    converting_here, helper_failed = threading.Event(), threading.Event()
     here = []
-    helper = _FakeHelper(fails=True)
+
+    def fail(function):
+        _wait(converting_here)
+        helper_failed.set()
+        raise HelperError(f"ValueError: cannot convert {function}")
+
+    helper = _FakeHelper(fail)
 
     def convert_here(job):
         here.append(job[1].name)
-        time.sleep(0.2)  # the helper takes a job meanwhile, and fails
+        if len(here) == 1:
+            converting_here.set()
+            _wait(helper_failed)
+            for thread in set(threading.enumerate()) - before:
+                thread.join(WAIT)
 
     with pytest.raises(ExportError, match="helper process failed: ValueError: cannot convert f"):
         run_conversions(_jobs(6), convert_here, [helper])
@@ -82,7 +112,13 @@ def test_a_failing_helper_stops_the_export_and_names_its_error():
 
 
 def test_a_failure_here_stops_the_helpers():
-    helper = _FakeHelper(delay=0.05)
+    """The helper's conversion lasts until it is stopped (a real one is killed); the failure
+    here is raised, the helper is stopped, and nothing it had started counts as converted."""
+    def until_stopped(_function):
+        _wait(helper.stopped_event)
+        raise HelperError("killed")
+
+    helper = _FakeHelper(until_stopped)
 
     def convert_here(job):
         raise KeyboardInterrupt
@@ -90,7 +126,7 @@ def test_a_failure_here_stops_the_helpers():
     with pytest.raises(KeyboardInterrupt):
         run_conversions(_jobs(6), convert_here, [helper])
     assert helper.stopped
-    assert len(helper.done) <= 1
+    assert helper.done == []
 
 
 @pytest.mark.parametrize(("requested", "jobs", "cpus", "expected"), [
