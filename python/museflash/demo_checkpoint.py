@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import copy
 import math
-import os
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,7 @@ from museflash.checkpoint import (
 )
 from museflash.models.dflash import DFlashConfig, DFlashDrafter
 from museflash.models.muse_glimmer import MuseGlimmerConfig, MuseGlimmerWithDrafterFeatures
+from museflash.paths import resolve_user_path
 
 _S, _G = "sliding_attention", "full_attention"
 
@@ -154,10 +154,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-shard-bytes", type=int, default=None,
                         help="write model-0000N-of-0000M.safetensors shards of at most this size")
     args = parser.parse_args(argv)
-    output_dir = args.output_dir
-    if not output_dir.is_absolute():
-        # `bazel run` starts tools inside the runfiles tree; the user meant their own cwd.
-        output_dir = Path(os.environ.get("BUILD_WORKING_DIRECTORY") or os.getcwd()) / output_dir
+    output_dir = resolve_user_path(args.output_dir)
     target_dir, drafter_dir = write_demo_checkpoints(
         output_dir, args.seed, args.dtype, max_shard_bytes=args.max_shard_bytes
     )

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from museflash.cli.paths import resolve_user_path
+from museflash.paths import resolve_user_path
 
 
 @pytest.mark.parametrize(

@@ -119,7 +119,7 @@ def test_cli_prints_a_one_line_error_and_exits_2(tmp_path):
     assert len(result.stderr.splitlines()) == 1, result.stderr
     assert result.stderr.startswith("export: error: --dflash-drafter requires --fused-target")
     assert result.stdout == ""
-    assert not (tmp_path / "out").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no output, no console log
 
 
 def test_cli_names_an_out_of_range_token_id_in_one_line(tmp_path):
@@ -136,6 +136,7 @@ def test_cli_names_an_out_of_range_token_id_in_one_line(tmp_path):
     assert "mask_token_id 512 is outside the target vocabulary" in result.stderr
     assert "fix the config" in result.stderr
     assert not (tmp_path / "out").exists()
+    assert not (tmp_path / "out.export.log").exists()
 
 
 def test_cli_success_prints_only_stage_lines_and_removes_its_log(tmp_path):

@@ -11,7 +11,7 @@ import sys
 
 from absl import app, flags, logging
 
-from museflash.cli.paths import resolve_user_path
+from museflash.paths import resolve_user_path
 from museflash.tools.benchmark import run_benchmark
 
 flags.DEFINE_list("sizes", ["0.25", "0.5", "1", "2"], "Checkpoint sizes in GB of fp16 weights.")

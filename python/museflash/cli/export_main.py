@@ -15,12 +15,12 @@ import traceback
 from absl import app, flags, logging
 
 from museflash.checkpoint import CheckpointError
-from museflash.cli.paths import resolve_user_path
 from museflash.export.options import ExportError, ExportOptions
 from museflash.export.pipeline import export_bundle
 from museflash.export.progress import log_path_for, quiet_console
 from museflash.export.publish import OutputDirError
 from museflash.models.dflash import DrafterTargetMismatchError
+from museflash.paths import resolve_user_path
 
 flags.DEFINE_string("checkpoint", None, "Target checkpoint directory (Hugging Face layout).")
 flags.DEFINE_string("drafter-checkpoint", None, "Drafter checkpoint directory.")
@@ -89,7 +89,9 @@ def main(argv: list[str]) -> int:
             failure = (2, f"export: error: cannot write the console log {log} ({error}); pass "
                           "--verbose to keep library output on the console")
         else:
-            if failure is None:
+            # A problem with the input is said in full by its one line: the log is kept only
+            # for an internal failure, whose traceback and library output it holds.
+            if failure is None or failure[0] == 2:
                 log.unlink(missing_ok=True)
             else:
                 failure = (failure[0], f"{failure[1]} (library output: {log})")

@@ -14,7 +14,7 @@ import sys
 
 from absl import app, flags, logging
 
-from museflash.cli.paths import resolve_user_path
+from museflash.paths import resolve_user_path
 from museflash.runtime.verify import VerifyOptions, run_verify
 
 flags.DEFINE_string("export-dir", None, "Export directory (holds metadata.json).")

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import tempfile
 import time
 from dataclasses import dataclass
@@ -54,6 +53,7 @@ from museflash.checkpoint import (
     read_config,
     write_safetensors,
 )
+from museflash.paths import resolve_user_path
 from museflash.runtime.speculative import EagerDrafter, EagerTarget, speculative_generate
 
 UPSTREAM_ACCEPTANCE = {4: 0.64, 8: 0.30, 16: 0.17}
@@ -455,17 +455,9 @@ def format_report(report: dict) -> str:
     return "\n".join(lines)
 
 
-def _user_path(value: str) -> Path:
-    """Relative to where `bazel run` was typed (BUILD_WORKING_DIRECTORY), like the command
-    lines' paths (tools sit below museflash.cli and do not import it)."""
-    path = Path(value).expanduser()
-    return path if path.is_absolute() else \
-        Path(os.environ.get("BUILD_WORKING_DIRECTORY") or os.getcwd()) / path
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--output-dir", required=True, type=_user_path)
+    parser.add_argument("--output-dir", required=True, type=resolve_user_path)
     parser.add_argument("--train-seconds", type=float, default=150.0)
     parser.add_argument("--train-steps", type=int, default=None)
     parser.add_argument("--sequences", type=int, default=2048,

@@ -1,5 +1,5 @@
-"""Path handling shared by the command lines (kept free of absl flags, so any CLI can import
-it without defining another CLI's flags)."""
+"""Paths the user typed, shared by every command line and tool (no flags, no museflash
+imports, so anything can use it)."""
 
 from __future__ import annotations
 
