@@ -24,6 +24,7 @@ and over eager torch modules (used to measure acceptance while training a drafte
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -322,6 +323,15 @@ def _inject_starts(length: int, block: int) -> list[int]:
     return chunk_starts(length, block) if length >= block else [0]
 
 
+def _emit(result: DecodeResult, tokens: list[int], limit: int,
+          on_tokens: Callable[[list[int]], None] | None) -> None:
+    """Appends the new tokens (at most up to `limit` in all) and hands them to `on_tokens`."""
+    tokens = tokens[:max(0, limit - len(result.tokens))]
+    result.tokens.extend(tokens)
+    if on_tokens is not None and tokens:
+        on_tokens(tokens)
+
+
 def _check_room(metadata_context: int | None, prompt_len: int, new_tokens: int, block: int):
     if metadata_context is None:
         return
@@ -344,6 +354,7 @@ def speculative_generate(
     sampling: Sampling | None = None,
     rng: np.random.Generator | None = None,
     pad_token_id: int = 0,
+    on_tokens: Callable[[list[int]], None] | None = None,
 ) -> DecodeResult:
     """Speculative decoding. Greedy (no `sampling`, or temperature 0): the output equals the
     target's own greedy output. Sampled: the drafts are sampled from the drafter's rows under
@@ -365,7 +376,7 @@ def speculative_generate(
     result = DecodeResult(tokens=[], num_draft_tokens=proposals, sampling=sampling)
     logits, features = _prefill(target, prompt, result, pad_token_id)
     anchor = _next_token(logits, sampling, rng)
-    result.tokens.append(anchor)
+    _emit(result, [anchor], max_new_tokens, on_tokens)
     for start in _inject_starts(len(prompt), block):
         positions = np.arange(start, start + block, dtype=np.int32)
         drafter.inject(np.stack([features[p] for p in positions.tolist()]), positions)
@@ -395,8 +406,7 @@ def speculative_generate(
                 accepted += 1
             token = int(greedy[accepted])
         result.accepted.append(accepted)
-        result.tokens.extend(int(t) for t in guesses[:accepted])
-        result.tokens.append(token)
+        _emit(result, [int(t) for t in guesses[:accepted]] + [token], max_new_tokens, on_tokens)
         # Rows 0..accepted were computed from correct tokens; later rows saw rejected drafts
         # and stand only at positions the next verify call re-writes (they fill the inject
         # window while fewer than `block` positions are known).
@@ -409,7 +419,6 @@ def speculative_generate(
         for old in [p for p in features if p <= last - block]:
             del features[old]
         anchor, anchor_pos = token, last + 1
-    del result.tokens[max_new_tokens:]
     result.drafter_calls = result.inject_calls + result.draft_calls
     result.target_calls = result.prefill_calls + result.verify_calls
     return result
@@ -424,6 +433,7 @@ def target_only_generate(
     context_length: int | None = None,
     sampling: Sampling | None = None,
     rng: np.random.Generator | None = None,
+    on_tokens: Callable[[list[int]], None] | None = None,
 ) -> DecodeResult:
     """Target-only decoding over the same functions: one new token per `main` call, greedy
     (no `sampling`, or temperature 0) or sampled under `sampling` with `rng`.
@@ -440,14 +450,14 @@ def target_only_generate(
     result = DecodeResult(tokens=[], sampling=sampling)
     logits, _ = _prefill(target, prompt, result, pad_token_id)
     token = _next_token(logits, sampling, rng)
-    result.tokens.append(token)
+    _emit(result, [token], max_new_tokens, on_tokens)
     position = len(prompt)
     while len(result.tokens) < max_new_tokens:
         ids = np.array([token] + [pad_token_id] * (block - 1), np.int32)
         logits, _ = target.verify(ids, np.arange(position, position + block, dtype=np.int32))
         result.verify_calls += 1
         token = _next_token(logits[0], sampling, rng)
-        result.tokens.append(token)
+        _emit(result, [token], max_new_tokens, on_tokens)
         position += 1
     result.target_calls = result.prefill_calls + result.verify_calls
     return result

@@ -1,0 +1,110 @@
+"""//:generate: text in, text out over an export (the numpy interpreter), with its errors."""
+
+import pytest
+
+from museflash.demo_checkpoint import write_demo_checkpoints
+from museflash.export.options import ExportOptions
+from museflash.export.pipeline import export_bundle
+from museflash.export.progress import Progress
+from museflash.runtime.generate import (
+    GenerateError,
+    GenerateOptions,
+    TextStream,
+    TextTokenizer,
+    generate,
+)
+from museflash.tools.metadata_examples import write_word_tokenizer
+
+MASK = 511
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory):
+    root = tmp_path_factory.mktemp("generate")
+    target, drafter = write_demo_checkpoints(root / "plain")
+    plain = root / "plain_export"
+    export_bundle(ExportOptions(output_dir=plain, fused_target=True, dflash_drafter=True,
+                                checkpoint=target, drafter_checkpoint=drafter,
+                                max_context_length=64, prefill_length=8,
+                                conversion_processes=1), Progress(echo=lambda _line: None))
+    write_word_tokenizer(target, 512, {"<pad>": 0, "<eos>": 2, "<mask>": MASK})
+    (target / "tokenizer_config.json").write_text('{"eos_token": "<eos>", "pad_token": "<pad>"}')
+    with_tokenizer = root / "export"
+    export_bundle(ExportOptions(output_dir=with_tokenizer, fused_target=True,
+                                dflash_drafter=True, checkpoint=target,
+                                drafter_checkpoint=drafter, max_context_length=64,
+                                prefill_length=8), Progress(echo=lambda _line: None))
+    return {"tokenizer": with_tokenizer, "plain": plain}
+
+
+def _generate(export_dir, **kwargs):
+    written, said = [], []
+    run = generate(GenerateOptions(export_dir=export_dir, **kwargs), written.append, said.append)
+    return run, "".join(written), said
+
+
+def test_greedy_text_with_the_drafter_is_the_targets_own(exports):
+    prompt = "w5 w7 w9"
+    drafted, text, said = _generate(exports["tokenizer"], prompt=prompt, max_new_tokens=10)
+    alone, alone_text, _ = _generate(exports["tokenizer"], prompt=prompt, max_new_tokens=10,
+                                     draft=False)
+    assert drafted.result.tokens == alone.result.tokens
+    assert text == alone_text
+    assert drafted.result.draft_calls > 0 and alone.result.draft_calls == 0
+    # The stream wrote the prompt, then exactly the decoded tokens (none after <eos>).
+    tokens = drafted.result.tokens[:drafted.result.tokens.index(2)] \
+        if 2 in drafted.result.tokens else drafted.result.tokens
+    assert text == prompt + " ".join(f"w{t}" for t in tokens if t != 0) + "\n"
+    assert any("same tokens" in line for line in said), said
+
+
+def test_sampling_is_reproducible_by_seed(exports):
+    first = _generate(exports["tokenizer"], prompt="w1", max_new_tokens=8, temperature=1.0,
+                      seed=3, compare=False)[0].result.tokens
+    again = _generate(exports["tokenizer"], prompt="w1", max_new_tokens=8, temperature=1.0,
+                      seed=3, compare=False)[0].result.tokens
+    other = [_generate(exports["tokenizer"], prompt="w1", max_new_tokens=8, temperature=1.0,
+                       seed=s, compare=False)[0].result.tokens for s in (4, 5)]
+    assert first == again
+    assert any(o != first for o in other)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"temperature": -0.5}, "--temperature must be a finite number >= 0"),
+    ({"top_p": 0.0}, r"--top-p must be in \(0, 1\]"),
+    ({"top_p": 1.5}, r"--top-p must be in \(0, 1\]"),
+    ({"prompt": "   "}, "has no tokens after tokenization"),
+    ({"backend": "coreml"}, "--backend 'coreml' is not one of"),
+    ({"max_new_tokens": 0}, "--max-new-tokens must be at least 1"),
+    ({"max_new_tokens": 60}, "context_length is 64"),
+])
+def test_bad_requests_are_one_line_errors(exports, kwargs, message):
+    options = {"prompt": "w3", **kwargs}
+    with pytest.raises(GenerateError, match=message):
+        _generate(exports["tokenizer"], **options)
+
+
+def test_an_export_without_tokenizer_is_refused(exports):
+    with pytest.raises(GenerateError, match="has no tokenizer"):
+        _generate(exports["plain"], prompt="hello")
+
+
+def test_the_stream_holds_back_half_a_character_and_stops_at_eos():
+    class Bytes(TextTokenizer):
+        """Token i is byte i (UTF-8), 0 is <eos>."""
+
+        def __init__(self):
+            self.eos, self.special_ids = 0, {0}
+
+        def decode(self, ids):
+            return bytes(ids).decode("utf-8", errors="replace")
+
+    shown = []
+    stream = TextStream(Bytes(), shown.append)
+    euro = list("€".encode())
+    stream([ord("a"), euro[0]])
+    stream([euro[1]])
+    assert "".join(shown) == "a"  # no replacement character while the euro sign is split
+    stream([euro[2], ord("b"), 0, ord("c")])
+    stream([ord("d")])
+    assert "".join(shown) == "a€b"
