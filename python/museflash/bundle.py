@@ -35,8 +35,11 @@ SUPPORTED_SCHEMA_VERSIONS = (1,)
 METADATA_FILE = "metadata.json"
 # Key of the user-defined spec metadata entry holding the same JSON text in every package.
 EMBEDDED_METADATA_KEY = "museflash.metadata"
-# The `source.checkpoint` value of an export of the built-in demo pair.
-BUILTIN_DEMO = "builtin:demo"
+# `source.checkpoint` of an export of a built-in pair: "builtin:<name>". `demo` is the trained
+# pair committed under demo/, `tiny` the random 0.8 MB pair the tests export.
+BUILTIN_PREFIX = "builtin:"
+BUILTIN_PAIRS = ("demo", "tiny")
+BUILTIN_DEMO = BUILTIN_PREFIX + "demo"
 COMPUTE_PRECISION = "float16"
 STATE_DTYPE = "float16"
 
@@ -240,7 +243,8 @@ class SpeculativeDecoding:
 
 @dataclass(frozen=True)
 class Source:
-    checkpoint: str = _doc(f"absolute path of the target checkpoint, or `{BUILTIN_DEMO}`")
+    checkpoint: str = _doc("absolute path of the target checkpoint, or `builtin:demo` / "
+                           "`builtin:tiny` for a built-in pair")
     drafter_checkpoint: str | None = _doc("the drafter checkpoint, likewise; null without one")
 
 

@@ -1,4 +1,5 @@
-"""Deterministic tiny Muse Glimmer + DFlash checkpoints in the real on-disk layout.
+"""The built-in checkpoint pairs: the trained demo pair committed under demo/, and
+deterministic tiny random Muse Glimmer + DFlash checkpoints in the real on-disk layout.
 
     python -m museflash.demo_checkpoint --output-dir DIR [--dtype bf16] [--max-shard-bytes N]
 
@@ -12,14 +13,19 @@ from __future__ import annotations
 import argparse
 import copy
 import math
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from museflash.bundle import BUILTIN_PAIRS
 from museflash.checkpoint import (
     DTYPES,
+    CheckpointError,
     drafter_checkpoint_tensors,
     target_checkpoint_tensors,
     write_safetensors,
@@ -119,6 +125,28 @@ def build_demo_models(
     randomize(drafter.layers, generator)
     randomize(drafter.norm, generator)
     return target.eval(), drafter.eval()
+
+
+# The trained demo pair (tools/train_demo.py), committed beside python/ (docs/demo.md).
+TRAINED_DEMO_DIR = Path(__file__).resolve().parents[2] / "demo"
+
+
+@contextmanager
+def builtin_checkpoints(name: str) -> Iterator[tuple[Path, Path]]:
+    """(target dir, drafter dir) of a built-in pair: `demo`, the trained pair committed under
+    demo/, or `tiny`, the random pair written to a temporary directory (in the real layout, so
+    it goes through the same loader)."""
+    if name == "demo":
+        target, drafter = TRAINED_DEMO_DIR / "target", TRAINED_DEMO_DIR / "drafter"
+        if not (target / "config.json").is_file() or not (drafter / "config.json").is_file():
+            raise CheckpointError(f"the trained demo pair is missing from {TRAINED_DEMO_DIR}; "
+                                  "restore it from git or rebuild it with //:train_demo")
+        yield target, drafter
+    elif name == "tiny":
+        with tempfile.TemporaryDirectory(prefix="museflash-tiny-") as scratch:
+            yield write_demo_checkpoints(scratch)
+    else:
+        raise ValueError(f"no built-in pair {name!r}; choose one of {list(BUILTIN_PAIRS)}")
 
 
 def write_demo_checkpoints(

@@ -64,7 +64,8 @@ def test_comparison_finds_a_changed_weight_and_sets_aside_only_debug_names(tmp_p
     from museflash.export.progress import Progress
 
     first = tmp_path / "first"
-    export_bundle(ExportOptions(output_dir=first, fused_target=True, dflash_drafter=True,
+    export_bundle(ExportOptions(output_dir=first, builtin="tiny",
+                                fused_target=True, dflash_drafter=True,
                                 max_context_length=64, prefill_length=8),
                   Progress(echo=lambda _line: None))
     second = tmp_path / "second"

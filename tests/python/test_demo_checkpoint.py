@@ -2,9 +2,13 @@
 
 import json
 
+import pytest
 from safetensors import safe_open
 
+from museflash import demo_checkpoint
+from museflash.checkpoint import CheckpointError, check_configs
 from museflash.demo_checkpoint import main, write_demo_checkpoints
+from museflash.export.options import ExportError, ExportOptions, check_flag_rules
 
 
 def _tensor_bytes(directory):
@@ -42,3 +46,19 @@ def test_command_line_writes_shards(tmp_path, capsys):
     shards = set(index["weight_map"].values())
     assert all((tmp_path / "target" / name).is_file() for name in shards)
     assert "wrote" in capsys.readouterr().out
+
+
+def test_builtin_pairs_and_their_errors(tmp_path, monkeypatch):
+    with demo_checkpoint.builtin_checkpoints("tiny") as (target, drafter):
+        assert check_configs(target, drafter).target.vocab_size == 512
+    assert not target.exists()  # the tiny pair lives only inside the block
+    monkeypatch.setattr(demo_checkpoint, "TRAINED_DEMO_DIR", tmp_path / "gone")
+    with pytest.raises(CheckpointError, match="trained demo pair is missing from .*gone; "
+                                              "restore it from git or rebuild it"):
+        with demo_checkpoint.builtin_checkpoints("demo"):
+            pass
+    with pytest.raises(ValueError, match=r"no built-in pair 'huge'"):
+        with demo_checkpoint.builtin_checkpoints("huge"):
+            pass
+    with pytest.raises(ExportError, match=r"--builtin 'huge' is not a built-in pair"):
+        check_flag_rules(ExportOptions(output_dir=tmp_path / "out", builtin="huge"))

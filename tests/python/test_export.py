@@ -59,7 +59,7 @@ def _quiet(_line):
     ],
 )
 def test_flag_rules_fail_before_any_work(tmp_path, flags, message):
-    options = ExportOptions(output_dir=tmp_path / "out", **flags)
+    options = ExportOptions(output_dir=tmp_path / "out", builtin="tiny", **flags)
     with pytest.raises(ExportError, match=message) as caught:
         check_flag_rules(options)
     assert "\n" not in str(caught.value)
@@ -94,7 +94,7 @@ def test_non_empty_output_dir_needs_overwrite(tmp_path, monkeypatch):
     out.mkdir()
     (out / "keep.txt").write_text("keep")
     with pytest.raises(OutputDirError, match="--overwrite"):
-        export_bundle(ExportOptions(output_dir=out, fused_target=True), _Silent())
+        export_bundle(ExportOptions(output_dir=out, builtin="tiny", fused_target=True), _Silent())
     assert (out / "keep.txt").read_text() == "keep"
 
 
@@ -141,7 +141,8 @@ def test_cli_names_an_out_of_range_token_id_in_one_line(tmp_path):
 
 def test_cli_success_prints_only_stage_lines_and_removes_its_log(tmp_path):
     out = tmp_path / "out"
-    result = _export_cli("--fused-target", "--dflash-drafter", "--conversion-processes=1",
+    result = _export_cli("--builtin=tiny", "--fused-target", "--dflash-drafter",
+                         "--conversion-processes=1",
                          "--max-context-length=64", "--prefill-length=8", f"--output-dir={out}",
                          cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -166,7 +167,7 @@ def test_cli_internal_failure_keeps_the_log_and_prints_its_path(tmp_path, monkey
 
     monkeypatch.setattr(pipeline_module, "convert_function", crash)
     out = tmp_path / "out"
-    flags.FLAGS(["export", "--fused-target", "--conversion-processes=1",
+    flags.FLAGS(["export", "--builtin=tiny", "--fused-target", "--conversion-processes=1",
                  "--max-context-length=64", "--prefill-length=8", f"--output-dir={out}"])
     try:
         status = export_main.main(["export"])
@@ -318,7 +319,7 @@ def test_shallower_drafter_and_absent_keys_pass_validation(tmp_path):
     config["num_key_value_heads"] = 4
     del config["head_dim"]
     (drafter_dir / "config.json").write_text(json.dumps(config))
-    options = ExportOptions(output_dir=tmp_path / "out", fused_target=True)
+    options = ExportOptions(output_dir=tmp_path / "out", builtin="tiny", fused_target=True)
     configs = plan_module.plan_export(options, target_dir, drafter_dir).configs
     assert configs.drafter.num_hidden_layers == 1 < configs.target.num_hidden_layers
     assert configs.drafter_raw["num_key_value_heads"] == 4
@@ -340,7 +341,8 @@ def test_failure_mid_export_leaves_nothing_behind(tmp_path, monkeypatch):
 
     monkeypatch.setattr(pipeline_module, "convert_function", half_then_crash)
     with pytest.raises(RuntimeError, match="injected failure"):
-        export_bundle(ExportOptions(output_dir=out, fused_target=True, dflash_drafter=True,
+        export_bundle(ExportOptions(output_dir=out, builtin="tiny",
+                                    fused_target=True, dflash_drafter=True,
                                     conversion_processes=2), _Silent())
     assert list(tmp_path.iterdir()) == []
 
@@ -355,7 +357,8 @@ def test_failure_keeps_an_existing_export_intact(tmp_path, monkeypatch):
 
     monkeypatch.setattr(pipeline_module, "convert_function", crash)
     with pytest.raises(KeyboardInterrupt):
-        export_bundle(ExportOptions(output_dir=out, overwrite=True, fused_target=True,
+        export_bundle(ExportOptions(output_dir=out, builtin="tiny",
+                                    overwrite=True, fused_target=True,
                                     conversion_processes=2), _Silent())
     assert [p.name for p in tmp_path.iterdir()] == ["out"]
     assert (out / "metadata.json").read_text() == "previous"
@@ -397,7 +400,8 @@ def test_bf16_outputs_are_cast_unless_disabled(monkeypatch):
 def bundle(tmp_path_factory):
     out = tmp_path_factory.mktemp("export") / "bundle"
     lines = []
-    export_bundle(ExportOptions(output_dir=out, fused_target=True, dflash_drafter=True,
+    export_bundle(ExportOptions(output_dir=out, builtin="tiny",
+                                fused_target=True, dflash_drafter=True,
                                 max_context_length=64, prefill_length=8),
                   Progress(echo=lines.append))
     return out, lines
@@ -507,8 +511,8 @@ def test_metadata_file_and_embedded_copies_agree(bundle):
     metadata = json.loads((out / "metadata.json").read_text())
     assert metadata["schema_version"] == 1
     assert metadata["speculative_decoding"]["drafter_kind"] == "dflash"
-    assert metadata["source"] == {"checkpoint": "builtin:demo",
-                                  "drafter_checkpoint": "builtin:demo"}
+    assert metadata["source"] == {"checkpoint": "builtin:tiny",
+                                  "drafter_checkpoint": "builtin:tiny"}
     for asset in metadata["assets"].values():
         spec = _spec_of(out / asset["path"])
         embedded = json.loads(spec.description.metadata.userDefined[EMBEDDED_METADATA_KEY])

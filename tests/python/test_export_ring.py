@@ -15,7 +15,8 @@ ct = pytest.importorskip("coremltools")
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory):
     out = tmp_path_factory.mktemp("ring") / "bundle"
-    export_bundle(ExportOptions(output_dir=out, with_drafter=True, max_context_length=32,
+    export_bundle(ExportOptions(output_dir=out, builtin="tiny",
+                                with_drafter=True, max_context_length=32,
                                 prefill_length=4),
                   Progress(echo=lambda _line: None))
     return out

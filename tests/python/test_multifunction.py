@@ -36,7 +36,7 @@ def parts(tmp_path_factory):
     real weights and once with placeholders."""
     root = tmp_path_factory.mktemp("parts")
     target_dir, drafter_dir = write_demo_checkpoints(root / "demo")
-    options = ExportOptions(output_dir=root / "unused", fused_target=True,
+    options = ExportOptions(output_dir=root / "unused", builtin="tiny", fused_target=True,
                             max_context_length=64, prefill_length=8)
     plan = plan_export(options, target_dir, drafter_dir)
     package = plan.package("target")

@@ -1,6 +1,6 @@
 """`verify` checks an export against the checkpoints it was made from, then decodes with it.
 
-One export of the built-in demo pair per module; its metadata says `builtin:demo`, so verify
+One export of the built-in demo pair per module; its metadata says `builtin:tiny`, so verify
 regenerates the pair itself.
 """
 
@@ -27,7 +27,8 @@ PYTHON_DIR = Path(__file__).resolve().parents[2] / "python"
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory):
     out = tmp_path_factory.mktemp("verify") / "bundle"
-    export_bundle(ExportOptions(output_dir=out, fused_target=True, dflash_drafter=True,
+    export_bundle(ExportOptions(output_dir=out, builtin="tiny",
+                                fused_target=True, dflash_drafter=True,
                                 max_context_length=64, prefill_length=8),
                   Progress(echo=lambda _: None))
     return out

@@ -3,7 +3,8 @@
   ./bazelw run //:export -- --fused-target --dflash-drafter [--checkpoint DIR
       --drafter-checkpoint DIR] [--output-dir exported] [--overwrite]
 
-Without --checkpoint/--drafter-checkpoint the built-in tiny demo pair is exported.
+Without --checkpoint/--drafter-checkpoint the built-in trained demo pair (demo/) is exported;
+--builtin tiny exports the random tiny pair instead.
 Relative paths resolve against the directory Bazel was run from.
 """
 
@@ -14,6 +15,7 @@ import traceback
 
 from absl import app, flags, logging
 
+from museflash.bundle import BUILTIN_PAIRS
 from museflash.checkpoint import CheckpointError
 from museflash.export.options import ExportError, ExportOptions
 from museflash.export.pipeline import export_bundle
@@ -24,6 +26,9 @@ from museflash.paths import resolve_user_path
 
 flags.DEFINE_string("checkpoint", None, "Target checkpoint directory (Hugging Face layout).")
 flags.DEFINE_string("drafter-checkpoint", None, "Drafter checkpoint directory.")
+flags.DEFINE_enum("builtin", "demo", list(BUILTIN_PAIRS),
+                  "Without --checkpoint: the built-in pair to export (demo: the trained pair "
+                  "committed under demo/; tiny: a random 0.8 MB pair for quick checks).")
 flags.DEFINE_string("output-dir", "exported", "Directory to write the bundle into.")
 flags.DEFINE_bool("overwrite", False, "Replace a non-empty --output-dir.")
 flags.DEFINE_bool("fused-target", False,
@@ -56,6 +61,7 @@ def options_from_flags() -> ExportOptions:
         output_dir=resolve_user_path(FLAGS["output-dir"].value),
         checkpoint=resolve_user_path(FLAGS["checkpoint"].value),
         drafter_checkpoint=resolve_user_path(FLAGS["drafter-checkpoint"].value),
+        builtin=FLAGS.builtin,
         overwrite=FLAGS["overwrite"].value,
         fused_target=FLAGS["fused-target"].value,
         dflash_drafter=FLAGS["dflash-drafter"].value,

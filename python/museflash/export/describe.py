@@ -10,7 +10,7 @@ import torch
 
 from museflash import __version__
 from museflash.bundle import (
-    BUILTIN_DEMO,
+    BUILTIN_PREFIX,
     COMPUTE_PRECISION,
     EMBEDDED_METADATA_KEY,
     PACKAGE_SPEC,
@@ -91,8 +91,9 @@ def bundle_metadata(plan: ExportPlan, modules: dict[str, torch.nn.Module], sourc
 
 
 def default_model_name(source: Source) -> str:
-    if source.checkpoint == BUILTIN_DEMO:
-        return "muse-glimmer-demo"
+    if source.checkpoint.startswith(BUILTIN_PREFIX):
+        return {"demo": "muse-glimmer-demo"}.get(source.checkpoint[len(BUILTIN_PREFIX):],
+                                                 "muse-glimmer-tiny-demo")
     return Path(source.checkpoint).name
 
 

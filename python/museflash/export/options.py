@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from museflash.bundle import BUILTIN_PAIRS
+
 
 class ExportError(ValueError):
     """The export cannot proceed; the message names the problem and the fix."""
@@ -15,6 +17,8 @@ class ExportOptions:
     output_dir: Path
     checkpoint: Path | None = None
     drafter_checkpoint: Path | None = None
+    # Without checkpoints: the built-in pair to export (bundle.BUILTIN_PAIRS).
+    builtin: str = "demo"
     overwrite: bool = False
     fused_target: bool = False
     dflash_drafter: bool = False
@@ -58,6 +62,9 @@ def check_flag_rules(options: ExportOptions) -> None:
             "give both --checkpoint and --drafter-checkpoint, or neither (the built-in demo "
             "pair); a target and a drafter from different sources would be mixed"
         )
+    if options.builtin not in BUILTIN_PAIRS:
+        raise ExportError(f"--builtin {options.builtin!r} is not a built-in pair; choose one of "
+                          f"{list(BUILTIN_PAIRS)} (or give --checkpoint)")
     if options.conversion_processes is not None and options.conversion_processes < 1:
         raise ExportError(f"--conversion-processes {options.conversion_processes} must be at "
                           "least 1 (1 converts every function in this process)")

@@ -14,14 +14,13 @@ the destination only at the end; nothing is half-written).
 from __future__ import annotations
 
 import shutil
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
-from museflash.bundle import BUILTIN_DEMO, METADATA_FILE, Source
+from museflash.bundle import BUILTIN_PREFIX, METADATA_FILE, Source
 from museflash.checkpoint import PlaceholderWeights
 from museflash.export.convert import convert_function
 from museflash.export.describe import bundle_metadata, embed_metadata
@@ -75,20 +74,18 @@ def export_bundle(options: ExportOptions, progress: Progress | None = None) -> P
 
 @contextmanager
 def checkpoint_sources(options: ExportOptions) -> Iterator[tuple[Path, Path | None, Source]]:
-    """The user's checkpoints, or the built-in demo pair written to a temporary directory in
-    the real on-disk layout (so the demo goes through the same loader)."""
+    """The user's checkpoints, or the built-in pair `options.builtin` (demo_checkpoint)."""
     if options.checkpoint is not None:
         drafter = options.drafter_checkpoint
         yield Path(options.checkpoint), drafter, Source(
             checkpoint=str(Path(options.checkpoint).absolute()),
             drafter_checkpoint=str(Path(drafter).absolute()) if drafter else None)
         return
-    from museflash.demo_checkpoint import write_demo_checkpoints
+    from museflash.demo_checkpoint import builtin_checkpoints
 
-    with tempfile.TemporaryDirectory(prefix="museflash-demo-") as scratch:
-        target_dir, drafter_dir = write_demo_checkpoints(scratch)
-        yield target_dir, drafter_dir, Source(checkpoint=BUILTIN_DEMO,
-                                              drafter_checkpoint=BUILTIN_DEMO)
+    name = BUILTIN_PREFIX + options.builtin
+    with builtin_checkpoints(options.builtin) as (target_dir, drafter_dir):
+        yield target_dir, drafter_dir, Source(checkpoint=name, drafter_checkpoint=name)
 
 
 def part_path(parts_dir: Path, package: PackagePlan, function: FunctionPlan) -> Path:

@@ -13,9 +13,8 @@ Exit status of `run_verify`: 0 all passed, 1 a mismatch, 2 unusable input (Verif
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,7 +22,7 @@ import numpy as np
 import torch
 
 from museflash.bundle import (
-    BUILTIN_DEMO,
+    BUILTIN_PREFIX,
     METADATA_FILE,
     AssetKind,
     AssetRole,
@@ -34,6 +33,7 @@ from museflash.bundle import (
     StateKind,
 )
 from museflash.checkpoint import CheckpointError, load_drafter, load_target
+from museflash.demo_checkpoint import builtin_checkpoints
 from museflash.runtime.interpreter import Interpreter, load_program
 from museflash.runtime.parity import (
     Discrepancy,
@@ -119,7 +119,8 @@ def _worse(a: Discrepancy, b: Discrepancy) -> bool:
 def checkpoint_dirs(metadata: Metadata, checkpoint: Path | None,
                     drafter_checkpoint: Path | None) -> Iterator[tuple[Path, Path | None, str]]:
     """(target dir, drafter dir, description); flags override metadata's `source` record and
-    `builtin:demo` regenerates the demo pair exactly as the exporter did (default seed, bf16)."""
+    `builtin:<name>` is the built-in pair the exporter used (demo_checkpoint.builtin_checkpoints:
+    the committed trained pair, or the tiny random pair regenerated exactly as exported)."""
     source = metadata.source
     wanted = {
         "checkpoint": str(checkpoint) if checkpoint else source.checkpoint,
@@ -134,20 +135,22 @@ def checkpoint_dirs(metadata: Metadata, checkpoint: Path | None,
         raise VerifyInputError(f"{METADATA_FILE} records no drafter checkpoint; pass "
                                "--drafter-checkpoint")
     description = f"target {wanted['checkpoint']}, drafter {wanted['drafter_checkpoint']}"
-    with tempfile.TemporaryDirectory(prefix="museflash-verify-") as scratch:
-        demo = None
+    with ExitStack() as stack:
+        builtin: dict[str, tuple[Path, Path]] = {}
         resolved: dict[str, Path | None] = {}
         for key, flag in (("checkpoint", "--checkpoint"),
                           ("drafter_checkpoint", "--drafter-checkpoint")):
             value = wanted[key]
             if value is None:
                 resolved[key] = None
-            elif value == BUILTIN_DEMO:
-                if demo is None:
-                    from museflash.demo_checkpoint import write_demo_checkpoints
-
-                    demo = write_demo_checkpoints(scratch)
-                resolved[key] = demo[0] if key == "checkpoint" else demo[1]
+            elif value.startswith(BUILTIN_PREFIX):
+                name = value[len(BUILTIN_PREFIX):]
+                if name not in builtin:
+                    try:
+                        builtin[name] = stack.enter_context(builtin_checkpoints(name))
+                    except (ValueError, CheckpointError) as error:
+                        raise VerifyInputError(f"{key} {value}: {error}") from error
+                resolved[key] = builtin[name][0 if key == "checkpoint" else 1]
             elif not Path(value).is_dir():
                 given = checkpoint if key == "checkpoint" else drafter_checkpoint
                 origin = "the command line" if given else f"{METADATA_FILE} source"
