@@ -151,15 +151,19 @@ def open_backends(options: GenerateOptions, metadata: Metadata):
         target = ExportedTarget(options.export_dir, metadata)
         drafter = ExportedDrafter(options.export_dir, metadata) if drafting else None
         return target, drafter
-    from museflash.runtime.verify import checkpoint_dirs, load_reference_models
+    from museflash.checkpoint import load_drafter, load_target
+    from museflash.runtime.verify import checkpoint_dirs
 
     prefill = target_asset.function(FunctionName.PREFILL).query_length
     verify = target_asset.function(FunctionName.MAIN).query_length
+    # fp32 weights and caches: torch's CPU kernels for fp16 matmuls are many times slower.
+    sizes = dict(dtype=torch.float32, cache_dtype=torch.float32,
+                 max_context=metadata.context_length, max_query_len=metadata.max_query_length())
     with checkpoint_dirs(metadata, None, None) as (target_dir, drafter_dir, _):
-        model, drafters = load_reference_models(metadata, target_dir, drafter_dir)
-    target = EagerTarget(model, prefill, verify)
-    drafter = EagerDrafter(drafters[AssetRole.DFLASH_DRAFTER]) if drafting else None
-    return target, drafter
+        model = load_target(target_dir, drafter_dir, **sizes)
+        drafter = (EagerDrafter(load_drafter(drafter_dir, model, target_dir=target_dir, **sizes))
+                   if drafting else None)
+    return EagerTarget(model, prefill, verify), drafter
 
 
 def decode(target, drafter, prompt: list[int], options: GenerateOptions, metadata: Metadata,
