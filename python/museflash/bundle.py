@@ -36,7 +36,7 @@ METADATA_FILE = "metadata.json"
 # Key of the user-defined spec metadata entry holding the same JSON text in every package.
 EMBEDDED_METADATA_KEY = "museflash.metadata"
 # `source.checkpoint` of an export of a built-in pair: "builtin:<name>". `demo` is the trained
-# pair committed under demo/, `tiny` the random 0.8 MB pair the tests export.
+# pair under demo/ (tools/train_demo.py), `tiny` the random 0.8 MB pair the tests export.
 BUILTIN_PREFIX = "builtin:"
 BUILTIN_PAIRS = ("demo", "tiny")
 BUILTIN_DEMO = BUILTIN_PREFIX + "demo"

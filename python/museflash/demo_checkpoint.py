@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import math
 import tempfile
 from collections.abc import Iterator
@@ -127,7 +128,7 @@ def build_demo_models(
     return target.eval(), drafter.eval()
 
 
-# The trained demo pair (tools/train_demo.py), committed beside python/ (docs/demo.md).
+# The trained demo pair (tools/train_demo.py, tools/train_demo_drafter.py), kept beside python/.
 TRAINED_DEMO_DIR = Path(__file__).resolve().parents[2] / "demo"
 
 
@@ -144,9 +145,26 @@ def builtin_checkpoints(name: str) -> Iterator[tuple[Path, Path]]:
         yield target, drafter
     elif name == "tiny":
         with tempfile.TemporaryDirectory(prefix="museflash-tiny-") as scratch:
-            yield write_demo_checkpoints(scratch)
+            yield write_demo_checkpoints(scratch, tokenizer=True)
     else:
         raise ValueError(f"no built-in pair {name!r}; choose one of {list(BUILTIN_PAIRS)}")
+
+
+def write_word_tokenizer(directory: Path, vocab_size: int, special: dict[str, int]) -> None:
+    """A word-level tokenizer.json (+ tokenizer_config.json) with exactly `vocab_size` ids,
+    `special` among them, made with the tokenizers library."""
+    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
+
+    by_id = {i: text for text, i in special.items()}
+    vocab = {by_id.get(i, f"w{i}"): i for i in range(vocab_size)}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token=by_id.get(0, "w0")))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    # Tokens already in the vocabulary keep their ids when marked special.
+    tokenizer.add_special_tokens([AddedToken(text, special=True) for text in special])
+    tokenizer.save(str(directory / "tokenizer.json"))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast",
+              **{f"{text.strip('<>')}_token": text for text in special}}
+    (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
 def write_demo_checkpoints(
@@ -157,8 +175,11 @@ def write_demo_checkpoints(
     max_shard_bytes: int | None = None,
     target_config: dict[str, Any] | None = None,
     drafter_config: dict[str, Any] | None = None,
+    tokenizer: bool = False,
 ) -> tuple[Path, Path]:
-    """Writes out_dir/target and out_dir/drafter; returns both paths."""
+    """Writes out_dir/target and out_dir/drafter; returns both paths. With `tokenizer`, the
+    target also gets a word-level tokenizer.json whose ids are the vocabulary (`w<id>`, the
+    drafter's mask token special), so text tools work on the random pair."""
     out_dir = Path(out_dir)
     target_config = copy.deepcopy(target_config or DEMO_TARGET_CONFIG)
     drafter_config = copy.deepcopy(drafter_config or DEMO_DRAFTER_CONFIG)
@@ -171,6 +192,9 @@ def write_demo_checkpoints(
                       max_shard_bytes=max_shard_bytes)
     write_safetensors(drafter_checkpoint_tensors(drafter, target.encoder), out_dir / "drafter",
                       drafter_config, dtype=dtype, max_shard_bytes=max_shard_bytes)
+    if tokenizer:
+        write_word_tokenizer(out_dir / "target", target.config.vocab_size,
+                             {"<mask>": drafter_config["mask_token_id"]})
     return out_dir / "target", out_dir / "drafter"
 
 

@@ -24,7 +24,8 @@ def bundle(tmp_path_factory):
 
 def test_ring_bundle_layout(bundle):
     assert sorted(p.name for p in bundle.iterdir()) == [
-        "metadata.json", "ring_drafter.mlpackage", "target.mlpackage"]
+        "metadata.json", "ring_drafter.mlpackage", "target.mlpackage", "tokenizer.json",
+        "tokenizer_config.json"]
 
 
 def test_ring_drafter_signature_and_states(bundle):

@@ -2,7 +2,7 @@
 
 import pytest
 
-from museflash.demo_checkpoint import write_demo_checkpoints
+from museflash.demo_checkpoint import write_demo_checkpoints, write_word_tokenizer
 from museflash.export.options import ExportOptions
 from museflash.export.pipeline import export_bundle
 from museflash.export.progress import Progress
@@ -13,7 +13,6 @@ from museflash.runtime.generate import (
     TextTokenizer,
     generate,
 )
-from museflash.tools.metadata_examples import write_word_tokenizer
 
 MASK = 511
 

@@ -8,11 +8,14 @@ import pytest
 
 from museflash.bundle import TOKENIZER_FILE, Metadata
 from museflash.checkpoint import CheckpointError, check_configs, read_tokenizer
-from museflash.demo_checkpoint import DEMO_DRAFTER_CONFIG, write_demo_checkpoints
+from museflash.demo_checkpoint import (
+    DEMO_DRAFTER_CONFIG,
+    write_demo_checkpoints,
+    write_word_tokenizer,
+)
 from museflash.export.options import ExportOptions
 from museflash.export.pipeline import export_bundle
 from museflash.export.progress import Progress
-from museflash.tools.metadata_examples import write_word_tokenizer
 
 VOCAB = 512
 MASK = DEMO_DRAFTER_CONFIG["mask_token_id"]

@@ -17,8 +17,9 @@ class ExportOptions:
     output_dir: Path
     checkpoint: Path | None = None
     drafter_checkpoint: Path | None = None
-    # Without checkpoints: the built-in pair to export (bundle.BUILTIN_PAIRS).
-    builtin: str = "demo"
+    # Without checkpoints: the built-in pair to export (bundle.BUILTIN_PAIRS). The default is
+    # the tiny random pair until the trained pair is committed under demo/ (docs/demo.md).
+    builtin: str = "tiny"
     overwrite: bool = False
     fused_target: bool = False
     dflash_drafter: bool = False

@@ -33,27 +33,10 @@ EXPORT_KINDS: dict[str, tuple[dict[str, bool], bool]] = {
 }
 
 
-def write_word_tokenizer(directory: Path, vocab_size: int, special: dict[str, int]) -> None:
-    """A word-level tokenizer.json (+ tokenizer_config.json) with exactly `vocab_size` ids,
-    `special` among them, made with the tokenizers library."""
-    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
-
-    by_id = {i: text for text, i in special.items()}
-    vocab = {by_id.get(i, f"w{i}"): i for i in range(vocab_size)}
-    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token=by_id.get(0, "w0")))
-    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    # Tokens already in the vocabulary keep their ids when marked special.
-    tokenizer.add_special_tokens([AddedToken(text, special=True) for text in special])
-    tokenizer.save(str(directory / "tokenizer.json"))
-    config = {"tokenizer_class": "PreTrainedTokenizerFast",
-              **{f"{text.strip('<>')}_token": text for text in special}}
-    (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
-
-
 def exported_metadata() -> dict[str, Metadata]:
     """The metadata the exporter writes for each of EXPORT_KINDS (demo pair, default knobs)."""
     from museflash.checkpoint import PlaceholderWeights
-    from museflash.demo_checkpoint import write_demo_checkpoints
+    from museflash.demo_checkpoint import write_demo_checkpoints, write_word_tokenizer
     from museflash.export.describe import bundle_metadata
     from museflash.export.options import ExportOptions
     from museflash.export.plan import load_modules, plan_export
