@@ -258,3 +258,68 @@ def test_rope_tables_are_shared_read_only_constants(models):
         view(torch.tensor([_tokens(8)]), torch.arange(8, dtype=torch.int32))
     for name, table in target.rotary.named_buffers():
         assert torch.equal(table, before[name])
+
+
+# --- The cache-free batched forward used for training ---------------------------------------
+
+
+def _batch(rows, length, seed):
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 511, (rows, length), generator=generator)
+
+
+def test_batched_forward_equals_the_cached_forward_on_the_same_tokens(models):
+    target, _ = models  # sliding window 16, ring of 32 slots: 70 tokens wrap it twice
+    ids = _batch(3, 70, seed=11)
+    with torch.no_grad():
+        batched = target.batch_logits(ids)
+        for row in range(ids.shape[0]):
+            target.reset_caches()
+            cached = _run_chunks(target, ids[row].tolist(), (8, 3, 1))
+            assert torch.allclose(batched[row], cached, atol=ATOL), \
+                (batched[row] - cached).abs().max()
+    expected, _ = reference_logits(target, ids[1].tolist())
+    assert torch.allclose(batched[1], expected, atol=ATOL)
+    assert batched.shape == (3, 70, target.config.vocab_size)
+
+
+def test_batched_forward_reads_and_writes_no_cache(models):
+    target, _ = models
+    target.reset_caches()
+    caches = {name: buffer.clone() for name, buffer in target.named_buffers()}
+    ids = _batch(2, 20, seed=12)
+    with torch.no_grad():
+        first = target.batch_logits(ids)
+        target(torch.tensor([_tokens(8)]), torch.arange(8, dtype=torch.int32))  # fill caches
+        second = target.batch_logits(ids)
+        target.reset_caches()
+    assert torch.equal(first, second)
+    with torch.no_grad():
+        target.batch_logits(ids)
+    for name, buffer in target.named_buffers():
+        assert torch.equal(buffer, caches[name]), name
+
+
+def test_batched_hidden_states_capture_the_layers_the_reference_computes(models):
+    target, _ = models
+    ids = _batch(2, 40, seed=13)
+    with torch.no_grad():
+        hidden, captured = target.batch_hidden_states(ids, target.target_layer_ids)
+    for row in range(2):
+        _, reference_hidden = reference_logits(target, ids[row].tolist())
+        assert torch.allclose(hidden[row], reference_hidden[-1], atol=ATOL)
+        for layer_id, layer_out in zip(target.target_layer_ids, captured, strict=True):
+            assert torch.allclose(layer_out[row], reference_hidden[layer_id], atol=ATOL)
+
+
+def test_batched_forward_trains_every_decoder_weight_and_refuses_overlong_input():
+    target, _ = build_demo_models(seed=4, max_context=32)
+    target.requires_grad_(True)
+    ids = _batch(2, 33, seed=14)
+    logits = target.batch_logits(ids[:, :-1])
+    F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1)).backward()
+    untouched = [name for name, p in target.named_parameters()
+                 if not name.startswith("encoder.") and (p.grad is None or not p.grad.any())]
+    assert untouched == []
+    with pytest.raises(ValueError, match="sequence length 33 exceeds max_context 32"):
+        target.batch_logits(ids)

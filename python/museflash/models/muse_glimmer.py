@@ -170,6 +170,30 @@ class MuseGlimmerAttention(nn.Module):
         out = out.transpose(0, 1).reshape(1, length, self.n_q * self.head_dim)
         return self.o_proj(out * torch.sigmoid(self.gate_proj(x)))
 
+    def forward_batch(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor] | None,
+        mask: torch.Tensor,
+    ) -> torch.Tensor:
+        """Cache-free attention over whole sequences (training, batched evaluation).
+
+        x: [B, T, hidden]; rope: (cos, sin) [T, head_dim] or None; mask: [T, T] bool (query
+        i sees key j). The same projections, q/k norm, RoPE, `attend` (vmapped over the batch)
+        and gate as `forward`, with the sequence's own keys in place of the caches."""
+        batch, length = x.shape[:2]
+        q = self.q_proj(x).reshape(batch, length, self.n_q, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).reshape(batch, length, self.n_kv, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).reshape(batch, length, self.n_kv, self.head_dim).transpose(1, 2)
+        q = self.qk_norm(q) * self.qk_scale_factor
+        k = self.qk_norm(k)
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        scale = 1.0 / math.sqrt(self.head_dim)
+        out = torch.vmap(attend, in_dims=(0, 0, 0, None, None))(q, k, v, mask, scale)
+        out = out.transpose(1, 2).reshape(batch, length, self.n_q * self.head_dim)
+        return self.o_proj(out * torch.sigmoid(self.gate_proj(x)))
+
 
 class MuseGlimmerDecoderLayer(nn.Module):
     def __init__(self, config: MuseGlimmerConfig, layer_id: int):
@@ -191,6 +215,12 @@ class MuseGlimmerDecoderLayer(nn.Module):
         h = x + self.post_attention_layernorm(attn)
         return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
 
+    def forward_batch(self, x: torch.Tensor, rope, mask: torch.Tensor) -> torch.Tensor:
+        """`forward` without caches: x [B, T, hidden], mask [T, T] bool."""
+        attn = self.self_attn.forward_batch(self.input_layernorm(x), rope, mask)
+        h = x + self.post_attention_layernorm(attn)
+        return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
+
 
 class MuseGlimmerForCausalLM(nn.Module):
     """Target decoder with stateful caches.
@@ -200,6 +230,8 @@ class MuseGlimmerForCausalLM(nn.Module):
       prefill -> logits [1, 1, vocab] of the last position only
     `with_entry_point(name)` returns a view of the same module (shared weights and caches)
     whose forward is that entry point, for torch.export.
+    Training and batched evaluation use `batch_logits` (input_ids [B, T], no caches), which is
+    not an entry point.
     """
 
     entry_points = ("forward", "prefill")
@@ -293,6 +325,35 @@ class MuseGlimmerForCausalLM(nn.Module):
             if layer_id in capture_layers:
                 captured[layer_id] = x
         return x, [captured[i] for i in capture_layers]
+
+    def batch_hidden_states(
+        self, input_ids: torch.Tensor, capture_layers: tuple[int, ...] = ()
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Cache-free `hidden_states` for a batch of whole sequences (training): input_ids
+        [B, T] at positions 0..T-1, T <= max_context. Reads and writes no cache; the masks are
+        the cached path's (a ring as long as the sequence holds position s in slot s)."""
+        length = input_ids.shape[-1]
+        if length > self.max_context:
+            raise ValueError(f"sequence length {length} exceeds max_context {self.max_context}")
+        positions = torch.arange(length, device=input_ids.device)
+        x = self.embed_norm(self.embed_tokens(input_ids))
+        sliding_mask = sliding_causal_mask(positions, length, self.config.sliding_window)
+        global_mask = global_causal_mask(positions, length)
+        ropes = {theta: self.rotary(positions, theta, x.dtype) for theta in self.rotary.thetas}
+        captured: dict[int, torch.Tensor] = {}
+        for layer_id, layer in enumerate(self.layers):
+            mask = sliding_mask if layer.is_sliding else global_mask
+            x = layer.forward_batch(x, ropes.get(layer.rope_theta), mask)
+            if layer_id in capture_layers:
+                captured[layer_id] = x
+        return x, [captured[i] for i in capture_layers]
+
+    def batch_logits(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Logits [B, T, vocab] for input_ids [B, T] at positions 0..T-1, without caches: the
+        training forward. Equal (within float tolerance) to feeding each row through
+        `forward` from empty caches."""
+        hidden, _ = self.batch_hidden_states(input_ids)
+        return self.logits(hidden)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         # The multiplier scales the logits, not lm_head's input: a Python float is an fp32
