@@ -1,20 +1,28 @@
 """tools/train_demo_drafter trains through the models' own entry points, batched: the batched
 drafting equals the drafter's inject_kv + draft block by block, in value and in gradient, and
-the tool runs end to end on a tiny budget, writing checkpoints in the real layout."""
+the tool runs end to end on a tiny trained target, writing a drafter checkpoint in the real
+layout that the exporter's checks accept and that drafts better than the untrained one."""
 
 import json
 
 import pytest
 import torch
 
-from museflash.checkpoint import load_drafter, load_target, read_config
-from museflash.demo_checkpoint import write_demo_checkpoints
+from museflash.checkpoint import check_configs, load_drafter, load_target, read_config
+from museflash.demo_checkpoint import DEMO_DRAFTER_CONFIG, write_demo_checkpoints
 from museflash.tools import train_demo_drafter as trainer
 
+# Small matrices: one thread is several times faster than two on a shared 2-core machine.
+torch.set_num_threads(1)
 
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    target_dir, drafter_dir = write_demo_checkpoints(tmp_path_factory.mktemp("demo"))
+
+# The drafter with one KV head: its layers' cache reads are views of the buffer that the next
+# layer writes in place (the case training needs allow_mutation_on_saved_tensors for).
+@pytest.fixture(scope="module", params=[2, 1], ids=["kv2", "kv1"])
+def pair(tmp_path_factory, request):
+    drafter_config = dict(DEMO_DRAFTER_CONFIG, num_key_value_heads=request.param)
+    target_dir, drafter_dir = write_demo_checkpoints(tmp_path_factory.mktemp("demo"),
+                                                     drafter_config=drafter_config)
     target, drafter = trainer.load_pair(target_dir, drafter_dir, max_context=64, max_query=16)
     prompts = trainer.random_prompts(4, trainer.PROMPT_LENGTH, target.config.vocab_size,
                                      drafter.config.mask_token_id, seed=3)
@@ -36,7 +44,7 @@ def test_batched_generation_equals_one_sequence_at_a_time(pair):
 def test_batched_drafting_has_the_entry_points_values_and_gradients(pair, block):
     target, drafter, corpus = pair
     rows = torch.tensor([0, 1, 2, 3])
-    low, high = trainer._anchor_range(corpus, rows, block, drafter.config.sliding_window)
+    low, high = trainer._anchor_range(corpus, rows, block)
     anchors = torch.minimum(low + rows, high - 1)
     trained = [p for m in (target.encoder, drafter.layers, drafter.norm) for p in m.parameters()]
     weights = torch.randn(len(rows), block, target.config.vocab_size,
@@ -50,14 +58,15 @@ def test_batched_drafting_has_the_entry_points_values_and_gradients(pair, block)
     for p in trained:
         p.requires_grad_(True)
     try:
-        (features, ctx, ids, positions), _ = trainer._blocks(target, drafter, corpus, rows,
-                                                            anchors, block)
-        batched = trainer.draft_blocks(drafter, features, ctx, ids, positions)
-        batched_grads = gradients((batched * weights).sum())
-
         # The entry points write each layer's cache in place after the previous layer read
-        # its own; plain autograd refuses that (one version counter per cache buffer), so the
-        # reference keeps copies of whatever it saved.
+        # its own; plain autograd refuses that when the read is a view (one version counter
+        # per cache buffer), so both paths keep copies of whatever they saved, as train() does.
+        with torch.autograd.graph.allow_mutation_on_saved_tensors():
+            (features, ctx, ids, positions), _ = trainer._blocks(target, drafter, corpus, rows,
+                                                                anchors, block)
+            batched = trainer.draft_blocks(drafter, features, ctx, ids, positions)
+            batched_grads = gradients((batched * weights).sum())
+
         with torch.autograd.graph.allow_mutation_on_saved_tensors():
             (features, ctx, ids, positions), _ = trainer._blocks(target, drafter, corpus, rows,
                                                                 anchors, block)
@@ -85,49 +94,121 @@ def test_batched_drafting_has_the_entry_points_values_and_gradients(pair, block)
     assert all(bool(g.abs().max() > 0) for g in batched_grads[-2:])  # the drafter's last layers
 
 
-def test_tiny_run_writes_real_checkpoints_and_the_report(tmp_path):
+def test_context_before_position_zero_is_hidden_as_at_run_time(pair):
+    """Anchors right after a short prompt: the batched blocks inject placeholder features at
+    negative positions, which must change nothing against injecting only the real ones."""
+    target, drafter, _ = pair
+    prompts = trainer.random_prompts(3, 5, target.config.vocab_size,
+                                     drafter.config.mask_token_id, seed=4)
+    corpus = trainer.generate_corpus_batched(target, prompts, 24)
+    assert drafter.config.sliding_window - 4 > 5 + 2  # the third row still reaches below 0
+    assert trainer.check_batched_drafting(target, drafter, corpus, block=4) < 1e-4
+
+
+def test_prompts_are_windows_of_the_documents():
+    documents = [[1, *range(10, 30), 2], [1, 5, 2], [1, *range(40, 90), 2]]
+    prompts = trainer.document_prompts(documents, 50, 8, seed=0)
+    assert prompts == trainer.document_prompts(documents, 50, 8, seed=0)
+    assert len(prompts) == 50 and all(len(p) == 8 for p in prompts)
+    windows = {tuple(doc[i:i + 8]) for doc in documents for i in range(len(doc) - 7)}
+    assert {tuple(p) for p in prompts} <= windows
+    assert trainer.spread_layer_ids(6) == [1, 3, 5] and trainer.spread_layer_ids(2) == [1]
+
+
+# --- The whole tool on a tiny trained target --------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_target(tmp_path_factory):
+    """A tiny Muse Glimmer trained by //:train_demo's own run on a few small stdlib files (with
+    its tokenizer), the way the committed demo target is made."""
+    from museflash.tools import train_demo as td
+
+    root = td.stdlib_root()
+    small = [p for p in td.corpus_paths(root) if (root / p).stat().st_size < 6_000]
+    chosen = ([p for p in small if not td.is_held_out(p)][:24]
+              + [p for p in small if td.is_held_out(p)][:3])
+    work = tmp_path_factory.mktemp("tiny_target")
+    corpus_root = work / "stdlib"
+    for relative in chosen:
+        (corpus_root / relative).parent.mkdir(parents=True, exist_ok=True)
+        (corpus_root / relative).write_bytes((root / relative).read_bytes())
+    settings = td.Settings(
+        output_dir=work / "out", steps=40, threads=1, vocab_size=300, context=64, batch_size=8,
+        learning_rate=1e-2, warmup_steps=5, corpus_root=corpus_root, log_every=10**6,
+        arch=td.Architecture(hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                             num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                             sliding_window=16))
+    td.run(settings, lambda _line: None)
+    return work / "out" / "target", corpus_root
+
+
+def test_tiny_run_distils_a_drafter_the_exporter_accepts(tiny_target, tmp_path):
+    target_dir, corpus_root = tiny_target
     out = tmp_path / "trained"
-    report = trainer.run(out, train_seconds=None, train_steps=3, sequences=16, continuation=24,
-                         eval_prompts_count=2, new_tokens=8, heldout_sequences=4, batch=8,
-                         log=lambda _line: None)
-    assert report["train_steps"] == 3
-    target_dir, _ = write_demo_checkpoints(tmp_path / "demo")
-    target = load_target(target_dir, out / "drafter", dtype=torch.float32, max_context=64)
+    lines = []
+    report = trainer.run(out, target_dir=target_dir, corpus_root=corpus_root,
+                         train_seconds=None, train_steps=150, sequences=48, prompt_length=8,
+                         continuation=24, layers=2, window=16, eval_prompts_count=2,
+                         new_tokens=12, heldout_sequences=8, tf_stride=1, batch=16, lr=1e-2,
+                         log=lines.append)
+    print(trainer.format_report(report))
+    assert report["train_steps"] == 150
+    drafter_dir = out / "drafter"
+    assert sorted(p.name for p in drafter_dir.iterdir()) == ["config.json", "model.safetensors"]
+    checked = check_configs(target_dir, drafter_dir)  # what the exporter runs first
+    config = read_config(drafter_dir)
+    assert config["architectures"] == ["DFlashDraftModel"]
+    assert config["block_size"] == trainer.BLOCK_SIZE == 16
+    assert config["mask_token_id"] == checked.tokenizer.special_tokens["<mask>"] == 3
+    assert config["target_layer_ids"] == [1, 2]
+    assert config["hidden_size"] == checked.target.hidden_size == 32
+    target = load_target(target_dir, drafter_dir, dtype=torch.float32, max_context=64)
+    assert target.encoder.fc.weight.shape == (32, 2 * 32)
+    drafter = load_drafter(drafter_dir, target, target_dir=target_dir, dtype=torch.float32)
+    assert drafter.config.num_hidden_layers == 2 and drafter.config.sliding_window == 16
+    # Distillation helps on the held-out files' continuations (every anchor counted).
     for block in trainer.EVAL_BLOCKS:
-        directory = out / ("drafter" if block == 4 else f"drafter-k{block}")
-        assert report["drafter_dirs"][block] == str(directory)
-        assert read_config(directory)["block_size"] == block
-        drafter = load_drafter(directory, target, target_dir=target_dir, dtype=torch.float32)
-        assert drafter.config.block_size == block
-        for key in ("untrained", "trained"):
+        assert report["trained_teacher_forced"][block] > report[
+            "untrained_teacher_forced"][block] + 0.03, block
+    assert report["trained"][4][0] > report["untrained"][4][0]
+    for key in ("untrained", "trained", "trained_sampled"):
+        for block in trainer.EVAL_BLOCKS:
             acceptance, length, per_call = report[key][block]
-            assert 0 <= acceptance <= 1 and 0 <= length <= block - 1 and per_call >= 1
-        for key in ("untrained_teacher_forced", "trained_teacher_forced"):
-            assert 0 <= report[key][block] <= 1
+            # tokens per main call: a prompt shorter than a block costs one extra call
+            assert 0 <= acceptance <= 1 and 0 <= length <= block - 1 and per_call > 0.5
+    assert report["corpus"]["train_files"] == 24 and report["corpus"]["held_out_files"] == 3
+    assert report["corpus"]["same_corpus_as_target"] is True  # train_demo.json's digest
+    saved = json.loads((out / "train_demo_drafter.json").read_text())
+    assert saved["trained_teacher_forced"]["4"] == report["trained_teacher_forced"][4]
     rows = [line.split() for line in trainer.format_report(report).splitlines()]
     assert [row[0] for row in rows if row and row[0].isdigit()] == [
         str(block) for block in trainer.EVAL_BLOCKS]
 
 
-def test_command_line_flags_reach_the_run_and_the_report_is_saved(tmp_path, monkeypatch,
-                                                                  capsys):
+def test_command_line_flags_reach_the_run(tmp_path, monkeypatch, capsys):
     seen = {}
 
     def fake_run(output_dir, **kwargs):
+        seen.clear()
         seen.update(kwargs, output_dir=output_dir)
-        output_dir.mkdir(parents=True, exist_ok=True)  # as run() does
         return {"fake": "report"}
 
     monkeypatch.setattr(trainer, "run", fake_run)
     monkeypatch.setattr(trainer, "format_report", lambda report: f"REPORT {report['fake']}")
-    trainer.main(["--output-dir", str(tmp_path), "--train-steps", "5", "--train-seconds", "7",
-                  "--sequences", "16", "--continuation", "24", "--seed", "2", "--threads", "1"])
-    assert seen == {"output_dir": tmp_path, "train_seconds": 7.0, "train_steps": 5,
-                    "sequences": 16, "continuation": 24, "seed": 2}
+    trainer.main(["--output-dir", str(tmp_path), "--target-dir", str(tmp_path / "t"),
+                  "--train-steps", "5", "--train-seconds", "7", "--sequences", "16",
+                  "--prompt-length", "12", "--continuation", "24", "--layers", "3",
+                  "--window", "32", "--target-layer-ids", "0,2", "--batch", "8", "--lr", "1e-3",
+                  "--seed", "2", "--threads", "1"])
+    assert seen == {"output_dir": tmp_path, "target_dir": tmp_path / "t", "corpus_root": None,
+                    "train_seconds": 7.0, "train_steps": 5, "sequences": 16,
+                    "prompt_length": 12, "continuation": 24, "layers": 3, "window": 32,
+                    "target_layer_ids": [0, 2], "batch": 8, "lr": 1e-3, "seed": 2}
     assert capsys.readouterr().out == "REPORT report\n"
-    assert json.loads((tmp_path / "acceptance.json").read_text()) == {"fake": "report"}
-    # A relative --output-dir is relative to where `bazel run` was typed.
+    # Relative paths are relative to where `bazel run` was typed; the target defaults to the
+    # committed demo target (run() resolves None).
     monkeypatch.setenv("BUILD_WORKING_DIRECTORY", str(tmp_path))
     trainer.main(["--output-dir", "relative"])
-    assert seen["output_dir"] == tmp_path / "relative"
-    assert (tmp_path / "relative" / "acceptance.json").is_file()
+    assert seen["output_dir"] == tmp_path / "relative" and seen["target_dir"] is None
+    assert trainer.default_target_dir().parts[-2:] == ("demo", "target")

@@ -1,35 +1,44 @@
-"""Train the demo DFlash drafter to imitate the demo target (self-distillation), on CPU.
+"""Distil the demo DFlash drafter from the trained demo target (self-distillation), on CPU.
 
-    ./bazelw run //:train_demo_drafter -- --output-dir DIR [--train-seconds 150]
+    ./bazelw run //:train_demo_drafter -- --output-dir DIR [--target-dir demo/target]
+        [--train-seconds 720] [--layers 2] [--window 64]
 
-Everything runs through the models' own code (museflash.models): the target's
-`hidden_states` / `logits` and the drafter's `inject_kv` / `draft`, batched with torch.func.vmap
-(each sequence or block with its own caches), so there is no second copy of the maths here.
+Target: a Muse Glimmer checkpoint with its tokenizer (default: the trained demo target
+committed under demo/target, made by //:train_demo from the Python standard library's sources).
+The drafter is built for it: the target's hidden size and head geometry, `mask_token_id` the
+tokenizer's `<mask>`, `target_layer_ids` spread over the target's depth, block_size 16 (the
+weights do not depend on the block size: training mixes K = 4, 8 and 16, and the same weights
+are measured at each K with the config's block_size set to it). Its layers and the encoder
+start from a seeded random initialisation; the embedding and lm_head are borrowed from the
+target and stay frozen.
 
-Data: random 16-token prompts, continued greedily by the demo target itself (eager torch,
-fp32), 2048 of them by default, generated in a batch (`generate_corpus_batched`, checked
-token-for-token against the one-sequence-at-a-time `generate_corpus` on a few prompts at every
-run). For an anchor position a the drafter sees what it sees at run time: the target features
-injected for the context positions inside its window, and the block [token_a, MASK x (K-1)];
-it learns to predict the target's next K-1 tokens. The encoder (which runs inside the fused
-target but is stored in the drafter checkpoint), the drafter layers and its final norm are
-trained; the borrowed embedding and lm_head stay the target's. The batched drafting is checked
-against the drafter's inject_kv + draft on single blocks before training.
+Data: prompts are random windows of the TRAINING files of the target's corpus (train_demo's
+split by file; `<bos>` + text + `<eos>` per file, as the target saw them), continued greedily by
+the target itself (eager torch, fp32, batched with `generate_corpus_batched`, checked
+token-for-token against the one-sequence-at-a-time `generate_corpus` at every run). For an
+anchor position a of a continuation the drafter sees what it sees at run time: the target
+features injected for the context positions inside its window (fewer near the prompt's start),
+and the block [token_a, MASK x (K-1)]; it learns to predict the target's next K-1 tokens.
 
-Writes DIR/drafter (trained, the real checkpoint layout, block_size 4 like the demo) plus
-DIR/drafter-k8 and DIR/drafter-k16 (same weights, block_size 8 / 16: the weights do not depend
-on the block size), and reports acceptance for K = 4, 8, 16 before and after training, on
-HELD-OUT prompts (other seeds than the training prompts; checked disjoint), two ways:
-  loop            the speculative loop over EAGER torch modules loaded from the written bf16
-                  checkpoints (not an export), on 12 prompts x 40 new tokens;
-  teacher-forced  the batched inject_kv + draft at every anchor of 128 held-out continuations:
-                  what the loop would accept from each anchor, all anchors weighted alike (fp32
-                  weights).
+Everything runs through the models' own code (museflash.models): the target's `hidden_states` /
+`logits` and the drafter's `inject_kv` / `draft`, batched with torch.func.vmap (each sequence or
+block with its own caches), so there is no second copy of the maths here. The batched drafting
+is checked against the drafter's inject_kv + draft on single blocks before training.
+
+Writes DIR/drafter (config.json, model.safetensors in bf16: the real checkpoint layout, block
+size 16) and DIR/train_demo_drafter.json, and reports acceptance for K = 4, 8, 16 before and
+after training on prompts from the HELD-OUT files (never trained on, by the target or the
+drafter), two ways:
+  loop            the speculative loop (runtime/speculative.py) over EAGER torch modules loaded
+                  from the written bf16 checkpoint with block_size K (not an export), greedy and
+                  sampled at temperature 0.7 (rejection sampling; a seeded numpy Generator);
+  teacher-forced  the batched inject_kv + draft at anchors of held-out greedy continuations:
+                  what the greedy loop would accept from each anchor, all anchors alike.
   acceptance      = mean over steps (anchors) of (drafted tokens accepted) / (K - 1)
   accepted length = mean drafted tokens accepted per step (the target's own token not counted)
-Chance is about 1/vocab for the first drafted token (accepted length ~0.002). The demo drafter's
-window is 16 positions, so at K=16 a block sees no injected context at all (only its anchor
-token), at run time and in training alike; K=16 acceptance is bounded by that.
+
+The functions also serve the tiny random demo pair (tests/python/test_speculative.py fits a
+drafter to it with `load_pair`, `generate_corpus`, `train` and `write_drafter`).
 """
 
 from __future__ import annotations
@@ -40,6 +49,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -47,20 +57,31 @@ from torch import nn
 from torch.func import functional_call, vmap
 
 from museflash.checkpoint import (
+    check_configs,
     drafter_checkpoint_tensors,
     load_drafter,
     load_target,
     read_config,
     write_safetensors,
 )
+from museflash.models.dflash import DFlashConfig, DFlashDrafter, DFlashEncoder
 from museflash.paths import resolve_user_path
+from museflash.runtime.sampling import Sampling
 from museflash.runtime.speculative import EagerDrafter, EagerTarget, speculative_generate
 
 UPSTREAM_ACCEPTANCE = {4: 0.64, 8: 0.30, 16: 0.17}
 EVAL_BLOCKS = (4, 8, 16)
+BLOCK_SIZE = 16  # the written drafter's block: the largest evaluated K
 MAX_CONTEXT = 256
 MAX_QUERY = 128
-PROMPT_LENGTH = 16
+PROMPT_LENGTH = 16  # random prompts for the tiny random pair (tests)
+SAMPLED_TEMPERATURE = 0.7
+
+
+def default_target_dir() -> Path:
+    from museflash.demo_checkpoint import TRAINED_DEMO_DIR
+
+    return TRAINED_DEMO_DIR / "target"
 
 
 @dataclass
@@ -86,6 +107,21 @@ def random_prompts(count: int, length: int, vocab: int, mask_token_id: int, seed
     prompts = rng.integers(0, vocab, (count, length))
     prompts[prompts == mask_token_id] = 0
     return prompts.tolist()
+
+
+def document_prompts(documents: list[list[int]], count: int, length: int,
+                     seed: int) -> list[list[int]]:
+    """`count` windows of `length` tokens of `documents`, at uniformly random token positions
+    over all of them (a window may start at a document's `<bos>`)."""
+    usable = [doc for doc in documents if len(doc) >= length]
+    if not usable:
+        raise ValueError(f"no document has {length} tokens")
+    starts = np.array([len(doc) - length + 1 for doc in usable], dtype=np.float64)
+    rng = np.random.default_rng(seed)
+    picks = rng.choice(len(usable), size=count, p=starts / starts.sum())
+    return [usable[i][start:start + length]
+            for i, start in zip(picks, (rng.integers(0, starts[i]) for i in picks),
+                                strict=True)]
 
 
 def generate_corpus(target, prompts: list[list[int]], length: int) -> Corpus:
@@ -225,10 +261,11 @@ def check_batched_drafting(target, drafter, corpus: Corpus, block: int = 4,
                            rows: int = 3) -> float:
     """Max difference, relative to the logits' scale, between `draft_blocks` on a batch of
     blocks and the drafter's own inject_kv + draft on each block alone; raises when they
-    disagree (a batching mistake: caches shared between rows, rows mixed up)."""
-    window = drafter.config.sliding_window
+    disagree (a batching mistake: caches shared between rows, rows mixed up, or context at
+    negative positions that is not hidden: alone, a block gets only its real positions, as at
+    run time; the first rows' anchors are the first generated positions)."""
     picked = torch.arange(min(rows, corpus.tokens.shape[0]))
-    low, high = _anchor_range(corpus, picked, block, window)
+    low, high = _anchor_range(corpus, picked, block)
     anchors = torch.minimum(low + picked, high - 1)  # a different position in every row
     worst = 0.0
     with torch.no_grad():
@@ -237,8 +274,9 @@ def check_batched_drafting(target, drafter, corpus: Corpus, block: int = 4,
         batched = draft_blocks(drafter, features, ctx_pos, ids, block_pos)
         for i in range(len(picked)):
             drafter.reset_caches()
-            if features.shape[1]:
-                drafter.inject_kv(features[i:i + 1], ctx_pos[i].to(torch.int32))
+            real = ctx_pos[i] >= 0
+            if real.any():
+                drafter.inject_kv(features[i:i + 1, real], ctx_pos[i, real].to(torch.int32))
             alone = drafter.draft(ids[i:i + 1].to(torch.int32), block_pos[i].to(torch.int32))[0]
             worst = max(worst, float((batched[i] - alone).abs().max() / alone.abs().max()))
         drafter.reset_caches()
@@ -251,37 +289,51 @@ def _blocks(target, drafter, corpus: Corpus, rows: torch.Tensor, anchors: torch.
             block: int):
     """`draft_blocks` inputs and labels [B, K-1] for blocks at `anchors` of `rows`, with the
     context run time gives them: the injected positions inside the drafter's window, i.e. the
-    window - K positions before the anchor (none when K fills the window)."""
+    window - K positions before the anchor (none when K fills the window). Near the start of a
+    sequence some of them are negative: the ring mask hides those slots (a slot written with
+    position p < 0 reads back as p, not >= 0), so such a block sees only the real positions,
+    as at run time, and their (placeholder) features get no gradient."""
     ctx = max(0, drafter.config.sliding_window - block)
     ctx_pos = anchors[:, None] + torch.arange(-ctx, 0)
     block_pos = anchors[:, None] + torch.arange(block)
-    features = target.encoder([corpus.captured[rows[:, None], ctx_pos]])
+    features = target.encoder([corpus.captured[rows[:, None], ctx_pos.clamp(min=0)]])
     ids = torch.full((len(rows), block), drafter.config.mask_token_id)
     ids[:, 0] = corpus.tokens[rows, anchors]
     labels = corpus.tokens[rows[:, None], block_pos[:, 1:]]
     return (features, ctx_pos, ids, block_pos), labels
 
 
-def _anchor_range(corpus: Corpus, rows: torch.Tensor, block: int, window: int):
-    """[low, high) of anchors inside the continuation with a full context window behind them."""
-    low = corpus.starts[rows].clamp(min=max(0, window - block))
+def _anchor_range(corpus: Corpus, rows: torch.Tensor, block: int):
+    """[low, high) of anchors: generated positions (the first one is the anchor of the first
+    draft after the prompt) whose whole block lies inside the row."""
+    low = corpus.starts[rows]
     return low, torch.full_like(low, corpus.tokens.shape[1] - block + 1)
 
 
+def loss_decay(block: int) -> float:
+    """Acceptance stops at the first miss, so early block positions matter most: position i
+    (1-based) weighs exp(-(i - 1) / gamma), gamma growing with the block (DFlash's 7 for 16)."""
+    return 7.0 if block >= 16 else 5.0 if block >= 8 else 4.0
+
+
 def train(target, drafter, corpus: Corpus, *, steps: int | None, seconds: float | None,
-          batch: int = 64, lr: float = 3e-3, seed: int = 0, log=print) -> int:
-    """Trains in place; stops after `steps` or `seconds`, whichever comes first. The learning
-    rate decays linearly to 0 over that budget (the elapsed fraction of it)."""
+          batch: int = 64, lr: float = 3e-3, seed: int = 0, blocks: tuple[int, ...] = EVAL_BLOCKS,
+          log=print) -> int:
+    """Trains the encoder (stored with the drafter, run inside the fused target), the drafter
+    layers and its final norm in place; the borrowed embedding and lm_head stay frozen. Stops
+    after `steps` or `seconds`, whichever comes first; the learning rate warms up over the
+    first 5% of that budget and decays linearly to 0 (by the elapsed fraction of it). Steps
+    cycle through `blocks` (K), anchors uniform over the generated positions."""
     generator = torch.Generator().manual_seed(seed)
     params = (list(target.encoder.parameters()) + list(drafter.layers.parameters())
               + list(drafter.norm.parameters()))
     for p in params:
         p.requires_grad_(True)
-    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    window = drafter.config.sliding_window
+    optimizer = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.98), weight_decay=0.0)
     sequences = corpus.tokens.shape[0]
     began, step = time.monotonic(), 0
     total_planned = steps or 10**9
+    window_losses: list[float] = []
 
     def progress() -> float:
         done = step / total_planned
@@ -292,40 +344,46 @@ def train(target, drafter, corpus: Corpus, *, steps: int | None, seconds: float 
     while progress() < 1.0:
         for group in optimizer.param_groups:
             group["lr"] = lr * min(1.0, 20 * progress()) * (1.0 - progress())
-        block = EVAL_BLOCKS[step % len(EVAL_BLOCKS)]
+        block = blocks[step % len(blocks)]
         rows = torch.randint(0, sequences, (batch,), generator=generator)
-        low, high = _anchor_range(corpus, rows, block, window)
+        low, high = _anchor_range(corpus, rows, block)
         anchors = low + (torch.rand(batch, generator=generator) * (high - low)).long()
         # Rows too short for this block keep their last whole block (prompt labels included).
         anchors = anchors.clamp(max=corpus.tokens.shape[1] - block)
-        inputs, labels = _blocks(target, drafter, corpus, rows, anchors, block)
-        logits = draft_blocks(drafter, *inputs)[:, 1:]
-        # Acceptance stops at the first miss, so early block positions matter most.
-        decay = torch.exp(-torch.arange(block - 1, dtype=torch.float32) / 4.0)
-        losses = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                             labels.reshape(-1), reduction="none")
-        loss = (losses.reshape(batch, -1) * decay).sum() / (decay.sum() * batch)
-        optimizer.zero_grad()
-        loss.backward()
+        decay = torch.exp(-torch.arange(block - 1, dtype=torch.float32) / loss_decay(block))
+        # Each drafter layer writes its cache in place after the previous layer read its own
+        # (a view of the same buffer, with fp32 caches); autograd refuses that unless the
+        # tensors it saved are copied when mutated.
+        with torch.autograd.graph.allow_mutation_on_saved_tensors():
+            inputs, labels = _blocks(target, drafter, corpus, rows, anchors, block)
+            logits = draft_blocks(drafter, *inputs)[:, 1:]
+            losses = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                 labels.reshape(-1), reduction="none")
+            loss = (losses.reshape(batch, -1) * decay).sum() / (decay.sum() * batch)
+            optimizer.zero_grad()
+            loss.backward()
+        nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
         step += 1
-        if step % 200 == 0:
-            log(f"[train] step {step}: loss {loss.item():.3f} "
+        window_losses.append(loss.item())
+        if step % 100 == 0:
+            log(f"[train] step {step}: loss {np.mean(window_losses):.3f} "
                 f"({time.monotonic() - began:.0f} s)")
+            window_losses.clear()
     for p in params:
         p.requires_grad_(False)
     return step
 
 
-def teacher_forced_acceptance(target, drafter, corpus: Corpus, block: int,
-                              chunk: int = 512) -> float:
-    """Mean accepted/(K-1) over every anchor of `corpus` (`draft_blocks`, fp32 weights): what
-    the speculative loop would accept from each anchor, all anchors weighted alike."""
-    window = drafter.config.sliding_window
+def teacher_forced_acceptance(target, drafter, corpus: Corpus, block: int, chunk: int = 256,
+                              stride: int = 1) -> float:
+    """Mean accepted/(K-1) over every `stride`-th anchor of `corpus` (`draft_blocks`, fp32
+    weights): what the greedy speculative loop would accept from each anchor, all anchors
+    weighted alike."""
     rows_all, anchors_all = [], []
     for row in range(corpus.tokens.shape[0]):
-        low, high = _anchor_range(corpus, torch.tensor([row]), block, window)
-        anchors_all.append(torch.arange(int(low), int(high)))
+        low, high = _anchor_range(corpus, torch.tensor([row]), block)
+        anchors_all.append(torch.arange(int(low) + row % stride, int(high), stride))
         rows_all.append(torch.full_like(anchors_all[-1], row))
     rows_all, anchors_all = torch.cat(rows_all), torch.cat(anchors_all)
     accepted = []
@@ -339,6 +397,8 @@ def teacher_forced_acceptance(target, drafter, corpus: Corpus, block: int,
 
 
 def write_drafter(target, drafter, source_dir: Path, out_dir: Path, block_size: int) -> Path:
+    """The drafter checkpoint (bf16, the real layout) with `source_dir`'s config at
+    `block_size`; the encoder weights come from the fused target."""
     config = read_config(source_dir)
     config["block_size"] = block_size
     write_safetensors(drafter_checkpoint_tensors(drafter, target.encoder), out_dir, config,
@@ -346,132 +406,299 @@ def write_drafter(target, drafter, source_dir: Path, out_dir: Path, block_size: 
     return out_dir
 
 
+# --- A drafter for a trained target ----------------------------------------------------------
+
+
+def spread_layer_ids(depth: int, count: int = 3) -> list[int]:
+    """`count` target layers evenly spread from the second to the last (DFlash taps shallow to
+    deep layers; the last one's output carries the target's next-token prediction)."""
+    if depth < 2:
+        return [0]
+    return sorted({int(round(x)) for x in np.linspace(1, depth - 1, min(count, depth - 1))})
+
+
+def drafter_config(target_dir: Path, *, layers: int, window: int,
+                   target_layer_ids: list[int] | None = None,
+                   block_size: int = BLOCK_SIZE) -> dict[str, Any]:
+    """A flat DFlash config.json (like demo_checkpoint.DEMO_DRAFTER_CONFIG) for the target in
+    `target_dir`: its hidden size, heads and MLP width, the tokenizer's `<mask>` as mask token
+    (the last vocabulary id when the checkpoint has no tokenizer, as in the random demo)."""
+    checked = check_configs(target_dir)
+    target = checked.target
+    if checked.tokenizer is not None:
+        if "<mask>" not in checked.tokenizer.special_tokens:
+            raise ValueError(f"{target_dir}: the tokenizer has no <mask> special token "
+                             f"({sorted(checked.tokenizer.special_tokens)})")
+        mask = checked.tokenizer.special_tokens["<mask>"]
+    else:
+        mask = target.vocab_size - 1
+    thetas = [theta for theta in target.layer_rope_theta if theta] or [10000.0]
+    return {
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "dflash",
+        "vocab_size": target.vocab_size,
+        "hidden_size": target.hidden_size,
+        "num_hidden_layers": layers,
+        "num_attention_heads": target.num_attention_heads,
+        "num_key_value_heads": target.num_key_value_heads,
+        "head_dim": target.head_dim,
+        "intermediate_size": target.intermediate_size,
+        "rms_norm_eps": target.rms_norm_eps,
+        "block_size": block_size,
+        "mask_token_id": mask,
+        "target_layer_ids": list(target_layer_ids or spread_layer_ids(target.num_hidden_layers)),
+        "sliding_window": window,
+        "rope_parameters": {"rope_theta": thetas[0], "rope_type": "default"},
+    }
+
+
+def write_initial_drafter(target_dir: Path, config: dict[str, Any], out_dir: Path,
+                          seed: int) -> Path:
+    """A seeded random drafter checkpoint (encoder and layers; fp32) for `config`: linear
+    weights ~ N(0, 1/fan_in), the residual branches' output projections scaled by
+    1/sqrt(2 * layers), norm weights 1."""
+    cfg = DFlashConfig.from_dict(config)
+    target_hidden = check_configs(target_dir).target.hidden_size
+    encoder = DFlashEncoder(cfg, target_hidden)
+    drafter = DFlashDrafter(cfg, nn.Embedding(1, cfg.hidden_size), None, max_context=32)
+    generator = torch.Generator().manual_seed(seed)
+    residual_scale = (2 * cfg.num_hidden_layers) ** -0.5
+    with torch.no_grad():
+        for module in (encoder, drafter.layers, drafter.norm):
+            for name, param in module.named_parameters():
+                if param.dim() == 2:
+                    std = param.shape[1] ** -0.5
+                    if name.endswith(("o_proj.weight", "down_proj.weight")):
+                        std *= residual_scale
+                    param.copy_(torch.randn(param.shape, generator=generator) * std)
+                else:
+                    param.fill_(1.0)
+    write_safetensors(drafter_checkpoint_tensors(drafter, encoder), out_dir, config,
+                      dtype="fp32")
+    return out_dir
+
+
+def corpus_documents(target_dir: Path, corpus_root: Path | None = None):
+    """(training, held-out) documents of the target's corpus: train_demo's split by file,
+    each file `<bos>` + text + `<eos>` with the target's tokenizer, and the corpus figures.
+    When the target's run report (train_demo.json beside the target directory) is there, its
+    corpus settings are used and `same_corpus_as_target` says whether the training files'
+    digest matches it."""
+    from museflash.tools import train_demo
+
+    run_report = Path(target_dir).parent / "train_demo.json"
+    recorded = json.loads(run_report.read_text()) if run_report.is_file() else {}
+    include_tests = bool(recorded.get("settings", {}).get("include_tests", False))
+    corpus = train_demo.load_corpus(corpus_root, include_tests=include_tests)
+    tokenizer = train_demo.load_tokenizer(target_dir)
+    train_files = {f.path for f in corpus.train}
+    if any(f.path in train_files for f in corpus.held_out):
+        raise RuntimeError("a held-out file is also a training file")
+    stats = corpus.stats()
+    digest = recorded.get("corpus", {}).get("train_sha256")
+    stats["same_corpus_as_target"] = None if digest is None else digest == stats["train_sha256"]
+    return (train_demo.encode_files(tokenizer, corpus.train),
+            train_demo.encode_files(tokenizer, corpus.held_out), stats)
+
+
 def measure_acceptance(target_dir: Path, drafter_dir: Path, block: int, prompts: list[list[int]],
-                       new_tokens: int) -> tuple[float, float, float]:
+                       new_tokens: int, sampling: Sampling | None = None,
+                       seed: int = 0) -> tuple[float, float, float]:
     """(acceptance, mean accepted length, tokens per main call) of the eager speculative loop,
-    with the checkpoint as written (bf16 weights, like an export would read them)."""
-    target, drafter = load_pair(target_dir, drafter_dir)
+    with the checkpoint as written (bf16 weights, like an export would read them); greedy, or
+    sampled with `sampling` (numpy Generator seeded with `seed`)."""
+    context = -(-(len(prompts[0]) + new_tokens + block) // 32) * 32
+    target, drafter = load_pair(target_dir, drafter_dir, max_context=max(MAX_CONTEXT, context))
     mask = drafter.config.mask_token_id
-    eager_target = EagerTarget(target, prefill_length=len(prompts[0]), verify_length=block)
+    # A prompt shorter than a block is padded to one, as an export's prefill chunk pads it.
+    eager_target = EagerTarget(target, prefill_length=max(len(prompts[0]), block),
+                               verify_length=block)
     eager_drafter = EagerDrafter(drafter)
+    rng = np.random.default_rng(seed) if sampling is not None else None
     accepted, per_call = [], []
-    for prompt in prompts:
-        result = speculative_generate(eager_target, eager_drafter, prompt, new_tokens,
-                                      mask_token_id=mask)
-        accepted.extend(result.accepted)
-        per_call.append(result.tokens_per_verify_call)
+    with torch.no_grad():
+        for prompt in prompts:
+            result = speculative_generate(eager_target, eager_drafter, prompt, new_tokens,
+                                          mask_token_id=mask, sampling=sampling, rng=rng)
+            accepted.extend(result.accepted)
+            per_call.append(result.tokens_per_verify_call)
     mean = float(np.mean(accepted))
     return mean / (block - 1), mean, float(np.mean(per_call))
 
 
-def with_block_sizes(target, drafter, source_dir: Path, out_root: Path, name: str):
-    """Checkpoint dirs for every evaluated block size (same weights)."""
+def with_block_sizes(target, drafter, source_dir: Path, out_root: Path, name: str,
+                     final: Path | None = None) -> dict[int, Path]:
+    """Checkpoint dirs for every evaluated block size (same weights); `final`, when given,
+    is the BLOCK_SIZE one (the drafter this tool delivers)."""
     dirs = {}
     for block in EVAL_BLOCKS:
-        suffix = "" if block == 4 else f"-k{block}"
-        dirs[block] = write_drafter(target, drafter, source_dir, out_root / f"{name}{suffix}",
-                                    block)
+        out = final if final is not None and block == BLOCK_SIZE else out_root / f"{name}-k{block}"
+        dirs[block] = write_drafter(target, drafter, source_dir, out, block)
     return dirs
 
 
-def run(output_dir: Path, *, train_seconds: float | None, train_steps: int | None,
-        sequences: int, continuation: int = 80, seed: int = 0, eval_prompts_count: int = 12,
-        new_tokens: int = 40, heldout_sequences: int = 128, batch: int = 128,
-        lr: float = 4e-3, log=print) -> dict:
-    from museflash.demo_checkpoint import write_demo_checkpoints
+def loop_acceptance(target_dir: Path, dirs: dict[int, Path], prompts: list[list[int]],
+                    new_tokens: int, sampling: Sampling | None, seed: int) -> dict[int, tuple]:
+    return {k: measure_acceptance(target_dir, d, k, prompts, new_tokens, sampling, seed + k)
+            for k, d in dirs.items()}
 
+
+def _roundup32(n: int) -> int:
+    return -(-n // 32) * 32
+
+
+def run(output_dir: Path, *, target_dir: Path | None = None, corpus_root: Path | None = None,
+        train_seconds: float | None, train_steps: int | None, sequences: int,
+        prompt_length: int = 32, continuation: int = 96, layers: int = 2, window: int = 64,
+        target_layer_ids: list[int] | None = None, seed: int = 0, eval_prompts_count: int = 16,
+        new_tokens: int = 64, heldout_sequences: int = 96, tf_stride: int = 3,
+        batch: int = 64, lr: float = 2e-3, temperature: float | None = SAMPLED_TEMPERATURE,
+        log=print) -> dict:
     output_dir = Path(output_dir)
+    target_dir = Path(target_dir) if target_dir is not None else default_target_dir()
+    if not (target_dir / "config.json").is_file():
+        raise FileNotFoundError(f"no target checkpoint in {target_dir} (make one with "
+                                "//:train_demo, or pass --target-dir)")
     output_dir.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    wall = time.monotonic()
     report: dict = {"acceptance_definition": "mean over decode steps of accepted/(K-1); "
                     "accepted length = drafted tokens accepted per step", "measured_with":
-                    "eager torch (fp32 compute, bf16 checkpoint weights), not an export"}
+                    "eager torch (fp32 compute, bf16 checkpoint weights), not an export",
+                    "target_dir": str(target_dir)}
+    train_docs, heldout_docs, stats = corpus_documents(target_dir, corpus_root)
+    report["corpus"] = {key: stats[key] for key in (
+        "root", "train_files", "held_out_files", "train_sha256", "held_out_sha256",
+        "same_corpus_as_target")}
+    if stats["same_corpus_as_target"] is False:
+        log("[train] warning: these training files differ from the ones train_demo.json "
+            "records for the target (another Python version?); the split rule is the same")
+    config = drafter_config(target_dir, layers=layers, window=window,
+                            target_layer_ids=target_layer_ids)
+    report["drafter_config"] = config
+    log(f"[train] drafter: {layers} layers, hidden {config['hidden_size']}, window {window}, "
+        f"target_layer_ids {config['target_layer_ids']}, mask {config['mask_token_id']}")
+    length = prompt_length + continuation
     with tempfile.TemporaryDirectory(prefix="museflash-train-") as scratch:
-        # The default seed and dtype: the pair `//:export` builds for builtin:demo.
-        target_dir, base_drafter_dir = write_demo_checkpoints(Path(scratch) / "demo")
-        length = PROMPT_LENGTH + continuation
+        initial = write_initial_drafter(target_dir, config, Path(scratch) / "initial", seed)
         # Caches no larger than the corpus needs: every call writes and reads all of them.
-        target, drafter = load_pair(target_dir, base_drafter_dir,
-                                    max_context=-(-length // 32) * 32,
-                                    max_query=max(PROMPT_LENGTH, *EVAL_BLOCKS))
-        mask, vocab = drafter.config.mask_token_id, target.config.vocab_size
-        train_prompts = random_prompts(sequences, PROMPT_LENGTH, vocab, mask, seed)
+        target, drafter = load_pair(target_dir, initial, max_context=_roundup32(length),
+                                    max_query=max(prompt_length, window, *EVAL_BLOCKS))
+        report["drafter_parameters"] = sum(p.numel() for m in (target.encoder, drafter.layers,
+                                                               drafter.norm)
+                                           for p in m.parameters())
+        train_prompts = document_prompts(train_docs, sequences, prompt_length, seed)
         log(f"[train] batched generation vs generate_corpus: identical tokens, encoder inputs "
             f"rel error {check_batched_generation(target, train_prompts[:3], length):.1e}")
         began = time.monotonic()
         corpus = generate_corpus_batched(target, train_prompts, length)
-        report["corpus"] = {"sequences": sequences, "length": length,
-                            "generation_seconds": time.monotonic() - began}
-        log(f"[train] corpus: {sequences} sequences x {length} tokens in "
-            f"{report['corpus']['generation_seconds']:.0f} s")
+        report["data"] = {"sequences": sequences, "prompt_length": prompt_length,
+                          "continuation": continuation,
+                          "generated_tokens": sequences * continuation,
+                          "generation_seconds": time.monotonic() - began}
+        log(f"[train] data: {sequences} prompts from the training files x {continuation} "
+            f"generated tokens in {report['data']['generation_seconds']:.0f} s")
         log(f"[train] batched vs one-block inject_kv+draft: rel error "
             f"{check_batched_drafting(target, drafter, corpus):.1e}")
-        # Held-out: prompts from other seeds, never trained on.
-        prompts = random_prompts(eval_prompts_count, PROMPT_LENGTH, vocab, mask, seed + 1000)
-        heldout_prompts = random_prompts(heldout_sequences, PROMPT_LENGTH, vocab, mask,
-                                         seed + 2000)
-        seen = {tuple(p) for p in train_prompts}
-        if any(tuple(p) in seen for p in prompts + heldout_prompts):
-            raise RuntimeError("an evaluation prompt is also a training prompt")
-        heldout = generate_corpus_batched(target, heldout_prompts, length)
-        untrained = with_block_sizes(target, drafter, base_drafter_dir, Path(scratch),
-                                     "untrained")
-        report["untrained"] = {k: measure_acceptance(target_dir, d, k, prompts, new_tokens)
-                               for k, d in untrained.items()}
+        # Held-out: prompts from the held-out files, which trained neither model.
+        prompts = document_prompts(heldout_docs, eval_prompts_count, prompt_length, seed + 1)
+        heldout = generate_corpus_batched(
+            target, document_prompts(heldout_docs, heldout_sequences, prompt_length, seed + 2),
+            length)
+        sampling = Sampling(temperature) if temperature else None
+        untrained = with_block_sizes(target, drafter, initial, Path(scratch), "untrained")
+        report["untrained"] = loop_acceptance(target_dir, untrained, prompts, new_tokens, None,
+                                              seed)
         report["untrained_teacher_forced"] = {
-            k: teacher_forced_acceptance(target, drafter, heldout, k) for k in EVAL_BLOCKS}
+            k: teacher_forced_acceptance(target, drafter, heldout, k, stride=tf_stride)
+            for k in EVAL_BLOCKS}
+        log("[train] untrained: " + ", ".join(
+            f"K={k} {100 * report['untrained'][k][0]:.1f}%" for k in EVAL_BLOCKS))
         began = time.monotonic()
         steps = train(target, drafter, corpus, steps=train_steps, seconds=train_seconds,
                       batch=batch, lr=lr, seed=seed, log=log)
         report["train_steps"], report["train_seconds"] = steps, time.monotonic() - began
+        report["batch"], report["lr"] = batch, lr
         report["trained_teacher_forced"] = {
-            k: teacher_forced_acceptance(target, drafter, heldout, k) for k in EVAL_BLOCKS}
-        trained = with_block_sizes(target, drafter, base_drafter_dir, output_dir, "drafter")
-        report["trained"] = {k: measure_acceptance(target_dir, d, k, prompts, new_tokens)
-                             for k, d in trained.items()}
-    report["eval"] = {"loop_prompts": eval_prompts_count, "new_tokens": new_tokens,
-                      "teacher_forced_sequences": heldout_sequences}
-    report["drafter_dirs"] = {k: str(d) for k, d in trained.items()}
+            k: teacher_forced_acceptance(target, drafter, heldout, k, stride=tf_stride)
+            for k in EVAL_BLOCKS}
+        final = output_dir / "drafter"
+        trained = with_block_sizes(target, drafter, initial, Path(scratch), "trained", final)
+        report["trained"] = loop_acceptance(target_dir, trained, prompts, new_tokens, None, seed)
+        if sampling is not None:
+            report["trained_sampled"] = loop_acceptance(target_dir, trained, prompts,
+                                                        new_tokens, sampling, seed)
+    report["eval"] = {"loop_prompts": eval_prompts_count, "prompt_length": prompt_length,
+                      "new_tokens": new_tokens, "teacher_forced_sequences": heldout_sequences,
+                      "teacher_forced_stride": tf_stride, "temperature": temperature}
+    report["drafter_dir"] = str(final)
+    report["wall_seconds"] = time.monotonic() - wall
+    (output_dir / "train_demo_drafter.json").write_text(json.dumps(report, indent=2) + "\n")
     return report
 
 
 def format_report(report: dict) -> str:
-    corpus, evaluation = report["corpus"], report["eval"]
+    data, evaluation = report["data"], report["eval"]
+    sampled = report.get("trained_sampled")
+    temperature = evaluation.get("temperature")
     lines = [f"acceptance ({report['acceptance_definition']}; {report['measured_with']}), "
              f"held-out prompts; trained {report['train_steps']} steps / "
-             f"{report['train_seconds']:.0f} s on {corpus['sequences']} sequences x "
-             f"{corpus['length']} tokens (generated in {corpus['generation_seconds']:.0f} s):",
-             f"  loop: {evaluation['loop_prompts']} prompts x {evaluation['new_tokens']} new "
-             f"tokens; teacher-forced: every anchor of {evaluation['teacher_forced_sequences']} "
-             "continuations",
-             "  K   upstream | untrained: accept  len   tok/main  t-forced | trained: accept  "
-             "len   tok/main  t-forced"]
+             f"{report['train_seconds']:.0f} s on {data['sequences']} prompts x "
+             f"{data['continuation']} generated tokens (generated in "
+             f"{data['generation_seconds']:.0f} s)",
+             f"  loop: {evaluation['loop_prompts']} prompts of {evaluation['prompt_length']} "
+             f"tokens x {evaluation['new_tokens']} new tokens; teacher-forced: anchors at "
+             f"stride {evaluation['teacher_forced_stride']} in "
+             f"{evaluation['teacher_forced_sequences']} greedy continuations",
+             "  K   upstream | untrained: accept  t-forced | trained: accept  len   tok/main  "
+             "t-forced" + (f" | T={temperature:g}: accept  len" if sampled else "")]
     for k in EVAL_BLOCKS:
-        ua, ul, ut = report["untrained"][k]
+        ua = report["untrained"][k][0]
         ta, tl, tt = report["trained"][k]
         uf, tf = report["untrained_teacher_forced"][k], report["trained_teacher_forced"][k]
-        lines.append(f"  {k:<3} {100 * UPSTREAM_ACCEPTANCE[k]:6.0f}%  |  {100 * ua:14.1f}% "
-                     f"{ul:5.2f} {ut:8.2f} {100 * uf:8.1f}% | {100 * ta:12.1f}% {tl:5.2f} "
-                     f"{tt:8.2f} {100 * tf:8.1f}%")
+        line = (f"  {k:<3} {100 * UPSTREAM_ACCEPTANCE[k]:6.0f}%  |  {100 * ua:14.1f}% "
+                f"{100 * uf:8.1f}% | {100 * ta:12.1f}% {tl:5.2f} {tt:8.2f} {100 * tf:8.1f}%")
+        if sampled:
+            sa, sl, _ = sampled[k]
+            line += f" | {100 * sa:13.1f}% {sl:5.2f}"
+        lines.append(line)
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--output-dir", required=True, type=resolve_user_path)
-    parser.add_argument("--train-seconds", type=float, default=150.0)
+    parser.add_argument("--output-dir", required=True, type=resolve_user_path,
+                        help="writes DIR/drafter and DIR/train_demo_drafter.json")
+    parser.add_argument("--target-dir", type=resolve_user_path, default=None,
+                        help="the target checkpoint with its tokenizer (default: demo/target)")
+    parser.add_argument("--corpus-root", type=resolve_user_path, default=None,
+                        help="the target's corpus (default: this interpreter's stdlib)")
+    parser.add_argument("--train-seconds", type=float, default=720.0)
     parser.add_argument("--train-steps", type=int, default=None)
     parser.add_argument("--sequences", type=int, default=2048,
-                        help="random prompts continued by the target (batched, ~30 ms each)")
-    parser.add_argument("--continuation", type=int, default=80)
+                        help="prompts from the training files, continued by the target")
+    parser.add_argument("--prompt-length", type=int, default=32)
+    parser.add_argument("--continuation", type=int, default=96)
+    parser.add_argument("--layers", type=int, default=2, help="drafter layers")
+    parser.add_argument("--window", type=int, default=64, help="drafter sliding window")
+    parser.add_argument("--target-layer-ids", type=lambda s: [int(i) for i in s.split(",")],
+                        default=None, help="e.g. 1,3,5 (default: spread over the depth)")
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1,
-                        help="torch CPU threads (the model is tiny; 1 is usually fastest)")
+                        help="torch CPU threads (small matrices: 1 is fastest, several times "
+                        "so on a machine shared with another job)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    report = run(args.output_dir, train_seconds=args.train_seconds, train_steps=args.train_steps,
-                 sequences=args.sequences, continuation=args.continuation, seed=args.seed)
+    torch.set_flush_denormal(True)
+    report = run(args.output_dir, target_dir=args.target_dir, corpus_root=args.corpus_root,
+                 train_seconds=args.train_seconds, train_steps=args.train_steps,
+                 sequences=args.sequences, prompt_length=args.prompt_length,
+                 continuation=args.continuation, layers=args.layers, window=args.window,
+                 target_layer_ids=args.target_layer_ids, batch=args.batch, lr=args.lr,
+                 seed=args.seed)
     print(format_report(report))
-    (args.output_dir / "acceptance.json").write_text(json.dumps(report, indent=2) + "\n")
 
 
 if __name__ == "__main__":
