@@ -198,11 +198,13 @@ def test_a_tiny_training_run_learns_and_writes_a_loadable_checkpoint(tmp_path, s
     report = td.run(settings, lines.append)
     assert report["steps"] == 60
     assert report["corpus"]["held_out_files"] == len(held_out)
+    # Every held-out token is scored but each file's <bos>, which is given.
+    assert report["held_out_scored_tokens"] == report["corpus"]["held_out_tokens"] - len(held_out)
     assert report["last_losses_mean"] < report["first_loss"] - 1.0
     assert report["first_loss"] == pytest.approx(math.log(320), abs=1.0)
     assert 1.0 < report["held_out_perplexity"] < 320 / 2
     assert report["held_out_bits_per_byte"] == pytest.approx(
-        report["held_out_loss_per_token"] * report["held_out_tokens"]
+        report["held_out_loss_per_token"] * report["held_out_scored_tokens"]
         / report["held_out_bytes"] / math.log(2))
     target_dir = tmp_path / "out" / "target"
     assert sorted(p.name for p in target_dir.iterdir()) == [
