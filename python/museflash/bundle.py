@@ -29,8 +29,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-SCHEMA_VERSION = 1
-SUPPORTED_SCHEMA_VERSIONS = (1,)
+# 2: `compression` (weights stored as iOS18 constexpr ops). A version-1 bundle is read as one
+# without compression.
+SCHEMA_VERSION = 2
+SUPPORTED_SCHEMA_VERSIONS = (1, 2)
 
 METADATA_FILE = "metadata.json"
 # Key of the user-defined spec metadata entry holding the same JSON text in every package.
@@ -258,6 +260,67 @@ class Tokenizer:
                                           "mask_token_id is one of them)")
 
 
+class CompressionMode(Name):
+    LINEAR = "linear"  # constexpr_blockwise_shift_scale: symmetric integers x fp16 scales
+    PALETTIZE = "palettize"  # constexpr_lut_to_dense: indices into fp16 look-up tables
+    NONE = "none"  # fp16 (a rule only)
+
+
+# The Core ML op that rebuilds a weight of each mode on device, and its (data, side) inputs.
+COMPRESSION_OPS = {
+    CompressionMode.LINEAR: ("constexpr_blockwise_shift_scale", "data", "scale"),
+    CompressionMode.PALETTIZE: ("constexpr_lut_to_dense", "indices", "lut"),
+}
+
+
+@dataclass(frozen=True)
+class CompressionRule:
+    """One rule: the first rule whose `match` fits a checkpoint tensor's name decides it."""
+    match: str = _doc("fnmatch glob over checkpoint tensor names")
+    mode: CompressionMode
+    bits: int | None = _doc("4 or 8; null for mode none")
+    block_size: int | None = _doc("linear: elements per scale along the input axis; null: one "
+                                  "scale per output channel")
+    group_size: int | None = _doc("palettize: output channels sharing one look-up table")
+
+
+@dataclass(frozen=True)
+class StoredCount:
+    tensors: int
+    bytes: int = _doc("payload bytes in the package's weight file: data plus fp16 scales or "
+                      "look-up tables")
+
+
+@dataclass(frozen=True)
+class CompressedGroup:
+    """The weights one rule compressed alike, and what storing them costs."""
+    rule: int = _doc("index in `rules` of the rule these weights matched")
+    mode: CompressionMode = _doc("linear or palettize")
+    bits: int = _doc("bits per stored element: int4/int8 data (linear), uint4/uint8 indices "
+                     "(palettize)")
+    block_size: int | None = _doc("linear: elements per fp16 scale along the input axis "
+                                  "(scale shape [O, I / block_size]); null: per output channel "
+                                  "(scale shape [O, 1])")
+    group_size: int | None = _doc("palettize: output channels per look-up table (lut shape "
+                                  "[O / group_size, 1, 2^bits, 1])")
+    tensors: int = _doc("unique checkpoint weights in the group")
+    bytes_before: int = _doc("their size in fp16")
+    bytes_after: int = _doc("their size as stored (each counted once)")
+    packages: dict[AssetRole, StoredCount] = _doc("what each package stores of them")
+
+
+@dataclass(frozen=True)
+class Compression:
+    """How the weights are stored when not all fp16 (docs/compression.md)."""
+    preset: str | None = _doc("`8bit`, `4bit` or `palettize4`; null for rules from "
+                              "--compression-config")
+    rules: list[CompressionRule]
+    groups: list[CompressedGroup]
+    fp16_tensors: int = _doc("large weights (2-D, at least 2^16 elements) matched by no "
+                             "compressing rule, kept fp16")
+    fp16_bytes: int
+
+
 @dataclass(frozen=True)
 class Metadata:
     """`metadata.json`: the bundle's description for the app that loads it."""
@@ -273,6 +336,7 @@ class Metadata:
     speculative_decoding: SpeculativeDecoding | None = _doc("null without a drafter")
     source: Source
     tokenizer: Tokenizer | None = _doc("null when the target checkpoint has no tokenizer.json")
+    compression: Compression | None = _doc("null when every weight is fp16")
 
     def asset(self, role: AssetRole) -> Asset:
         if role not in self.assets:

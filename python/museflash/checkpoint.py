@@ -11,17 +11,25 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
 from museflash.bundle import TOKENIZER_FILE, TOKENIZER_FILES, Tokenizer
+from museflash.compression import (
+    Scheme,
+    depalettize,
+    dequantize_linear,
+    palettize,
+    quantize_linear,
+)
 from museflash.models.base import RotaryTables
 from museflash.models.dflash import (
     DFlashConfig,
@@ -236,17 +244,26 @@ class WeightLocation:
     def read(self, dtype: torch.dtype) -> torch.Tensor:
         """The tensor in `dtype`, through one buffer of its file bytes (no memory map: mapped
         pages would stay resident until the whole shard is unmapped)."""
-        raw = bytearray(self.nbytes)
+        return self.read_rows(0, self.shape[0] if self.shape else 0, dtype)
+
+    def read_rows(self, start: int, stop: int, dtype: torch.dtype) -> torch.Tensor:
+        """Rows [start, stop) of the tensor (along its first axis) in `dtype`: a large weight
+        can be processed a slice at a time."""
+        row_bytes = self.nbytes // self.shape[0] if self.shape and self.shape[0] else self.nbytes
+        first, count = (start * row_bytes, (stop - start) * row_bytes) if self.shape else (
+            0, self.nbytes)
+        raw = bytearray(count)
         with self.path.open("rb", buffering=0) as handle:
-            handle.seek(self.offset)
+            handle.seek(self.offset + first)
             view = memoryview(raw)
             done = 0
-            while done < self.nbytes:
-                count = handle.readinto(view[done:])
-                if not count:
+            while done < count:
+                read = handle.readinto(view[done:])
+                if not read:
                     raise CheckpointError(f"{self.path}: key {self.key!r} is truncated")
-                done += count
-        stored = torch.frombuffer(raw, dtype=_SAFETENSORS_DTYPES[self.dtype]).reshape(self.shape)
+                done += read
+        shape = (stop - start, *self.shape[1:]) if self.shape else self.shape
+        stored = torch.frombuffer(raw, dtype=_SAFETENSORS_DTYPES[self.dtype]).reshape(shape)
         return stored if stored.dtype == dtype else stored.to(dtype)
 
 
@@ -308,13 +325,44 @@ def _own_parameters(model: nn.Module, skip: tuple[str, ...] = ()) -> Iterator[tu
             yield name, param
 
 
+def compressed_value(weight: torch.Tensor, scheme: Scheme) -> torch.Tensor:
+    """The weight as a compressed export rebuilds it on device (float32): quantized or
+    palettized by `scheme`, exactly as the export's merge writes it, and expanded back."""
+    values = weight.detach().to(torch.float32).numpy()
+    if scheme.mode == "linear":
+        rebuilt = dequantize_linear(*quantize_linear(values, scheme.bits, scheme.block_size))
+    else:
+        rebuilt = depalettize(*palettize(values, scheme.bits, scheme.group_size))
+    return torch.from_numpy(np.ascontiguousarray(rebuilt, dtype=np.float32))
+
+
+def streamed_weight(shape: tuple[int, ...]) -> bool:
+    """Weights the export streams from the checkpoint into the packages (the only ones it
+    can compress)."""
+    return PlaceholderWeights().wants(tuple(shape))
+
+
+def checkpoint_shapes(target_dir: Path, drafter_dir: Path | None) -> dict[str, tuple[int, ...]]:
+    """Checkpoint key -> shape of every tensor of both checkpoints (headers only)."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for directory in (target_dir, drafter_dir):
+        if directory is not None:
+            reader = SafetensorsReader(directory)
+            shapes.update({key: reader.shape(key) for key in reader.keys()})
+            reader.close()
+    return shapes
+
+
 def _load_parameters(
     model: nn.Module,
     entries: list[tuple[str, str, SafetensorsReader]],
     dtype: torch.dtype,
     placeholders: PlaceholderWeights | None = None,
+    compressed: Mapping[str, Scheme] | None = None,
 ) -> None:
-    """entries: (parameter name, checkpoint key, reader), in module (layer) order."""
+    """entries: (parameter name, checkpoint key, reader), in module (layer) order. Weights
+    named in `compressed` are loaded as a compressed export holds them (compressed_value)."""
+    compressed = compressed or {}
     for name, key, reader in entries:
         expected = tuple(model.get_parameter(name).shape)
         if key not in reader:
@@ -333,6 +381,9 @@ def _load_parameters(
                     f"of {sorted(_SAFETENSORS_DTYPES)}"
                 )
             _assign_parameter(model, name, placeholders.make(location, dtype))
+        elif key in compressed:
+            weight = reader.read(key, expected, torch.float32)
+            _assign_parameter(model, name, compressed_value(weight, compressed[key]).to(dtype))
         else:
             _assign_parameter(model, name, reader.read(key, expected, dtype))
 
@@ -508,6 +559,7 @@ def load_target(
     max_query_len: int = 64,
     cache_dtype: torch.dtype = torch.float16,
     placeholders: PlaceholderWeights | None = None,
+    compressed: Mapping[str, Scheme] | None = None,
 ) -> MuseGlimmerForCausalLM:
     """The target; with `drafter_dir`, the fused target whose forward also returns drafter
     features (its encoder weights come from the drafter checkpoint). With `placeholders`, the
@@ -533,7 +585,7 @@ def load_target(
         else:
             entries.append((name, target_checkpoint_key(name), reader))
     _check_unexpected_target_keys(reader, {key for _, key, r in entries if r is reader})
-    _load_parameters(model, entries, dtype, placeholders)
+    _load_parameters(model, entries, dtype, placeholders, compressed)
     _build_rotary_tables(model, dtype)
     reader.close()
     if drafter_reader is not None:
@@ -552,6 +604,7 @@ def load_drafter(
     cache_dtype: torch.dtype = torch.float16,
     ring: bool = False,
     placeholders: PlaceholderWeights | None = None,
+    compressed: Mapping[str, Scheme] | None = None,
 ) -> DFlashDrafter:
     """The drafter, sharing `target`'s embedding and lm_head modules.
 
@@ -578,7 +631,7 @@ def load_drafter(
         (name, drafter_checkpoint_key(name), reader)
         for name, _ in _own_parameters(shell, skip=DRAFTER_BORROWED)
     ]
-    _load_parameters(shell, entries, dtype, placeholders)
+    _load_parameters(shell, entries, dtype, placeholders, compressed)
     _build_rotary_tables(shell, dtype)
     reader.close()
     return shell.eval()

@@ -11,6 +11,7 @@ from museflash import bundle
 from museflash.bundle import (
     AssetRole,
     BundleError,
+    CompressionMode,
     DrafterKind,
     FunctionName,
     Metadata,
@@ -46,7 +47,8 @@ def test_the_schema_states_the_compatibility_rules():
 
 def test_every_valid_example_conforms_decodes_and_round_trips(examples):
     assert {e["name"] for e in examples["valid"]} == {
-        "dflash", "dflash_with_tokenizer", "ring", "fused_target_only", "target_only"}
+        "dflash", "dflash_with_tokenizer", "ring", "fused_target_only", "target_only",
+        "target_only_4bit", "dflash_mixed_rules"}
     for example in examples["valid"]:
         raw = example["metadata"]
         assert schema_errors(raw) == [], example["name"]
@@ -66,11 +68,32 @@ def test_the_examples_are_what_the_exporter_writes_for_each_kind(examples):
     states = dflash.asset(AssetRole.TARGET).states
     assert [s.name for s in states] == list(bundle.TARGET_STATES)
     assert {s.name: s.kind for s in states}[StateName.SLIDING_KEY_CACHE] == StateKind.SLIDING_KV
-    assert [n for n, m in by_name.items() if m.tokenizer] == ["dflash_with_tokenizer"]
+    assert dflash.tokenizer is None and by_name["dflash_with_tokenizer"].tokenizer
     tokenizer = by_name["dflash_with_tokenizer"].tokenizer
     assert tokenizer.files[0] == bundle.TOKENIZER_FILE
     assert tokenizer.vocab_size == dflash.vocab_size
     assert dflash.speculative_decoding.mask_token_id in tokenizer.special_tokens.values()
+
+
+def test_compressed_examples_describe_what_the_rules_gave_each_package(examples):
+    by_name = {e["name"]: Metadata.from_json(e["metadata"]) for e in examples["valid"]}
+    assert all(by_name[n].compression is None for n in ("dflash", "ring", "target_only"))
+    preset = by_name["target_only_4bit"].compression
+    assert preset.preset == "4bit" and preset.rules[-1].bits == 4
+    mixed = by_name["dflash_mixed_rules"].compression
+    assert mixed.preset is None
+    assert {g.mode for g in mixed.groups} == {CompressionMode.LINEAR, CompressionMode.PALETTIZE}
+    for compression in (preset, mixed):
+        for group in compression.groups:
+            rule = compression.rules[group.rule]
+            assert (group.mode, group.bits) == (rule.mode, rule.bits)
+            assert group.bytes_after < group.bytes_before
+            # A weight both packages store (the borrowed embedding and lm_head) is counted
+            # once in the group's totals and once in each package.
+            assert max(s.tensors for s in group.packages.values()) <= group.tensors <= sum(
+                s.tensors for s in group.packages.values())
+    # The rule keeping layer 0's MLP fp16 comes after the palettize rule for down_proj.
+    assert mixed.fp16_tensors > 0
 
 
 def test_unknown_keys_and_absent_optional_values_are_accepted(examples):
@@ -91,7 +114,7 @@ def test_every_invalid_example_is_refused_by_the_schema_and_the_decoder(examples
 
 
 @pytest.mark.parametrize(("edit", "message"), [
-    (lambda r: r.update(schema_version=2), r"schema_version 2 is not supported"),
+    (lambda r: r.update(schema_version=99), r"schema_version 99 is not supported"),
     (lambda r: r["assets"]["target"]["functions"]["main"].pop("inputs"),
      r"metadata\.assets\.target\.functions\.main: missing key 'inputs'"),
     (lambda r: r["assets"]["target"]["states"][1].update(layers="2"),

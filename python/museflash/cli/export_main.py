@@ -51,6 +51,14 @@ flags.DEFINE_bool("verbose", False,
 flags.DEFINE_integer("conversion-processes", None,
                      "Processes converting functions at once, this one included (default: up "
                      "to 2; each adds ~0.35 GB of memory). 1 converts everything in-process.")
+flags.DEFINE_string("compression", None,
+                    "Weight compression preset: none (default), 8bit (int8 per output channel), "
+                    "4bit (int4 per block of 32, error-minimising clipping; embedding and "
+                    "lm_head int8), palettize4 (4-bit look-up table per 32 output channels; "
+                    "embedding and lm_head int8). See docs/compression.md.")
+flags.DEFINE_string("compression-config", None,
+                    "JSON file of ordered compression rules (first match wins); exclusive with "
+                    "--compression. See docs/compression.md.")
 
 FLAGS = flags.FLAGS
 USER_ERRORS = (ExportError, OutputDirError, CheckpointError, DrafterTargetMismatchError)
@@ -73,6 +81,8 @@ def options_from_flags() -> ExportOptions:
         model_name=FLAGS["model-name"].value,
         conversion_processes=FLAGS["conversion-processes"].value,
         verbose=FLAGS.verbose,
+        compression=FLAGS.compression,
+        compression_config=resolve_user_path(FLAGS["compression-config"].value),
     )
 
 

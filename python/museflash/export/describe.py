@@ -4,6 +4,7 @@ in each of them (`museflash.bundle` owns every name and field)."""
 from __future__ import annotations
 
 import json
+from fnmatch import fnmatchcase
 from pathlib import Path
 
 import torch
@@ -17,6 +18,11 @@ from museflash.bundle import (
     SCHEMA_VERSION,
     STATE_DTYPE,
     Asset,
+    AssetRole,
+    CompressedGroup,
+    Compression,
+    CompressionMode,
+    CompressionRule,
     Function,
     Generator,
     LayerType,
@@ -24,11 +30,13 @@ from museflash.bundle import (
     Source,
     State,
     StateName,
+    StoredCount,
     TargetSettings,
     schema_errors,
 )
+from museflash.export.merge import StoredWeight
 from museflash.export.options import ExportError
-from museflash.export.plan import ExportPlan, PackagePlan
+from museflash.export.plan import CompressionPlan, ExportPlan, PackagePlan
 from museflash.models.muse_glimmer import MuseGlimmerConfig
 
 
@@ -67,9 +75,50 @@ def target_settings(cfg: MuseGlimmerConfig) -> TargetSettings:
     )
 
 
+def compression_block(plan: CompressionPlan | None,
+                      stored: dict[AssetRole, dict[str, StoredWeight]]) -> Compression | None:
+    """What the rules did: per group of weights compressed alike (rule and scheme), how many
+    there are, their bytes before and after, and what each package stores of them."""
+    if plan is None:
+        return None
+    groups: dict[tuple, dict] = {}
+    fp16: dict[str, int] = {}
+    for role, weights in stored.items():
+        for key, weight in weights.items():
+            if weight.scheme is None:
+                fp16[key] = weight.bytes
+                continue
+            scheme = weight.scheme
+            rule = next(i for i, r in enumerate(plan.rules) if fnmatchcase(key, r.match))
+            group = groups.setdefault(
+                (rule, scheme.mode, scheme.bits, scheme.block_size, scheme.group_size),
+                {"unique": {}, "packages": {}})
+            elements = weight.shape[0] * weight.shape[1]
+            group["unique"][key] = (2 * elements, weight.bytes)
+            tensors, size = group["packages"].get(role, (0, 0))
+            group["packages"][role] = (tensors + 1, size + weight.bytes)
+    return Compression(
+        preset=plan.preset,
+        rules=[CompressionRule(match=r.match, mode=CompressionMode(r.mode), bits=r.bits,
+                               block_size=r.block_size, group_size=r.group_size)
+               for r in plan.rules],
+        groups=[CompressedGroup(
+            rule=rule, mode=CompressionMode(mode), bits=bits, block_size=block,
+            group_size=group_size, tensors=len(g["unique"]),
+            bytes_before=sum(b for b, _ in g["unique"].values()),
+            bytes_after=sum(a for _, a in g["unique"].values()),
+            packages={role: StoredCount(tensors=n, bytes=size)
+                      for role, (n, size) in g["packages"].items()})
+            for (rule, mode, bits, block, group_size), g in sorted(
+                groups.items(), key=lambda item: item[0][0])],
+        fp16_tensors=len(fp16), fp16_bytes=sum(fp16.values()))
+
+
 def bundle_metadata(plan: ExportPlan, modules: dict[str, torch.nn.Module], source: Source,
-                    context_length: int, model_name: str | None) -> Metadata:
-    """The bundle's metadata, checked against the JSON Schema every reader relies on."""
+                    context_length: int, model_name: str | None,
+                    stored: dict[AssetRole, dict[str, StoredWeight]] | None = None) -> Metadata:
+    """The bundle's metadata, checked against the JSON Schema every reader relies on.
+    `stored`: per package, the weights its merge wrote (for the compression block)."""
     metadata = Metadata(
         schema_version=SCHEMA_VERSION,
         generator=Generator(name="museflash", version=__version__),
@@ -82,6 +131,7 @@ def bundle_metadata(plan: ExportPlan, modules: dict[str, torch.nn.Module], sourc
         speculative_decoding=plan.spec,
         source=source,
         tokenizer=plan.configs.tokenizer,
+        compression=compression_block(plan.compression, stored or {}),
     )
     problems = schema_errors(metadata.to_json())
     if problems:

@@ -22,6 +22,7 @@ import hashlib
 import os
 import shutil
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +31,7 @@ import torch
 
 from museflash.bundle import PACKAGE_SPEC, PACKAGE_WEIGHT_FILE
 from museflash.checkpoint import PlaceholderWeights, WeightLocation
+from museflash.compression import Scheme, palettize, quantize_linear
 
 IOS18_SPECIFICATION_VERSION = 9
 
@@ -79,6 +81,7 @@ class _Blob:
     shape: tuple[int, ...]
     data_type: int  # MIL_pb2.DataType
     values: list  # the proto Values pointing at this blob (rewritten with the merged offset)
+    ops: list  # the const ops holding those Values (rewritten when the weight is compressed)
     nested: bool  # inside a control-flow block: coremltools never shares these across functions
 
 
@@ -108,9 +111,10 @@ def blob_constants(function_proto, function: str = "") -> list[_Blob]:
             if offset not in by_offset:
                 by_offset[offset] = _Blob(
                     function, op.outputs[0].name, offset,
-                    tuple(d.constant.size for d in tensor.dimensions), tensor.dataType, [],
+                    tuple(d.constant.size for d in tensor.dimensions), tensor.dataType, [], [],
                     nested)
             by_offset[offset].values.append(value)
+            by_offset[offset].ops.append(op)
 
     for block in function_proto.block_specializations.values():
         visit(block, False)
@@ -159,9 +163,42 @@ class _WeightFile:
 @dataclass
 class _Unique:
     """A blob as written to the merged file, and what deduplication compares it by."""
-    offset: int
+    placed: int | CompressedWeight  # the merged offset, or the compressed form's blobs
     sample: np.ndarray  # the values, or for a placeholder its row (compared as broadcast)
     placeholder: bool
+
+
+@dataclass(frozen=True)
+class StoredWeight:
+    """A checkpoint weight as the merged weight file holds it."""
+    key: str
+    shape: tuple[int, ...]
+    scheme: Scheme | None  # None: fp16
+    bytes: int  # its blobs' payload bytes (the data, and the scales or look-up table)
+
+
+@dataclass(frozen=True)
+class CompressedWeight:
+    """A weight written compressed: the iOS18 constexpr op that rebuilds it on device, and
+    that op's inputs (each a blob of the merged weight file: offset, MIL dtype, shape)."""
+    op_type: str
+    inputs: tuple[tuple[str, int, int, tuple[int, ...]], ...]  # (input, offset, dtype, shape)
+
+    def rewrite(self, op) -> None:
+        """Turns the `const` op that held the placeholder into the constexpr op; its output
+        (name, fp16 type and shape) and so every use of it stay as they are."""
+        file_name = op.attributes["val"].blobFileValue.fileName
+        op.type = self.op_type
+        del op.attributes["val"]
+        for name, offset, data_type, shape in self.inputs:
+            value = op.inputs[name].arguments.add().value
+            tensor = value.type.tensorType
+            tensor.dataType = data_type
+            tensor.rank = len(shape)
+            for size in shape:
+                tensor.dimensions.add().constant.size = size
+            value.blobFileValue.fileName = file_name
+            value.blobFileValue.offset = offset
 
 
 def _hash_key(blob: _Blob, sample: np.ndarray, placeholder: bool, count: int) -> tuple:
@@ -186,10 +223,15 @@ def merge_packages(
     default_function: str,
     placeholders: PlaceholderWeights | None = None,
     expected_rows: set[bytes] | None = None,
+    compression: Mapping[str, Scheme] | None = None,
+    stored: dict[str, StoredWeight] | None = None,
 ) -> int:
     """Writes `destination` (a new .mlpackage) with one function per (name, part package), in
     that order. Placeholder blobs are written with the real weights; every row in
-    `expected_rows` must be found. Returns the number of real weights written."""
+    `expected_rows` must be found. A placeholder whose checkpoint key `compression` names is
+    written compressed instead (`compression.py`, a slice of rows at a time) and its const ops
+    become the scheme's constexpr op. `stored`, when given, receives each real weight written.
+    Returns the number of real weights written."""
     from coremltools.models.utils import _create_mlpackage
     from coremltools.proto import Model_pb2
 
@@ -205,7 +247,8 @@ def merge_packages(
         merged.mlProgram.version = 1
         functions = []
         version = IOS18_SPECIFICATION_VERSION
-        weights = _MergedWeights(scratch / PACKAGE_WEIGHT_FILE.name, placeholders)
+        weights = _MergedWeights(scratch / PACKAGE_WEIGHT_FILE.name, placeholders,
+                                 compression or {})
         for name, package in parts:
             spec = read_spec(package)
             if spec.WhichOneof("Type") != "mlProgram" or list(spec.mlProgram.functions) != ["main"]:
@@ -221,12 +264,18 @@ def merge_packages(
             source = _WeightFile(package)
             try:
                 for blob in blob_constants(function, name):
-                    offset = weights.place(blob, source)
-                    for value in blob.values:
-                        value.blobFileValue.offset = offset
+                    placed = weights.place(blob, source)
+                    if isinstance(placed, CompressedWeight):
+                        for op in blob.ops:
+                            placed.rewrite(op)
+                    else:
+                        for value in blob.values:
+                            value.blobFileValue.offset = placed
             finally:
                 source.close()
         weights.close()
+        if stored is not None:
+            stored.update(weights.stored)
         missing = (expected_rows or set()) - weights.seen_rows
         if missing:
             keys = sorted(placeholders.by_row[row].key for row in missing)
@@ -248,7 +297,8 @@ class _MergedWeights:
     """The merged weight file: each blob is written once, or shares the offset of an earlier
     blob that coremltools' cross-function deduplication would merge it with."""
 
-    def __init__(self, path: Path, placeholders: PlaceholderWeights | None):
+    def __init__(self, path: Path, placeholders: PlaceholderWeights | None,
+                 compression: Mapping[str, Scheme]):
         from coremltools.converters.mil.mil.passes.defs.cleanup.const_deduplication import (
             const_deduplication,
         )
@@ -260,12 +310,15 @@ class _MergedWeights:
         self.hash_length = const_deduplication.LENGTH_OF_HASHKEY
         self.groups: dict[tuple, list[_Unique]] = {}
         self.seen_rows: set[bytes] = set()  # placeholders written with their real weights
+        self.compression = compression
+        self.stored: dict[str, StoredWeight] = {}
 
     def close(self) -> None:
         del self.writer  # flushes and closes the file
 
-    def place(self, blob: _Blob, source: _WeightFile) -> int:
-        """The merged file's offset for `blob` of `source`, writing it if it is new."""
+    def place(self, blob: _Blob, source: _WeightFile) -> int | CompressedWeight:
+        """The merged file's offset for `blob` of `source` (or, for a weight to compress, its
+        compressed blobs), writing it if it is new."""
         kind = self.blob_types.get(blob.data_type)
         if kind is None:
             raise MergeError(f"{source.path}: const {blob.name} has a blob dtype "
@@ -285,17 +338,23 @@ class _MergedWeights:
         match = next((u for u in candidates if _same_values(unique, u, blob.shape, kind.atol)),
                      None)
         if match is not None:
-            return match.offset
+            return match.placed
         if location is not None:
-            unique.offset = _write_real(self.writer, location)
+            scheme = self.compression.get(location.key)
+            if scheme is None:
+                unique.placed = _write_real(self.writer, location)
+                size = 2 * int(np.prod(location.shape))
+            else:
+                unique.placed, size = _write_compressed(self.writer, location, scheme)
+            self.stored[location.key] = StoredWeight(location.key, location.shape, scheme, size)
             self.seen_rows.add(row)
         else:
-            unique.offset = getattr(self.writer, kind.writer)(
+            unique.placed = getattr(self.writer, kind.writer)(
                 np.ascontiguousarray(sample.reshape(-1)).view(
                     np.uint16 if kind.numpy is np.float16 else kind.numpy))
         if not blob.nested:
             self.groups.setdefault(key, []).append(unique)
-        return unique.offset
+        return unique.placed
 
 
 def _placeholder_location(
@@ -328,3 +387,46 @@ def _write_real(writer, location: WeightLocation) -> int:
     offset = writer.write_fp16_data(real.numpy().reshape(-1).view(np.uint16))
     del real
     return offset
+
+
+# Core ML stores sub-byte data packed; the writer takes it one element per byte.
+_DATA_WRITERS = {("linear", 4): ("INT4", "write_int4_data"),
+                 ("linear", 8): ("INT8", "write_int8_data"),
+                 ("palettize", 4): ("UINT4", "write_uint4_data"),
+                 ("palettize", 8): ("UINT8", "write_uint8_data")}
+_ROWS_BYTES = 64 << 20  # fp32 bytes of checkpoint rows compressed at a time
+
+
+def _write_compressed(writer, location: WeightLocation,
+                      scheme: Scheme) -> tuple[CompressedWeight, int]:
+    """Reads the weight a slice of rows at a time (fp32, from the checkpoint's own dtype),
+    compresses each slice and writes the data and its scales or look-up table as two blobs.
+    Memory: the data at one byte per element plus one slice, below the fp16 weight's size."""
+    from coremltools.proto import MIL_pb2
+
+    rows, columns = location.shape
+    unit = scheme.group_size if scheme.mode == "palettize" else 1
+    step = max(unit, _ROWS_BYTES // (4 * columns) // unit * unit)
+    data = np.empty((rows, columns), np.int8 if scheme.mode == "linear" else np.uint8)
+    aux = np.empty(scheme.scale_shape(location.shape), np.float16)
+    for start in range(0, rows, step):
+        stop = min(rows, start + step)
+        weight = location.read_rows(start, stop, torch.float32).numpy()
+        if scheme.mode == "linear":
+            data[start:stop], aux[start:stop] = quantize_linear(weight, scheme.bits,
+                                                                scheme.block_size)
+        else:
+            data[start:stop], aux[start // unit:stop // unit] = palettize(
+                weight, scheme.bits, scheme.group_size)
+        del weight
+    data_type, write = _DATA_WRITERS[(scheme.mode, scheme.bits)]
+    data_offset = getattr(writer, write)(data.reshape(-1))
+    aux_offset = writer.write_fp16_data(aux.reshape(-1).view(np.uint16))
+    kinds = MIL_pb2.DataType
+    names = ("data", "scale") if scheme.mode == "linear" else ("indices", "lut")
+    op_type = ("constexpr_blockwise_shift_scale" if scheme.mode == "linear"
+               else "constexpr_lut_to_dense")
+    compressed = CompressedWeight(op_type, (
+        (names[0], data_offset, getattr(kinds, data_type), tuple(data.shape)),
+        (names[1], aux_offset, kinds.FLOAT16, tuple(aux.shape))))
+    return compressed, scheme.stored_bytes(location.shape)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from museflash.bundle import BUILTIN_PAIRS
+from museflash.compression import PRESETS
 
 
 class ExportError(ValueError):
@@ -33,6 +34,10 @@ class ExportOptions:
     conversion_processes: int | None = None
     # Show coremltools' per-pass progress bars and library warnings on the console.
     verbose: bool = False
+    # Weight compression: a preset (compression.PRESETS; None = not given = "none"), or the
+    # rules of a JSON file (compression.read_rules). Exclusive.
+    compression: str | None = None
+    compression_config: Path | None = None
 
     @property
     def wants_drafter(self) -> bool:
@@ -66,6 +71,12 @@ def check_flag_rules(options: ExportOptions) -> None:
     if options.builtin not in BUILTIN_PAIRS:
         raise ExportError(f"--builtin {options.builtin!r} is not a built-in pair; choose one of "
                           f"{list(BUILTIN_PAIRS)} (or give --checkpoint)")
+    if options.compression is not None and options.compression not in PRESETS:
+        raise ExportError(f"--compression {options.compression!r} is not a preset; choose one "
+                          f"of {list(PRESETS)}, or give rules with --compression-config FILE")
+    if options.compression is not None and options.compression_config is not None:
+        raise ExportError("--compression and --compression-config are exclusive: a preset, or "
+                          "the rules of a file (which can state a preset's rules itself)")
     if options.conversion_processes is not None and options.conversion_processes < 1:
         raise ExportError(f"--conversion-processes {options.conversion_processes} must be at "
                           "least 1 (1 converts every function in this process)")

@@ -14,7 +14,7 @@ the destination only at the end; nothing is half-written).
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -24,7 +24,8 @@ from museflash.bundle import BUILTIN_PREFIX, METADATA_FILE, Source
 from museflash.checkpoint import PlaceholderWeights
 from museflash.export.convert import convert_function
 from museflash.export.describe import bundle_metadata, embed_metadata
-from museflash.export.merge import MergeError, merge_packages
+from museflash.compression import Scheme
+from museflash.export.merge import MergeError, StoredWeight, merge_packages
 from museflash.export.options import ExportError, ExportOptions, check_flag_rules
 from museflash.export.parallel import conversion_helpers, run_conversions
 from museflash.export.plan import FunctionPlan, PackagePlan, load_modules, plan_export
@@ -56,12 +57,14 @@ def export_bundle(options: ExportOptions, progress: Progress | None = None) -> P
                     convert_function(modules[package.module], package, function, part, progress)
 
                 run_conversions(jobs, convert_here, helpers)
-            for package in plan.packages:
-                save_package(package, parts_dir, staging / package.file_name, modules,
-                             placeholders, progress)
+            schemes = plan.compression.schemes if plan.compression else {}
+            stored = {package.role: save_package(package, parts_dir,
+                                                 staging / package.file_name, modules,
+                                                 placeholders, progress, schemes)
+                      for package in plan.packages}
             shutil.rmtree(parts_dir)
             metadata = bundle_metadata(plan, modules, source, options.max_context_length,
-                                       options.model_name)
+                                       options.model_name, stored)
             for package in plan.packages:
                 embed_metadata(staging / package.file_name, metadata)
             for name in metadata.tokenizer.files if metadata.tokenizer else ():
@@ -94,18 +97,22 @@ def part_path(parts_dir: Path, package: PackagePlan, function: FunctionPlan) -> 
 
 def save_package(package: PackagePlan, parts_dir: Path, destination: Path,
                  modules: dict[str, torch.nn.Module], placeholders: PlaceholderWeights,
-                 progress: Progress) -> None:
+                 progress: Progress,
+                 schemes: Mapping[str, Scheme] | None = None) -> dict[str, StoredWeight]:
     """Merges the package's converted functions into one multifunction package
     (`merge.merge_packages`: identical weights are stored once, as save_multifunction
     stores them, without loading any weight back); the placeholders' real values are read from
-    the checkpoint into its weight file one tensor at a time."""
+    the checkpoint into its weight file one tensor at a time, compressed when `schemes` names
+    them. Returns the real weights written, by checkpoint key."""
     with progress.stage("save", package.file_name) as info:
         module = modules[package.module]
         expected = {placeholders.row_of(p) for p in module.parameters()} - {None}
         parts = [(f.name, part_path(parts_dir, package, f)) for f in package.functions]
+        stored: dict[str, StoredWeight] = {}
         try:
             merge_packages(parts, destination, package.default_function, placeholders,
-                           expected)
+                           expected, schemes, stored)
         except MergeError as error:
             raise ExportError(str(error)) from error
         info["bytes"] = tree_bytes(destination)
+    return stored

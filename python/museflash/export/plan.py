@@ -24,11 +24,23 @@ from museflash.bundle import (
     StateName,
 )
 from museflash.checkpoint import (
+    ENCODER_PREFIX,
+    TARGET_IGNORED_PREFIXES,
     CheckedConfigs,
     PlaceholderWeights,
+    SafetensorsReader,
     check_configs,
     load_drafter,
     load_target,
+    streamed_weight,
+)
+from museflash.compression import (
+    CompressionError,
+    Rule,
+    Scheme,
+    plan_compression,
+    preset_rules,
+    read_rules,
 )
 from museflash.export.options import ExportError, ExportOptions
 from museflash.export.progress import Progress
@@ -78,6 +90,14 @@ class PackagePlan:
         return next(f for f in self.functions if f.name == name)
 
 
+@dataclass(frozen=True)
+class CompressionPlan:
+    """The compression rules (a preset's or the user's) and what they give each weight."""
+    preset: str | None  # None: the rules came from --compression-config
+    rules: list[Rule]
+    schemes: dict[str, Scheme]  # checkpoint key -> scheme, for the weights stored compressed
+
+
 @dataclass
 class ExportPlan:
     """Everything decided from the options and configs before any weight is read."""
@@ -87,6 +107,7 @@ class ExportPlan:
     spec: SpeculativeDecoding | None
     max_query: int
     packages: list[PackagePlan]
+    compression: CompressionPlan | None = None
 
     @property
     def target_cfg(self) -> MuseGlimmerConfig:
@@ -112,7 +133,43 @@ def plan_export(options: ExportOptions, target_dir: Path, drafter_dir: Path | No
                           f"{options.max_context_length}")
     max_query = max(options.prefill_length, decode_length, block)
     return ExportPlan(Path(target_dir), Path(drafter_dir) if drafter_dir else None, configs,
-                      spec, max_query, _package_plans(options, spec, decode_length))
+                      spec, max_query, _package_plans(options, spec, decode_length),
+                      compression_plan(options, Path(target_dir),
+                                       Path(drafter_dir) if drafter_dir else None))
+
+
+def exported_weight_shapes(options: ExportOptions, target_dir: Path,
+                           drafter_dir: Path | None) -> dict[str, tuple[int, ...]]:
+    """Checkpoint key -> shape of every tensor the export stores (read from the safetensors
+    headers): the target's text decoder, and of the drafter checkpoint the encoder (fused
+    target) and the drafter's own layers (with a drafter)."""
+    reader = SafetensorsReader(target_dir)
+    shapes = {key: reader.shape(key) for key in reader.keys()
+              if not key.startswith(TARGET_IGNORED_PREFIXES)}
+    if drafter_dir is not None and options.wants_drafter:
+        reader = SafetensorsReader(drafter_dir)
+        whole = options.dflash_drafter or options.with_drafter
+        shapes.update({key: reader.shape(key) for key in reader.keys()
+                       if whole or key.startswith(ENCODER_PREFIX)})
+    return shapes
+
+
+def compression_plan(options: ExportOptions, target_dir: Path,
+                     drafter_dir: Path | None) -> CompressionPlan | None:
+    """None for an uncompressed export (--compression none, or neither flag)."""
+    if options.compression_config is None and options.compression in (None, "none"):
+        return None
+    try:
+        if options.compression_config is not None:
+            preset, rules = None, read_rules(options.compression_config)
+        else:
+            preset, rules = options.compression, preset_rules(options.compression)
+        shapes = exported_weight_shapes(options, target_dir, drafter_dir)
+        schemes = plan_compression(rules, shapes, strict=preset is None)
+    except CompressionError as error:
+        raise ExportError(str(error)) from error
+    return CompressionPlan(preset, rules, {key: s for key, s in schemes.items()
+                                           if s is not None and streamed_weight(shapes[key])})
 
 
 def speculative_decoding(

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from museflash.bundle import PACKAGE_WEIGHTS_DIR
+from museflash.compression import depalettize, dequantize_linear
 
 Kernel = Callable[[dict[str, Any]], Any]
 
@@ -556,6 +557,35 @@ def _static_shape(var: Any) -> tuple[int, ...] | None:
     return tuple(int(d) for d in shape)
 
 
+def _blockwise_shift_scale(op: Any) -> np.ndarray:
+    """iOS18 constexpr_blockwise_shift_scale: (data - offset) * scale, each scale (and offset)
+    covering a block of data dim / scale dim elements along every axis."""
+    data = np.asarray(op.data.val)
+    offset = getattr(op, "offset", None)
+    if offset is not None and offset.val is not None:
+        repeats = [d // o for d, o in zip(data.shape, np.shape(offset.val), strict=True)]
+        whole = np.asarray(offset.val, np.float32)
+        for axis, count in enumerate(repeats):
+            whole = np.repeat(whole, count, axis=axis)
+        data = data.astype(np.float32) - whole
+    return dequantize_linear(data, np.asarray(op.scale.val))
+
+
+def _lut_to_dense(op: Any) -> np.ndarray:
+    """iOS18 constexpr_lut_to_dense with scalar tables (vector size 1): each index is read in
+    the table of its group (lut shape [groups per axis..., 2^bits, 1])."""
+    lut = np.asarray(op.lut.val)
+    if lut.shape[-1] != 1:
+        raise InterpreterError(f"constexpr_lut_to_dense (op {op.name!r}): vector "
+                               f"palettization (vector size {lut.shape[-1]}) is not supported")
+    return depalettize(np.asarray(op.indices.val), lut)
+
+
+# The numpy interpreter's own decompression (museflash.compression), not coremltools'.
+DECOMPRESSORS = {"constexpr_blockwise_shift_scale": _blockwise_shift_scale,
+                 "constexpr_lut_to_dense": _lut_to_dense}
+
+
 class Interpreter:
     """Runs one function of a loaded ML program with numpy."""
 
@@ -594,6 +624,8 @@ class Interpreter:
     def _load_constant(self, op: Any) -> None:
         if op.op_type == "const":
             values = [op.outputs[0].val]
+        elif op.op_type in DECOMPRESSORS:
+            values = [DECOMPRESSORS[op.op_type](op)]
         elif hasattr(op, "materialized_val_inference"):
             values = op.materialized_val_inference()
             values = list(values) if isinstance(values, (tuple, list)) else [values]

@@ -7,6 +7,9 @@
    reproduce the exported target's own greedy output (lossless). Agreement with eager fp32
    greedy decoding is reported but not required (the export computes in fp16). A ring-drafter
    export (--with-drafter) gets parity only: the loop drives DFlash's inject_kv/draft.
+3. A compressed export: parity is against eager models carrying the same quantized or
+   palettized weights (expanded in fp32), which proves the packing; the quality lost against
+   the checkpoint's own weights is reported (top-1 agreement, KL), not gated.
 
 Exit status of `run_verify`: 0 all passed, 1 a mismatch, 2 unusable input (VerifyInputError).
 """
@@ -32,7 +35,14 @@ from museflash.bundle import (
     Metadata,
     StateKind,
 )
-from museflash.checkpoint import CheckpointError, load_drafter, load_target
+from museflash.checkpoint import (
+    CheckpointError,
+    checkpoint_shapes,
+    load_drafter,
+    load_target,
+    streamed_weight,
+)
+from museflash.compression import CompressionError, Rule, Scheme, plan_compression
 from museflash.demo_checkpoint import builtin_checkpoints
 from museflash.runtime.interpreter import Interpreter, load_program
 from museflash.runtime.parity import (
@@ -180,18 +190,39 @@ def _wrapping_starts(capacity: int, length: int, limit: int) -> list[int]:
             if start + (i + 1) * length <= limit]
 
 
-def load_reference_models(metadata: Metadata, target_dir: Path, drafter_dir: Path | None):
+def compression_schemes(metadata: Metadata, target_dir: Path,
+                        drafter_dir: Path | None) -> dict[str, Scheme]:
+    """Checkpoint key -> scheme of each weight the export stored compressed: its recorded
+    rules applied again to the checkpoints (as the export applied them)."""
+    if metadata.compression is None:
+        return {}
+    rules = [Rule(match=r.match, mode=str(r.mode), bits=r.bits, block_size=r.block_size,
+                  group_size=r.group_size) for r in metadata.compression.rules]
+    shapes = checkpoint_shapes(target_dir, drafter_dir)
+    try:
+        schemes = plan_compression(rules, shapes, strict=False)
+    except CompressionError as error:
+        raise VerifyInputError(f"{METADATA_FILE} compression rules: {error}") from error
+    return {key: scheme for key, scheme in schemes.items()
+            if scheme is not None and streamed_weight(shapes[key])}
+
+
+def load_reference_models(metadata: Metadata, target_dir: Path, drafter_dir: Path | None,
+                          compressed: dict[str, Scheme] | None = None):
+    """The eager fp32 models, carrying the weights as the export stores them (`compressed`:
+    quantized or palettized, then expanded)."""
     context = metadata.context_length
     max_query = metadata.max_query_length()
     fused = metadata.asset(AssetRole.TARGET).kind == AssetKind.FUSED_TARGET
     target = load_target(target_dir, drafter_dir if fused else None, dtype=torch.float32,
-                         max_context=context, max_query_len=max_query)
+                         max_context=context, max_query_len=max_query, compressed=compressed)
     drafters = {}
     for role, ring in ((AssetRole.DFLASH_DRAFTER, False), (AssetRole.RING_DRAFTER, True)):
         if role in metadata.assets:
             drafters[role] = load_drafter(
                 drafter_dir, target, target_dir=target_dir, dtype=torch.float32,
-                max_query_len=max_query, ring=ring, max_context=context)
+                max_query_len=max_query, ring=ring, max_context=context,
+                compressed=compressed)
     return target, drafters
 
 
@@ -358,6 +389,28 @@ def check_decoding(export_dir: Path, metadata: Metadata, target_dir: Path, promp
                        speculative.tokens_per_target_call)
 
 
+def compression_quality(metadata: Metadata, target_dir: Path, compressed: dict[str, Scheme],
+                        prompt_tokens: int) -> str:
+    """Eager target with the stored (compressed) weights against the checkpoint's weights, on
+    the deterministic prompt: next-token top-1 agreement and mean KL(checkpoint || stored)."""
+    prompt = deterministic_prompt(prompt_tokens, metadata.vocab_size,
+                                  metadata.speculative_decoding.mask_token_id)
+    ids = torch.tensor([prompt], dtype=torch.long)
+    logits = []
+    for schemes in ({}, compressed):
+        model = load_target(target_dir, dtype=torch.float32, max_context=metadata.context_length,
+                            compressed=schemes)
+        with torch.no_grad():
+            logits.append(model.batch_logits(ids)[0].float())
+    reference, stored = (torch.log_softmax(x, dim=-1) for x in logits)
+    agree = (reference.argmax(-1) == stored.argmax(-1)).float().mean().item()
+    kl = (reference.exp() * (reference - stored)).sum(-1).mean().item()
+    groups = ", ".join(f"{g.tensors} x {g.mode}{g.bits}" for g in metadata.compression.groups)
+    return (f"compression (informational; {groups}): eager with the stored weights vs the "
+            f"checkpoint's, {len(prompt)} positions: top-1 agreement {100 * agree:.1f}%, "
+            f"mean KL {kl:.4f} nats")
+
+
 def _common_prefix(a: list[int], b: list[int]) -> int:
     count = 0
     for x, y in zip(a, b, strict=False):
@@ -414,7 +467,9 @@ def run_verify(options: VerifyOptions) -> int:
                 target_dir, drafter_dir, described):
             echo(f"verify: {export_dir} ({metadata.model_name}) against {described}")
             try:
-                target, drafters = load_reference_models(metadata, target_dir, drafter_dir)
+                compressed = compression_schemes(metadata, target_dir, drafter_dir)
+                target, drafters = load_reference_models(metadata, target_dir, drafter_dir,
+                                                         compressed)
             except CheckpointError as error:
                 raise VerifyInputError(str(error)) from error
             checks = [
@@ -442,6 +497,8 @@ def run_verify(options: VerifyOptions) -> int:
                                               "drafter)"], 0.0, 1.0)
             for line in decoding.lines:
                 echo(line)
+            if compressed:
+                echo(compression_quality(metadata, target_dir, compressed, prompt))
     except VerifyInputError as error:
         echo(f"verify: error: {error}")
         return 2

@@ -66,6 +66,67 @@ def exported_metadata() -> dict[str, Metadata]:
     return examples
 
 
+# name -> export flags and compression options, over the trained demo pair (demo/): the tiny
+# random pair has no weight large enough to compress.
+COMPRESSED_KINDS: dict[str, dict[str, Any]] = {
+    "target_only_4bit": {"compression": "4bit"},
+    "dflash_mixed_rules": {"fused_target": True, "dflash_drafter": True, "compression_config": [
+        {"match": "*embed_tokens.weight", "mode": "linear", "bits": 8},
+        {"match": "lm_head.weight", "mode": "linear", "bits": 8},
+        {"match": "*mlp.down_proj*", "mode": "palettize", "bits": 4, "group_size": 32},
+        {"match": "*layers.0.mlp.*", "mode": "none"},
+        {"match": "*", "mode": "linear", "bits": 4, "block_size": 32}]},
+}
+
+
+def compressed_metadata() -> dict[str, Metadata]:
+    """The metadata of compressed exports of the trained demo pair: the plan as the exporter
+    makes it, and the weights its merge would store (every streamed weight, compressed as
+    planned) in place of a conversion."""
+    from museflash.checkpoint import PlaceholderWeights
+    from museflash.compression import Scheme
+    from museflash.demo_checkpoint import builtin_checkpoints
+    from museflash.export.describe import bundle_metadata
+    from museflash.export.merge import StoredWeight
+    from museflash.export.options import ExportOptions
+    from museflash.export.plan import load_modules, plan_export
+    from museflash.export.progress import Progress
+
+    examples = {}
+    with tempfile.TemporaryDirectory(prefix="museflash-examples-") as scratch, \
+            builtin_checkpoints("demo") as (target_dir, drafter_dir):
+        for name, flags in COMPRESSED_KINDS.items():
+            flags = dict(flags)
+            if isinstance(flags.get("compression_config"), list):
+                rules = Path(scratch) / f"{name}.json"
+                rules.write_text(json.dumps(flags["compression_config"]))
+                flags["compression_config"] = rules
+            options = ExportOptions(output_dir=Path(scratch) / name, **flags)
+            drafter = drafter_dir if options.wants_drafter else None
+            plan = plan_export(options, target_dir, drafter)
+            placeholders = PlaceholderWeights()
+            modules = load_modules(options, plan, Progress(echo=lambda _line: None),
+                                   placeholders)
+            schemes = plan.compression.schemes
+            stored = {}
+            for package in plan.packages:
+                rows = {placeholders.row_of(p) for p in modules[package.module].parameters()}
+                weights = {}
+                for row in rows - {None}:
+                    location = placeholders.by_row[row]
+                    scheme: Scheme | None = schemes.get(location.key)
+                    size = (scheme.stored_bytes(location.shape) if scheme
+                            else 2 * location.shape[0] * location.shape[1])
+                    weights[location.key] = StoredWeight(location.key, location.shape, scheme,
+                                                         size)
+                stored[package.role] = weights
+            source = Source(checkpoint="/checkpoints/muse-glimmer-demo",
+                            drafter_checkpoint="/checkpoints/demo-drafter" if drafter else None)
+            examples[name] = bundle_metadata(plan, modules, source, options.max_context_length,
+                                             None, stored)
+    return examples
+
+
 def _with_unknown_keys(raw: dict[str, Any]) -> dict[str, Any]:
     grown = copy.deepcopy(raw)
     grown["added_in_a_later_exporter"] = {"anything": [1, 2.5, None, "x"]}
@@ -80,6 +141,14 @@ def _with_unknown_keys(raw: dict[str, Any]) -> dict[str, Any]:
         grown["speculative_decoding"]["new_spec_field"] = None
         grown["speculative_decoding"]["drafter"]["new_drafter_field"] = 1
     grown["source"]["revision"] = "abc123"
+    if grown.get("compression"):
+        grown["compression"]["new_compression_field"] = "x"
+        for rule in grown["compression"]["rules"]:
+            rule["new_rule_field"] = 0
+        for group in grown["compression"]["groups"]:
+            group["new_group_field"] = [1]
+            for stored in group["packages"].values():
+                stored["new_stored_field"] = {}
     return grown
 
 
@@ -126,11 +195,17 @@ def _invalid(base: dict[str, Any]) -> list[dict[str, Any]]:
          "metadata": changed(lambda r: r["assets"].update(vision=r["assets"]["target"]))},
         {"name": "not_an_object", "reason": "metadata must be a JSON object",
          "metadata": [base]},
+        {"name": "unknown_compression_mode", "reason": "an enumerated name the contract does "
+         "not have", "metadata": changed(lambda r: r["compression"]["groups"][0].update(
+             mode="sparse"))},
+        {"name": "compressed_group_without_bits", "reason": "a required nested key is absent",
+         "metadata": changed(lambda r: r["compression"]["groups"][0].pop("bits"))},
     ]
 
 
 def examples() -> dict[str, Any]:
-    valid = {name: metadata.to_json() for name, metadata in exported_metadata().items()}
+    valid = {name: metadata.to_json() for name, metadata in
+             {**exported_metadata(), **compressed_metadata()}.items()}
     return {
         "supported_schema_versions": list(SUPPORTED_SCHEMA_VERSIONS),
         "valid": [{"name": name, "metadata": raw} for name, raw in valid.items()],
@@ -139,7 +214,7 @@ def examples() -> dict[str, Any]:
                                for name, raw in valid.items()] + [
             {"name": "target_only_without_its_null_values", "base": "target_only",
              "metadata": _without_null_values(valid["target_only"])}],
-        "invalid": _invalid(valid["dflash"]),
+        "invalid": _invalid(valid["dflash_mixed_rules"]),
     }
 
 
