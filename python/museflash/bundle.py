@@ -260,6 +260,13 @@ class Tokenizer:
                                           "mask_token_id is one of them)")
 
 
+class CompressionPreset(Name):
+    """`--compression` presets (docs/compression.md); `none` writes no compression block."""
+    EIGHT_BIT = "8bit"
+    FOUR_BIT = "4bit"
+    PALETTIZE_FOUR = "palettize4"
+
+
 class CompressionMode(Name):
     LINEAR = "linear"  # constexpr_blockwise_shift_scale: symmetric integers x fp16 scales
     PALETTIZE = "palettize"  # constexpr_lut_to_dense: indices into fp16 look-up tables
@@ -312,8 +319,7 @@ class CompressedGroup:
 @dataclass(frozen=True)
 class Compression:
     """How the weights are stored when not all fp16 (docs/compression.md)."""
-    preset: str | None = _doc("`8bit`, `4bit` or `palettize4`; null for rules from "
-                              "--compression-config")
+    preset: CompressionPreset | None = _doc("null for rules from --compression-config")
     rules: list[CompressionRule]
     groups: list[CompressedGroup]
     fp16_tensors: int = _doc("large weights (2-D, at least 2^16 elements) matched by no "

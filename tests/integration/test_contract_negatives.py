@@ -1,7 +1,8 @@
 """The Swift contract check on a real export, broken one property at a time.
 
-The bundle is exported by a Bazel build action (//tests/integration:demo_bundle); each test
-copies it, breaks one thing in the protobuf spec, the metadata or the package layout, runs the
+The bundles are exported by Bazel build actions (//tests/integration:demo_bundle, and
+:compressed_bundle with weights stored as constexpr ops); each test copies one, breaks one
+thing in the protobuf spec, the weight file, the metadata or the package layout, runs the
 check-contract binary and asserts on the exact property (or input error) it reports.
 """
 
@@ -13,8 +14,11 @@ from pathlib import Path
 
 import pytest
 from coremltools.proto import Model_pb2
+from package_surgery import constexpr_weights, set_embedded_metadata, set_input_shape, store_as_fp16
 
 BUNDLE = Path(os.environ.get("MUSEFLASH_EXPORT_DIR", "tests/integration/demo_bundle"))
+COMPRESSED = Path(os.environ.get("MUSEFLASH_COMPRESSED_EXPORT_DIR",
+                                 "tests/integration/compressed_bundle"))
 CHECKER = Path(os.environ.get("MUSEFLASH_CHECK_CONTRACT", "swift/check-contract"))
 SPEC = Path("Data") / "com.apple.CoreML" / "model.mlmodel"
 
@@ -128,3 +132,96 @@ def test_manifest_path_leaving_the_package_is_refused(bundle):
     result, _, _ = check(bundle)
     assert result.returncode == 2
     assert "outside the package" in result.stderr
+
+
+# --- The compressed bundle ------------------------------------------------------------------
+
+COMPRESSION_PROPERTIES = ("ops_declared", "stored_compressed", "bytes", "functions_agree")
+LINEAR = "constexpr_blockwise_shift_scale"
+
+
+@pytest.fixture
+def compressed(tmp_path):
+    """A copy of the compressed bundle, weight files included (their blob headers are checked)."""
+    copy = tmp_path / "compressed"
+    shutil.copytree(COMPRESSED, copy)
+    for path in copy.rglob("*"):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return copy
+
+
+def blockwise_weight(package):
+    """The name and (data, scale) shapes of a weight stored int4 in blocks (scale [O, I/block])."""
+    for name, (op_type, inputs) in constexpr_weights(package).items():
+        if op_type == LINEAR and inputs["scale"][1][1] > 1:
+            return name, inputs["data"][1], inputs["scale"][1]
+    raise AssertionError(f"no blockwise {LINEAR} in {package}")
+
+
+def rewrite_metadata(bundle, edit):
+    """Edits metadata.json and, alike, the copy every package embeds (so only what the edit
+    says is wrong, not the copies' disagreement)."""
+    path = bundle / "metadata.json"
+    metadata = json.loads(path.read_text())
+    edit(metadata)
+    text = json.dumps(metadata, indent=2) + "\n"
+    path.write_text(text)
+    for asset in metadata["assets"].values():
+        set_embedded_metadata(bundle / asset["path"], text)
+
+
+def test_the_compressed_bundle_satisfies_every_property(compressed):
+    result, failed, passed = check(compressed)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert failed == set()
+    metadata = json.loads((compressed / "metadata.json").read_text())
+    assert {group["mode"] for group in metadata["compression"]["groups"]} == {"linear", "palettize"}
+    assert {f"{role}.compression.{name}" for role in metadata["assets"]
+            for name in COMPRESSION_PROPERTIES} | {"metadata.compression"} <= passed
+    ops = {op_type for op_type, _ in constexpr_weights(compressed / "target.mlpackage").values()}
+    assert ops == {LINEAR, "constexpr_lut_to_dense"}
+
+
+def test_weight_stored_as_fp16(compressed):
+    package = compressed / "target.mlpackage"
+    name, _, _ = blockwise_weight(package)
+    assert store_as_fp16(package, name) == 2  # main and prefill
+    result, failed, passed = check(compressed)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "target.compression.stored_compressed" in failed
+    assert {"target.compression.ops_declared", "target.compression.functions_agree",
+            "target.embedded_metadata"} <= passed
+
+
+def test_scale_shape_with_the_wrong_block_size(compressed):
+    package = compressed / "target.mlpackage"
+    name, _, (rows, blocks) = blockwise_weight(package)
+    set_input_shape(package, name, "scale", [rows, 2 * blocks])
+    result, failed, passed = check(compressed)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "target.compression.ops_declared" in failed
+    assert "dflash_drafter.compression.ops_declared" in passed
+
+
+def test_lying_byte_count_in_metadata(compressed):
+    def lie(metadata):
+        group = next(g for g in metadata["compression"]["groups"] if "target" in g["packages"])
+        group["packages"]["target"]["bytes"] += 64
+        group["bytes_after"] += 64
+
+    rewrite_metadata(compressed, lie)
+    result, failed, passed = check(compressed)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "target.compression.bytes" in failed
+    assert {"target.embedded_metadata", "target.compression.stored_compressed"} <= passed
+
+
+def test_compressed_weights_without_declaration(compressed):
+    def undeclare(metadata):
+        metadata["compression"] = None
+        metadata["schema_version"] = 1
+
+    rewrite_metadata(compressed, undeclare)
+    result, failed, _ = check(compressed)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert {"target.compression.ops_declared", "dflash_drafter.compression.ops_declared"} <= failed

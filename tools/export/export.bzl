@@ -11,7 +11,8 @@ def _museflash_export_impl(ctx):
     ctx.actions.run_shell(
         command = 'log="$(mktemp)"; "$@" >"$log" 2>&1 || { status=$?; cat "$log" >&2; exit $status; }',
         arguments = [ctx.executable.exporter.path, "--output-dir=" + bundle.path, "--overwrite", "--verbose"] +
-                    ctx.attr.export_args,
+                    [ctx.expand_location(arg, ctx.attr.data) for arg in ctx.attr.export_args],
+        inputs = ctx.files.data,
         tools = [ctx.attr.exporter[DefaultInfo].files_to_run],
         outputs = [bundle],
         mnemonic = "MuseflashExport",
@@ -29,6 +30,12 @@ museflash_export = rule(
             executable = True,
             cfg = "exec",
         ),
-        "export_args": attr.string_list(doc = "Flags for the exporter, e.g. --fused-target."),
+        "export_args": attr.string_list(
+            doc = "Flags for the exporter, e.g. --fused-target; $(location X) names a file of `data`.",
+        ),
+        "data": attr.label_list(
+            allow_files = True,
+            doc = "Files the flags name (e.g. --compression-config=$(location rules.json)); inputs of the export.",
+        ),
     },
 )

@@ -22,6 +22,7 @@ from museflash.bundle import (
     CompressedGroup,
     Compression,
     CompressionMode,
+    CompressionPreset,
     CompressionRule,
     Function,
     Generator,
@@ -98,7 +99,7 @@ def compression_block(plan: CompressionPlan | None,
             tensors, size = group["packages"].get(role, (0, 0))
             group["packages"][role] = (tensors + 1, size + weight.bytes)
     return Compression(
-        preset=plan.preset,
+        preset=CompressionPreset(plan.preset) if plan.preset else None,
         rules=[CompressionRule(match=r.match, mode=CompressionMode(r.mode), bits=r.bits,
                                block_size=r.block_size, group_size=r.group_size)
                for r in plan.rules],

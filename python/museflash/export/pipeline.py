@@ -22,9 +22,9 @@ import torch
 
 from museflash.bundle import BUILTIN_PREFIX, METADATA_FILE, Source
 from museflash.checkpoint import PlaceholderWeights
+from museflash.compression import Scheme
 from museflash.export.convert import convert_function
 from museflash.export.describe import bundle_metadata, embed_metadata
-from museflash.compression import Scheme
 from museflash.export.merge import MergeError, StoredWeight, merge_packages
 from museflash.export.options import ExportError, ExportOptions, check_flag_rules
 from museflash.export.parallel import conversion_helpers, run_conversions

@@ -1,4 +1,5 @@
-/// `metadata.json`, schema version 1, as docs/metadata.md defines it.
+/// `metadata.json`, schema versions 1 and 2, as docs/metadata.md defines it (2 adds
+/// `compression`; a version-1 document is one without it).
 ///
 /// Compatibility rules (shared with the Python reader, python/museflash/bundle.py):
 /// `schema_version` is the major version, and a version not in `supportedSchemaVersions` is
@@ -6,7 +7,9 @@
 /// every level, so later additive fields still decode; enumerated names (the `ContractName`
 /// enums below) are closed, so an unknown one is a decoding error naming its key path.
 public struct ExportMetadata: Codable, Equatable, Sendable {
-    public static let supportedSchemaVersions = [1]
+    public static let supportedSchemaVersions = [1, 2]
+    /// The first schema version with `compression`.
+    public static let compressionSchemaVersion = 2
 
     public var schemaVersion: Int
     public var generator: Generator
@@ -20,6 +23,8 @@ public struct ExportMetadata: Codable, Equatable, Sendable {
     public var source: Source
     /// Nil (null or absent) when the target checkpoint had no tokenizer.
     public var tokenizer: Tokenizer?
+    /// Nil (null or absent) when every weight is stored fp16.
+    public var compression: Compression?
 
     enum CodingKeys: String, CodingKey {
         case schemaVersion = "schema_version"
@@ -33,6 +38,7 @@ public struct ExportMetadata: Codable, Equatable, Sendable {
         case speculativeDecoding = "speculative_decoding"
         case source
         case tokenizer
+        case compression
     }
 
     public struct Generator: Codable, Equatable, Sendable {
@@ -193,6 +199,122 @@ extension ExportMetadata {
 }
 
 extension ExportMetadata {
+    /// How the weights are stored when not all fp16 (python/museflash/bundle.py `Compression`).
+    public struct Compression: Codable, Equatable, Sendable {
+        /// Nil for rules from --compression-config.
+        public var preset: CompressionPreset?
+        /// In order: the first rule whose `match` fits a checkpoint tensor's name decides it.
+        public var rules: [CompressionRule]
+        public var groups: [CompressedGroup]
+        /// Large weights matched by no compressing rule, kept fp16.
+        public var fp16Tensors: Int
+        public var fp16Bytes: Int
+
+        public init(preset: CompressionPreset?, rules: [CompressionRule], groups: [CompressedGroup],
+                    fp16Tensors: Int, fp16Bytes: Int) {
+            self.preset = preset
+            self.rules = rules
+            self.groups = groups
+            self.fp16Tensors = fp16Tensors
+            self.fp16Bytes = fp16Bytes
+        }
+
+        enum CodingKeys: String, CodingKey {
+            case preset, rules, groups
+            case fp16Tensors = "fp16_tensors"
+            case fp16Bytes = "fp16_bytes"
+        }
+    }
+
+    /// One rule of `compression.rules`.
+    public struct CompressionRule: Codable, Equatable, Sendable {
+        /// An fnmatch glob over checkpoint tensor names.
+        public var match: String
+        public var mode: CompressionMode
+        /// 4 or 8; nil for mode none.
+        public var bits: Int?
+        /// linear: elements per scale along the input axis; nil: one scale per output channel.
+        public var blockSize: Int?
+        /// palettize: output channels sharing one look-up table.
+        public var groupSize: Int?
+
+        public init(match: String, mode: CompressionMode, bits: Int? = nil, blockSize: Int? = nil,
+                    groupSize: Int? = nil) {
+            self.match = match
+            self.mode = mode
+            self.bits = bits
+            self.blockSize = blockSize
+            self.groupSize = groupSize
+        }
+
+        enum CodingKeys: String, CodingKey {
+            case match, mode, bits
+            case blockSize = "block_size"
+            case groupSize = "group_size"
+        }
+    }
+
+    /// The weights one rule compressed alike, and what storing them costs.
+    public struct CompressedGroup: Codable, Equatable, Sendable {
+        /// Index in `rules` of the rule these weights matched.
+        public var rule: Int
+        /// linear or palettize.
+        public var mode: CompressionMode
+        /// Bits per stored element: int4/int8 data (linear), uint4/uint8 indices (palettize).
+        public var bits: Int
+        /// linear: elements per fp16 scale along the input axis (scale `[O, I / block_size]`);
+        /// nil: per output channel (scale `[O, 1]`).
+        public var blockSize: Int?
+        /// palettize: output channels per look-up table (lut `[O / group_size, 1, 2^bits, 1]`).
+        public var groupSize: Int?
+        /// Unique checkpoint weights in the group.
+        public var tensors: Int
+        /// Their size in fp16.
+        public var bytesBefore: Int
+        /// Their size as stored, each counted once.
+        public var bytesAfter: Int
+        /// What each package stores of them.
+        public var packages: [AssetRole: StoredCount]
+
+        public init(rule: Int, mode: CompressionMode, bits: Int, blockSize: Int? = nil, groupSize: Int? = nil,
+                    tensors: Int, bytesBefore: Int, bytesAfter: Int, packages: [AssetRole: StoredCount]) {
+            self.rule = rule
+            self.mode = mode
+            self.bits = bits
+            self.blockSize = blockSize
+            self.groupSize = groupSize
+            self.tensors = tensors
+            self.bytesBefore = bytesBefore
+            self.bytesAfter = bytesAfter
+            self.packages = packages
+        }
+
+        enum CodingKeys: String, CodingKey {
+            case rule, mode, bits
+            case blockSize = "block_size"
+            case groupSize = "group_size"
+            case tensors
+            case bytesBefore = "bytes_before"
+            case bytesAfter = "bytes_after"
+            case packages
+        }
+    }
+
+    /// What one package stores of a group.
+    public struct StoredCount: Codable, Equatable, Sendable {
+        /// Distinct weights of the group in the package.
+        public var tensors: Int
+        /// Their payload bytes in the package's weight file: data plus fp16 scales or look-up tables.
+        public var bytes: Int
+
+        public init(tensors: Int, bytes: Int) {
+            self.tensors = tensors
+            self.bytes = bytes
+        }
+    }
+}
+
+extension ExportMetadata {
     public var isSchemaVersionSupported: Bool {
         Self.supportedSchemaVersions.contains(schemaVersion)
     }
@@ -307,6 +429,23 @@ extension ExportMetadata {
         case fullAttention = "full_attention"
         public static let meaning = "layer type"
     }
+
+    public enum CompressionMode: String, Codable, Sendable, CaseIterable, ContractName {
+        /// `constexpr_blockwise_shift_scale`: symmetric integers times fp16 scales.
+        case linear
+        /// `constexpr_lut_to_dense`: indices into fp16 look-up tables.
+        case palettize
+        /// fp16 (a rule only).
+        case none
+        public static let meaning = "compression mode"
+    }
+
+    public enum CompressionPreset: String, Codable, Sendable, CaseIterable, ContractName {
+        case eightBit = "8bit"
+        case fourBit = "4bit"
+        case palettize4
+        public static let meaning = "compression preset"
+    }
 }
 
 // MARK: Objects keyed by names
@@ -362,6 +501,7 @@ extension ExportMetadata {
         speculativeDecoding = try container.decodeIfPresent(SpeculativeDecoding.self, forKey: .speculativeDecoding)
         source = try container.decode(Source.self, forKey: .source)
         tokenizer = try container.decodeIfPresent(Tokenizer.self, forKey: .tokenizer)
+        compression = try container.decodeIfPresent(Compression.self, forKey: .compression)
     }
 
     public func encode(to encoder: Encoder) throws {
@@ -377,6 +517,7 @@ extension ExportMetadata {
         try container.encodeIfPresent(speculativeDecoding, forKey: .speculativeDecoding)
         try container.encode(source, forKey: .source)
         try container.encodeIfPresent(tokenizer, forKey: .tokenizer)
+        try container.encodeIfPresent(compression, forKey: .compression)
     }
 }
 
@@ -398,5 +539,34 @@ extension ExportMetadata.Asset {
         try container.encode(defaultFunction, forKey: .defaultFunction)
         try container.encodeObject(functions, forKey: .functions)
         try container.encode(states, forKey: .states)
+    }
+}
+
+extension ExportMetadata.CompressedGroup {
+    public init(from decoder: Decoder) throws {
+        let container = try decoder.container(keyedBy: CodingKeys.self)
+        rule = try container.decode(Int.self, forKey: .rule)
+        mode = try container.decode(ExportMetadata.CompressionMode.self, forKey: .mode)
+        bits = try container.decode(Int.self, forKey: .bits)
+        blockSize = try container.decodeIfPresent(Int.self, forKey: .blockSize)
+        groupSize = try container.decodeIfPresent(Int.self, forKey: .groupSize)
+        tensors = try container.decode(Int.self, forKey: .tensors)
+        bytesBefore = try container.decode(Int.self, forKey: .bytesBefore)
+        bytesAfter = try container.decode(Int.self, forKey: .bytesAfter)
+        packages = try container.decodeObject([ExportMetadata.AssetRole: ExportMetadata.StoredCount].self,
+                                              forKey: .packages)
+    }
+
+    public func encode(to encoder: Encoder) throws {
+        var container = encoder.container(keyedBy: CodingKeys.self)
+        try container.encode(rule, forKey: .rule)
+        try container.encode(mode, forKey: .mode)
+        try container.encode(bits, forKey: .bits)
+        try container.encodeIfPresent(blockSize, forKey: .blockSize)
+        try container.encodeIfPresent(groupSize, forKey: .groupSize)
+        try container.encode(tensors, forKey: .tensors)
+        try container.encode(bytesBefore, forKey: .bytesBefore)
+        try container.encode(bytesAfter, forKey: .bytesAfter)
+        try container.encodeObject(packages, forKey: .packages)
     }
 }

@@ -1,6 +1,6 @@
-/// The parts of a Core ML `Model` protobuf that describe its interface.
-/// Layers and weights are deliberately not modelled: a reader of the
-/// interface must not pay for the network.
+/// The parts of a Core ML `Model` protobuf that describe its interface, and for an ML
+/// program its operations (`MLProgram`: op types, value types and blob references, never
+/// inline tensor contents). Weight files are not read here.
 public struct ModelSpecification: Sendable, Equatable {
     public var specificationVersion: Int
     public var description: ModelDescription
@@ -8,17 +8,21 @@ public struct ModelSpecification: Sendable, Equatable {
     /// Field number of the member of `Model.Type` that was present (502 for an
     /// ML program), or nil if none was.
     public var modelTypeFieldNumber: Int?
+    /// The ML program, when `Model.mlProgram` is the member present.
+    public var program: MLProgram?
 
     public init(
         specificationVersion: Int = 0,
         description: ModelDescription = ModelDescription(),
         isUpdatable: Bool = false,
-        modelTypeFieldNumber: Int? = nil
+        modelTypeFieldNumber: Int? = nil,
+        program: MLProgram? = nil
     ) {
         self.specificationVersion = specificationVersion
         self.description = description
         self.isUpdatable = isUpdatable
         self.modelTypeFieldNumber = modelTypeFieldNumber
+        self.program = program
     }
 
     /// Name of the `Model.Type` oneof member, e.g. "mlProgram".

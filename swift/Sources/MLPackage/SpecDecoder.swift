@@ -5,18 +5,22 @@ public enum SpecDecodingError: Error, Sendable, Equatable, CustomStringConvertib
     case wire(ProtoWireError)
     /// A field every real Core ML spec carries was absent (named as Message.field).
     case missingField(String)
+    /// Messages nested deeper than any real spec (at the nested message's absolute offset).
+    case nestingTooDeep(offset: Int, reason: String)
 
     public var description: String {
         switch self {
         case .wire(let error): return "protobuf error: \(error)"
         case .missingField(let field): return "required field \(field) is missing"
+        case .nestingTooDeep(let offset, let reason): return "at byte \(offset): \(reason)"
         }
     }
 }
 
 extension ModelSpecification {
-    /// Decodes the interface of a serialized Core ML `Model`. Unknown fields
-    /// (including the network itself) are skipped, never fatal. Singular
+    /// Decodes the interface of a serialized Core ML `Model`, and of an ML program its
+    /// functions and operations (`MLProgram`). Unknown fields (including every other kind of
+    /// network) are skipped, never fatal. Singular
     /// message fields that repeat are merged, as protobuf requires.
     public init(serializedBytes bytes: [UInt8]) throws {
         self.init()
@@ -32,8 +36,15 @@ extension ModelSpecification {
                     try description.merge(from: try field.message())
                 case Number.isUpdatable:
                     isUpdatable = try field.bool()
+                case Number.mlProgram:
+                    // A oneof member: a repeat merges, another member replaces it.
+                    modelTypeFieldNumber = Number.mlProgram
+                    var merged = program ?? MLProgram()
+                    try merged.merge(from: field.message())
+                    program = merged
                 case let number where SpecFieldNumbers.modelTypeNames[number] != nil:
                     modelTypeFieldNumber = number
+                    program = nil
                 default:
                     break
                 }

@@ -7,6 +7,7 @@ enum SpecFieldNumbers {
         static let specificationVersion = 1   // Model.specificationVersion (int32)
         static let description = 2            // Model.description (ModelDescription)
         static let isUpdatable = 10           // Model.isUpdatable (bool)
+        static let mlProgram = 502            // Model.mlProgram (MILSpec.Program)
     }
 
     /// Members of the `Model.Type` oneof; only their presence is recorded.
@@ -128,5 +129,78 @@ enum SpecFieldNumbers {
 
     enum StateFeatureType {
         static let arrayType = 1              // StateFeatureType.arrayType (ArrayFeatureType)
+    }
+
+    // MIL.proto (CoreML.Specification.MILSpec), from coremltools 9.0's MIL_pb2.py.
+
+    enum Program {
+        static let version = 1                // Program.version (int64)
+        static let functions = 2              // Program.functions (map<string, Function>)
+    }
+
+    enum Function {
+        static let inputs = 1                 // Function.inputs (repeated NamedValueType)
+        static let opset = 2                  // Function.opset (string)
+        static let blockSpecializations = 3   // Function.block_specializations (map<string, Block>)
+    }
+
+    enum Block {
+        static let inputs = 1                 // Block.inputs (repeated NamedValueType)
+        static let outputs = 2                // Block.outputs (repeated string)
+        static let operations = 3             // Block.operations (repeated Operation)
+    }
+
+    enum Operation {
+        static let type = 1                   // Operation.type (string)
+        static let inputs = 2                 // Operation.inputs (map<string, Argument>)
+        static let outputs = 3                // Operation.outputs (repeated NamedValueType)
+        static let blocks = 4                 // Operation.blocks (repeated Block)
+        static let attributes = 5             // Operation.attributes (map<string, Value>)
+    }
+
+    enum Argument {
+        static let arguments = 1              // Argument.arguments (repeated Argument.Binding)
+    }
+
+    enum Binding {
+        static let name = 1                   // Argument.Binding.name (string, oneof binding)
+        static let value = 2                  // Argument.Binding.value (Value, oneof binding)
+    }
+
+    enum NamedValueType {
+        static let name = 1                   // NamedValueType.name (string)
+        static let type = 2                   // NamedValueType.type (ValueType)
+    }
+
+    enum ValueType {
+        static let tensorType = 1             // ValueType.tensorType (TensorType, oneof type)
+        static let listType = 2               // ValueType.listType (oneof type)
+        static let tupleType = 3              // ValueType.tupleType (oneof type)
+        static let dictionaryType = 4         // ValueType.dictionaryType (oneof type)
+        static let stateType = 5              // ValueType.stateType (oneof type)
+    }
+
+    enum TensorType {
+        static let dataType = 1               // TensorType.dataType (DataType enum)
+        static let rank = 2                   // TensorType.rank (int64)
+        static let dimensions = 3             // TensorType.dimensions (repeated Dimension)
+    }
+
+    enum Dimension {
+        static let constant = 1               // Dimension.constant (ConstantDimension, oneof dimension)
+        static let unknown = 2                // Dimension.unknown (UnknownDimension, oneof dimension)
+        static let constantSize = 1           // Dimension.ConstantDimension.size (uint64)
+        static let unknownVariadic = 1        // Dimension.UnknownDimension.variadic (bool)
+    }
+
+    enum Value {
+        static let type = 2                   // Value.type (ValueType)
+        static let immediateValue = 3         // Value.immediateValue (oneof value)
+        static let blobFileValue = 5          // Value.blobFileValue (oneof value)
+    }
+
+    enum BlobFileValue {
+        static let fileName = 1               // Value.BlobFileValue.fileName (string)
+        static let offset = 2                 // Value.BlobFileValue.offset (uint64)
     }
 }

@@ -9,7 +9,9 @@ import MLPackage
 ///
 /// An asset whose package is absent fails `metadata.assets_exist`, and every
 /// property about that package fails too, saying it was not checked: absence
-/// is a contract violation, corruption is unreadable input.
+/// is a contract violation, corruption is unreadable input. Weight files are read
+/// (blob headers only) by the compression properties, and only when metadata.json
+/// declares compression; a damaged weight file fails `<role>.compression.bytes`.
 public struct ContractChecker {
     public typealias InterfaceLoader = (URL) throws -> PackageInterface
 
@@ -41,7 +43,7 @@ public struct ContractChecker {
                 // A future schema may be shaped differently; say so rather
                 // than blaming whichever key no longer decodes.
                 let detail = "schema_version \(version) is not one of \(ExportMetadata.supportedSchemaVersions) "
-                    + "and the file does not decode as schema 1 (\(error)); no other property was checked"
+                    + "and the file does not decode as any of them (\(error)); no other property was checked"
                 return ContractReport(exportDirectory: exportDirectory, metadata: nil, packages: [:],
                                       results: [PropertyResult(name: "metadata.schema_version", holds: false, detail: detail)])
             }
@@ -163,6 +165,7 @@ struct LoadedBundle {
         }
         results += roles.map(states)
         results += roles.map(functionMap)
+        results += compressionProperties()
         if let tokenizer = metadata.tokenizer {
             results += tokenizerProperties(tokenizer)
         }

@@ -9,8 +9,8 @@ import MLPackage
 // the real runtime: `ContractChecker(loadInterface: CoreMLInterfaceLoader.load)`.
 @available(macOS 15.0, iOS 18.0, *)
 public enum CoreMLInterfaceLoader {
-    /// Function names come from the spec (Core ML offers no synchronous way to
-    /// list them); everything else about each function comes from Core ML.
+    /// Function names and the ML program's operations come from the spec (Core ML offers no
+    /// synchronous way to list them); everything else about each function comes from Core ML.
     public static func load(packageURL: URL) throws -> PackageInterface {
         let package = try MLPackage.open(at: packageURL)
         let specInterface = PackageInterface(package: package)
@@ -42,7 +42,8 @@ public enum CoreMLInterfaceLoader {
         }
         return PackageInterface(url: packageURL, functions: functions,
                                 defaultFunctionName: specInterface.defaultFunctionName,
-                                userDefinedMetadata: userDefined, stateCreationFailures: stateFailures)
+                                userDefinedMetadata: userDefined, stateCreationFailures: stateFailures,
+                                program: specInterface.program, modelURL: specInterface.modelURL)
     }
 
     /// Makes the function's state and checks every buffer has the declared

@@ -38,6 +38,20 @@ extension ContractReport {
         } else {
             lines.append("  tokenizer: none")
         }
+        if let compression = metadata.compression {
+            lines.append("  compression: \(compression.preset.map { "preset \($0)" } ?? "rules from --compression-config"), "
+                         + "\(compression.groups.count) groups of \(compression.groups.map(\.tensors).reduce(0, +)) weights, "
+                         + "\(compression.fp16Tensors) fp16 (\(compression.fp16Bytes) bytes)")
+            for (index, group) in compression.groups.enumerated() {
+                let rule = compression.rules.indices.contains(group.rule) ? " \"\(compression.rules[group.rule].match)\"" : ""
+                let packages = group.packages.sorted { $0.key.rawValue < $1.key.rawValue }
+                    .map { "\($0.key) \($0.value.tensors)" }.joined(separator: ", ")
+                lines.append("    group \(index) (rule \(group.rule)\(rule)): \(LoadedBundle.schemeText(group)), "
+                             + "\(group.tensors) weights, \(group.bytesBefore) -> \(group.bytesAfter) bytes; \(packages)")
+            }
+        } else {
+            lines.append("  compression: none")
+        }
         for role in metadata.orderedRoles {
             guard let asset = metadata.assets[role] else { continue }
             lines.append("")

@@ -14,14 +14,22 @@ public struct PackageInterface: Sendable, Equatable {
     /// Function name -> why the runtime could not create its state; only the
     /// Core ML source fills this.
     public var stateCreationFailures: [String: String]
+    /// The ML program's operations (how the weights are stored), from the spec; nil when the
+    /// package is not an ML program.
+    public var program: MLProgram?
+    /// The model spec file, against which the program's `@model_path/...` weight files resolve.
+    public var modelURL: URL?
 
     public init(url: URL, functions: [FunctionDescription], defaultFunctionName: String,
-                userDefinedMetadata: [String: String], stateCreationFailures: [String: String] = [:]) {
+                userDefinedMetadata: [String: String], stateCreationFailures: [String: String] = [:],
+                program: MLProgram? = nil, modelURL: URL? = nil) {
         self.url = url
         self.functions = functions
         self.defaultFunctionName = defaultFunctionName
         self.userDefinedMetadata = userDefinedMetadata
         self.stateCreationFailures = stateCreationFailures
+        self.program = program
+        self.modelURL = modelURL
     }
 
     /// Core ML's name for the function of a package that declares none, which the contract
@@ -45,15 +53,18 @@ extension PackageInterface {
             let main = FunctionDescription(name: Self.singleFunctionName, inputs: description.inputs,
                                            outputs: description.outputs, states: description.states)
             self.init(url: package.url, functions: [main], defaultFunctionName: Self.singleFunctionName,
-                      userDefinedMetadata: package.userDefinedMetadata)
+                      userDefinedMetadata: package.userDefinedMetadata,
+                      program: package.specification.program, modelURL: package.modelURL)
         } else {
             self.init(url: package.url, functions: description.functions,
                       defaultFunctionName: description.defaultFunctionName,
-                      userDefinedMetadata: package.userDefinedMetadata)
+                      userDefinedMetadata: package.userDefinedMetadata,
+                      program: package.specification.program, modelURL: package.modelURL)
         }
     }
 
-    /// Reads only Manifest.json and the spec, never the weights.
+    /// Reads only Manifest.json and the spec, never the weights (the compression properties
+    /// read blob headers later, and only when metadata.json declares compression).
     public static func fromSpecification(at url: URL) throws -> PackageInterface {
         PackageInterface(package: try MLPackage.open(at: url))
     }

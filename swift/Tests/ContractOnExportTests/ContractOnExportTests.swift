@@ -32,10 +32,11 @@ final class ContractOnExportTests: XCTestCase {
         return url
     }
 
-    /// Copies the export without weight files, which the checker never reads
-    /// and which may be many gigabytes.
+    /// Copies the export without weight files, which may be many gigabytes and which the checker
+    /// reads only when metadata.json declares compression (then they are copied too).
     private func interfaceCopy() throws -> URL {
         let source = try exportDirectory()
+        let withWeights = try ExportMetadata.load(fromExportDirectory: source).metadata.compression != nil
         let copy = FileManager.default.temporaryDirectory
             .appendingPathComponent("museflash-export-\(UUID().uuidString)", isDirectory: true)
         scratch = copy
@@ -50,7 +51,7 @@ final class ContractOnExportTests: XCTestCase {
             let to = copy.appendingPathComponent(relative)
             var isDirectory: ObjCBool = false
             _ = fileManager.fileExists(atPath: from.path, isDirectory: &isDirectory)
-            if relative.split(separator: "/").contains("weights") { continue }
+            if !withWeights && relative.split(separator: "/").contains("weights") { continue }
             if isDirectory.boolValue {
                 try fileManager.createDirectory(at: to, withIntermediateDirectories: true)
             } else {
@@ -89,6 +90,41 @@ final class ContractOnExportTests: XCTestCase {
         XCTAssertEqual(report.result(named: "target.outputs")?.holds, false, verdict(report))
         XCTAssertEqual(report.result(named: "target.embedded_metadata")?.holds, false, verdict(report))
         XCTAssertEqual(report.result(named: "metadata.schema_version")?.holds, true, verdict(report))
+    }
+
+    /// With compression declared, every package's compression properties hold, and a byte
+    /// count that disagrees with the blob headers is caught; without, no package holds a
+    /// constexpr op.
+    func testCompressionIsAsDeclared() throws {
+        let report = try ContractChecker().check(exportDirectory: try exportDirectory())
+        let metadata = try XCTUnwrap(report.metadata)
+        let roles = metadata.assets.keys.map(\.rawValue).sorted()
+        guard let compression = metadata.compression else {
+            for role in roles {
+                XCTAssertEqual(report.result(named: "\(role).compression.ops_declared")?.holds, true, verdict(report))
+            }
+            XCTAssertNil(report.result(named: "metadata.compression"), verdict(report))
+            return
+        }
+        for role in roles {
+            for name in ["ops_declared", "stored_compressed", "bytes", "functions_agree"] {
+                XCTAssertEqual(report.result(named: "\(role).compression.\(name)")?.holds, true, verdict(report))
+            }
+        }
+        let group = try XCTUnwrap(compression.groups.firstIndex { $0.packages[.target] != nil })
+        let copy = try interfaceCopy()
+        try editMetadata(in: copy) { metadata in
+            var compression = try XCTUnwrap(metadata["compression"] as? [String: Any])
+            var groups = try XCTUnwrap(compression["groups"] as? [[String: Any]])
+            var packages = try XCTUnwrap(groups[group]["packages"] as? [String: [String: Int]])
+            packages["target"]?["bytes"]? += 2
+            groups[group]["packages"] = packages
+            compression["groups"] = groups
+            metadata["compression"] = compression
+        }
+        let damaged = try ContractChecker().check(exportDirectory: copy)
+        XCTAssertEqual(damaged.result(named: "target.compression.bytes")?.holds, false, verdict(damaged))
+        XCTAssertEqual(damaged.result(named: "target.compression.stored_compressed")?.holds, true, verdict(damaged))
     }
 
     /// Metadata naming a function the package does not have (under another known name).

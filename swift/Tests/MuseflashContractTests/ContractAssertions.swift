@@ -5,7 +5,8 @@ import TestSupport
 
 /// Shared by the contract test classes; holds no tests itself.
 enum ContractAssertions {
-    static let dflashBundleProperties = [
+    /// The properties of an export without compression up to the function maps.
+    private static let dflashInterfaceProperties = [
         "metadata.schema_version", "metadata.assets_exist",
         "target.embedded_metadata", "dflash_drafter.embedded_metadata",
         "target.inputs", "target.outputs", "target.drafter_vocab_agree",
@@ -14,6 +15,15 @@ enum ContractAssertions {
         "target.function_map", "dflash_drafter.function_map",
     ]
 
+    static let dflashBundleProperties = dflashInterfaceProperties
+        + ["target.compression.ops_declared", "dflash_drafter.compression.ops_declared"]
+
+    static let compressionProperties = ["ops_declared", "stored_compressed", "bytes", "functions_agree"]
+
+    /// With `compression` in metadata.json.
+    static let compressedDFlashBundleProperties = dflashInterfaceProperties + ["metadata.compression"]
+        + ["target", "dflash_drafter"].flatMap { role in compressionProperties.map { "\(role).compression.\($0)" } }
+
     static let ringBundleProperties = [
         "metadata.schema_version", "metadata.assets_exist",
         "target.embedded_metadata", "ring_drafter.embedded_metadata",
@@ -21,6 +31,7 @@ enum ContractAssertions {
         "ring_drafter.main_signature",
         "target.states", "ring_drafter.states",
         "target.function_map", "ring_drafter.function_map",
+        "target.compression.ops_declared", "ring_drafter.compression.ops_declared",
     ]
 
     /// Evaluated only when metadata.json has a tokenizer; the last only with speculative_decoding.

@@ -5,7 +5,8 @@ import MuseflashContract
 import TestSupport
 
 /// A package that exists but cannot be read is unreadable input (exit 2), not
-/// a contract verdict; weights are never read, so damage there is invisible.
+/// a contract verdict; without compression weights are never read, so damage there is
+/// invisible (CompressionContractTests damages the weight file of a compressed export).
 final class DamagedPackageTests: XCTestCase {
     private let export = SyntheticExport.fusedTargetWithDFlashDrafter()
 

@@ -23,7 +23,7 @@ final class ExportMetadataDecodingTests: XCTestCase {
     func testValidMetadataDecodesEveryField() throws {
         let metadata = try ExportMetadata.decode(from: try metadataData())
         XCTAssertEqual(metadata.schemaVersion, 1)
-        XCTAssertEqual(ExportMetadata.supportedSchemaVersions, [1])
+        XCTAssertEqual(ExportMetadata.supportedSchemaVersions, [1, 2])
         XCTAssertEqual(metadata.generator.name, "museflash")
         XCTAssertEqual(metadata.generator.version, "0.1.0")
         XCTAssertEqual(metadata.vocabSize, 64)

@@ -43,10 +43,10 @@ final class MetadataViolationTests: XCTestCase {
     }
 
     func testUnsupportedSchemaVersionFailsSchemaVersion() throws {
-        export.setMetadata(["schema_version"], to: 2)
+        export.setMetadata(["schema_version"], to: 3)
         let report = try report()
         ContractAssertions.assertFailing(["metadata.schema_version"], in: report)
-        XCTAssertTrue(ContractAssertions.detail("metadata.schema_version", in: report).contains("schema_version 2"))
+        XCTAssertTrue(ContractAssertions.detail("metadata.schema_version", in: report).contains("schema_version 3"))
     }
 
     func testFutureSchemaThatNoLongerDecodesReportsOnlyTheVersion() throws {
@@ -64,7 +64,7 @@ final class MetadataViolationTests: XCTestCase {
         ContractAssertions.assertFailing([
             "metadata.assets_exist", "dflash_drafter.embedded_metadata", "target.drafter_vocab_agree",
             "drafter.functions", "drafter.shared_states", "drafter.inject_kv_signature", "drafter.draft_signature",
-            "dflash_drafter.states", "dflash_drafter.function_map",
+            "dflash_drafter.states", "dflash_drafter.function_map", "dflash_drafter.compression.ops_declared",
         ], in: report)
         XCTAssertTrue(ContractAssertions.detail("drafter.functions", in: report).contains("see metadata.assets_exist"))
     }

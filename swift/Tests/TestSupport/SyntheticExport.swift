@@ -95,12 +95,20 @@ public struct FunctionSpec {
     public var inputs: [TensorSpec]
     public var outputs: [TensorSpec]
     public var states: [TensorSpec]
+    /// Names of the package's weights (`PackageSpec.weights`) this function's program uses;
+    /// nil: all of them.
+    public var weightNames: [String]?
+    /// Weights this function stores as a plain fp16 const whatever their storage, with a blob
+    /// of their own (damage: compressed in one function only).
+    public var plainWeights: Set<String> = []
 
-    public init(name: String, inputs: [TensorSpec], outputs: [TensorSpec], states: [TensorSpec]) {
+    public init(name: String, inputs: [TensorSpec], outputs: [TensorSpec], states: [TensorSpec],
+                weightNames: [String]? = nil) {
         self.name = name
         self.inputs = inputs
         self.outputs = outputs
         self.states = states
+        self.weightNames = weightNames
     }
 
     var descriptionBytes: [UInt8] {
@@ -121,14 +129,18 @@ public struct PackageSpec {
     public var defaultFunction: String
     /// Nil embeds metadata.json's exact text.
     public var embeddedMetadata: String?
+    /// The weights the ML program stores (as const or constexpr ops over blobs of weight.bin).
+    /// Empty: the program has no functions and weight.bin is filler, never read.
+    public var weights: [WeightSpec]
 
     public init(path: String, functions: [FunctionSpec], isMultiFunction: Bool, defaultFunction: String,
-                embeddedMetadata: String? = nil) {
+                embeddedMetadata: String? = nil, weights: [WeightSpec] = []) {
         self.path = path
         self.functions = functions
         self.isMultiFunction = isMultiFunction
         self.defaultFunction = defaultFunction
         self.embeddedMetadata = embeddedMetadata
+        self.weights = weights
     }
 
     public static let modelPath = "Data/com.apple.CoreML/model.mlmodel"
@@ -154,15 +166,15 @@ public struct PackageSpec {
                                           userDefined: userDefined)
         let description = interface + SpecBytes.message(100, metadata)                   // ModelDescription.metadata
         return SpecBytes.model(version: 9, description: description,
-                               extra: SpecBytes.message(502, SpecBytes.unknownFields))   // Model.mlProgram, body not read
+                               extra: SpecBytes.message(502, storage().program + SpecBytes.unknownFields))  // Model.mlProgram
     }
 
     public func write(to packageURL: URL, metadataText: String) throws {
         let fileManager = FileManager.default
-        let weights = packageURL.appendingPathComponent(Self.weightPath)
-        try fileManager.createDirectory(at: weights.deletingLastPathComponent(), withIntermediateDirectories: true)
+        let weightFile = packageURL.appendingPathComponent(Self.weightPath)
+        try fileManager.createDirectory(at: weightFile.deletingLastPathComponent(), withIntermediateDirectories: true)
         try Data(modelBytes(metadataText: metadataText)).write(to: packageURL.appendingPathComponent(Self.modelPath))
-        try Data(repeating: 0xAB, count: 4096).write(to: weights)
+        try Data(weights.isEmpty ? Array(repeating: 0xAB, count: 4096) : storage().weightFile).write(to: weightFile)
         let manifest: [String: Any] = [
             "fileFormatVersion": "1.0.0",
             "itemInfoEntries": [
