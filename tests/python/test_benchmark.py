@@ -31,18 +31,26 @@ def test_tiny_benchmark_writes_records_and_files(tmp_path, monkeypatch):
 
     monkeypatch.setattr(benchmark, "compare_exports", recording_compare)
     lines = []
-    records = benchmark.run_benchmark([0.002], tmp_path / "out", echo=lines.append)
-    assert [r.path for r in records] == ["naive", "streaming"]
+    records = benchmark.run_benchmark([0.002], tmp_path / "out", echo=lines.append,
+                                      paths=("naive", "streaming", "streaming-4bit"))
+    assert [r.path for r in records] == ["naive", "streaming", "streaming-4bit"]
     saved = json.loads((tmp_path / "out" / "benchmark.json").read_text())
-    assert len(saved) == 2
-    for entry in saved:
+    exports = [e for e in saved if e["path"] in benchmark.ALL_PATHS]
+    assert len(exports) == 3
+    for entry in exports:
         for key in ("path", "weight_bytes", "wall_s", "peak_rss_bytes", "peak_anon_bytes",
                     "output_bytes"):
             assert key in entry
         assert entry["peak_rss_bytes"] >= entry["peak_anon_bytes"] > 0
-        assert entry["output_bytes"] > 0.9 * entry["weight_bytes"]
-    assert saved[0]["weight_bytes"] == saved[1]["weight_bytes"]
-    assert saved[0]["processes"] == 1 <= saved[1]["processes"]
+    naive, streaming, compressed = exports
+    assert naive["output_bytes"] > 0.9 * naive["weight_bytes"]
+    assert streaming["output_bytes"] > 0.9 * streaming["weight_bytes"]
+    # Most of the synthetic weights are large enough to be stored in 4 (or 8) bits.
+    assert compressed["output_bytes"] < 0.6 * streaming["output_bytes"]
+    assert naive["weight_bytes"] == streaming["weight_bytes"]
+    assert naive["processes"] == 1 <= streaming["processes"]
+    copies = [e for e in saved if e["path"] == "file copy"]
+    assert len(copies) == 1 and copies[0]["bytes"] > 0 and copies[0]["mb_per_s"] > 0
     assert (tmp_path / "out" / "benchmark.png").stat().st_size > 0
     # Both paths export the same model: equal specs and every weight constant bit for bit,
     # compared once, and the verdict is recorded.
@@ -50,7 +58,7 @@ def test_tiny_benchmark_writes_records_and_files(tmp_path, monkeypatch):
     problems, _notes = compared[0]
     assert problems == []
     assert (tmp_path / "out" / "equivalence.txt").stat().st_size > 0
-    assert lines[-1] == benchmark.format_table(records)
+    assert lines[-1].startswith(benchmark.format_table(records).splitlines()[0])
     assert not (tmp_path / "out" / "work").exists()
 
 
@@ -94,3 +102,14 @@ def test_comparison_finds_a_changed_weight_and_sets_aside_only_debug_names(tmp_p
     assert len(problems) == 1 and problems[0].startswith("target.mlpackage:"), problems
     assert "value" in problems[0], problems
 
+
+
+def test_naive_path_is_skipped_where_it_would_not_fit(tmp_path, monkeypatch):
+    monkeypatch.setattr(benchmark, "memory_total", lambda: 10**6)
+    lines = []
+    records = benchmark.run_benchmark([0.002], tmp_path / "out", echo=lines.append,
+                                      paths=("naive",))
+    assert records == []
+    saved = json.loads((tmp_path / "out" / "benchmark.json").read_text())
+    notes = [e["note"] for e in saved if e["path"] == "skipped"]
+    assert len(notes) == 1 and "naive" in notes[0] and "would need" in notes[0]

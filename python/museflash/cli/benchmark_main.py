@@ -18,7 +18,9 @@ flags.DEFINE_list("sizes", ["0.25", "0.5", "1", "2"], "Checkpoint sizes in GB of
 flags.DEFINE_string("output-dir", "benchmark", "Where benchmark.json and benchmark.png go.")
 flags.DEFINE_string("work-dir", None, "Scratch space for checkpoints and exports (default: "
                     "inside --output-dir, removed afterwards).")
-flags.DEFINE_list("paths", ["naive", "streaming"], "Which export paths to run.")
+flags.DEFINE_list("paths", ["naive", "streaming"],
+                  "Which export paths to run: naive, streaming, streaming-8bit, "
+                  "streaming-4bit, streaming-palettize4.")
 
 FLAGS = flags.FLAGS
 

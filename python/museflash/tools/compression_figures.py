@@ -1,0 +1,246 @@
+"""What each compression preset costs and saves on the trained demo pair, on held-out text.
+
+    ./bazelw run //:compression_figures [-- --output FILE.json] [--no-exports]
+
+Quality, for each variant (the checkpoint's weights; 8bit; 4bit; 4bit with plain absmax
+clipping instead of error-minimising clipping; palettize4): the eager target and drafter carry
+their weights as that variant's export stores them (compression.py, expanded to fp32; verify
+proves an export computes the same within fp16 tolerance), then on the files the pair never
+saw (train_demo's split of the Python standard library):
+- the target's perplexity per token and bits per byte (train_demo.held_out_figures);
+- top-1 agreement of its next-token prediction with the uncompressed model's, at every scored
+  position;
+- greedy drafter acceptance at K = 4 / 8 / 16 on held-out prompts (the eager speculative loop,
+  K - 1 drafted tokens per step from the block-16 drafter, as demo_figures measures an export).
+
+Size (unless --no-exports): each preset is exported (fused target + DFlash drafter) and the
+weight files' bytes are reported beside what the rules predict: every weight stored once, at
+its scheme's bytes (compression.Scheme.stored_bytes) or 2 bytes an element in fp16.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from museflash.bundle import PACKAGE_WEIGHT_FILE, Metadata
+from museflash.checkpoint import (
+    checkpoint_shapes,
+    drafter_checkpoint_tensors,
+    load_drafter,
+    load_target,
+    streamed_weight,
+    target_checkpoint_tensors,
+)
+from museflash.compression import (
+    Scheme,
+    depalettize,
+    dequantize_linear,
+    palettize,
+    plan_compression,
+    preset_rules,
+    quantize_linear,
+)
+from museflash.demo_checkpoint import builtin_checkpoints
+from museflash.paths import resolve_user_path
+
+# name -> (preset, clipping of linear schemes)
+VARIANTS = {
+    "none": ("none", "mse"),
+    "8bit": ("8bit", "mse"),
+    "4bit": ("4bit", "mse"),
+    "4bit-absmax": ("4bit", "absmax"),
+    "palettize4": ("palettize4", "mse"),
+}
+KS = (4, 8, 16)
+CONTEXT = 256  # the demo target's training context
+
+
+def schemes_for(preset: str, shapes: dict[str, tuple[int, ...]]) -> dict[str, Scheme]:
+    planned = plan_compression(preset_rules(preset), shapes, strict=False)
+    return {key: scheme for key, scheme in planned.items()
+            if scheme is not None and streamed_weight(shapes[key])}
+
+
+def expanded(weight: torch.Tensor, scheme: Scheme, clip: str) -> torch.Tensor:
+    values = weight.detach().float().numpy()
+    if scheme.mode == "linear":
+        rebuilt = dequantize_linear(*quantize_linear(values, scheme.bits, scheme.block_size,
+                                                     clip=clip))
+    else:
+        rebuilt = depalettize(*palettize(values, scheme.bits, scheme.group_size))
+    return torch.from_numpy(np.ascontiguousarray(rebuilt, dtype=np.float32))
+
+
+def predicted_bytes(shapes: dict[str, tuple[int, ...]], schemes: dict[str, Scheme]) -> int:
+    return sum(schemes[key].stored_bytes(shape) if key in schemes
+               else 2 * int(np.prod(shape)) for key, shape in shapes.items())
+
+
+def held_out_positions(model, inputs: torch.Tensor, targets: torch.Tensor,
+                       batch: int = 16) -> torch.Tensor:
+    """The model's argmax at every scored position (IGNORE targets dropped)."""
+    from museflash.tools.train_demo import IGNORE
+
+    chosen = []
+    with torch.no_grad():
+        for start in range(0, len(inputs), batch):
+            logits = model.batch_logits(inputs[start:start + batch])
+            chosen.append(logits.argmax(-1)[targets[start:start + batch] != IGNORE])
+    return torch.cat(chosen)
+
+
+def acceptance(target, drafter, prompts: list[list[int]], new_tokens: int,
+               context: int) -> dict[str, float]:
+    from museflash.runtime.speculative import EagerDrafter, EagerTarget, speculative_generate
+
+    eager_target = EagerTarget(target, prefill_length=32, verify_length=drafter.config.block_size)
+    eager_drafter = EagerDrafter(drafter)
+    figures = {}
+    for k in KS:
+        accepted = steps = 0
+        for prompt in prompts:
+            result = speculative_generate(eager_target, eager_drafter, prompt, new_tokens,
+                                          mask_token_id=drafter.config.mask_token_id,
+                                          num_draft_tokens=k - 1, context_length=context)
+            accepted += sum(result.accepted)
+            steps += len(result.accepted)
+        figures[f"K={k}"] = accepted / (steps * (k - 1))
+    return figures
+
+
+def quality(log=print, prompts: int = 8, prompt_tokens: int = 48,
+            new_tokens: int = 48) -> dict[str, Any]:
+    from museflash.tools.demo_figures import prompts_from
+    from museflash.tools.train_demo import (
+        evaluation_windows,
+        held_out_figures,
+        load_corpus,
+        load_tokenizer,
+    )
+
+    torch.set_num_threads(1)
+    results: dict[str, Any] = {}
+    with builtin_checkpoints("demo") as (target_dir, drafter_dir):
+        tokenizer = load_tokenizer(target_dir)
+        corpus = load_corpus()
+        from museflash.tools.train_demo import encode_files
+
+        documents = encode_files(tokenizer, corpus.held_out)
+        nbytes = sum(len(f.text.encode("utf-8")) for f in corpus.held_out)
+        inputs, targets = evaluation_windows(documents, CONTEXT)
+        chosen = prompts_from(documents, prompts, prompt_tokens)
+        context = prompt_tokens + new_tokens + 32
+        sizes = dict(dtype=torch.float32, cache_dtype=torch.float32, max_context=CONTEXT,
+                     max_query_len=32)
+        target = load_target(target_dir, drafter_dir, **sizes)
+        drafter = load_drafter(drafter_dir, target, target_dir=target_dir, **sizes)
+        params = {**target_checkpoint_tensors(target),
+                  **drafter_checkpoint_tensors(drafter, target.encoder)}
+        original = {key: p.detach().clone() for key, p in params.items()}
+        shapes = checkpoint_shapes(target_dir, drafter_dir)
+        reference = None
+        for name, (preset, clip) in VARIANTS.items():
+            began = time.perf_counter()
+            schemes = {} if preset == "none" else schemes_for(preset, shapes)
+            with torch.no_grad():
+                for key, param in params.items():
+                    param.copy_(expanded(original[key], schemes[key], clip) if key in schemes
+                                else original[key])
+            figures = held_out_figures(target, documents, nbytes, CONTEXT, None)
+            predictions = held_out_positions(target, inputs, targets)
+            if reference is None:
+                reference = predictions
+            figures["top1_agreement_with_uncompressed"] = float(
+                (predictions == reference).float().mean())
+            figures["acceptance_greedy"] = acceptance(target, drafter, chosen, new_tokens,
+                                                      context)
+            figures["compressed_tensors"] = len(schemes)
+            results[name] = figures
+            log(f"[figures] {name}: perplexity {figures['held_out_perplexity']:.3f}, "
+                f"{figures['held_out_bits_per_byte']:.4f} bits/byte, top-1 agreement "
+                f"{100 * figures['top1_agreement_with_uncompressed']:.2f}%, acceptance "
+                + ", ".join(f"{k} {100 * v:.1f}%" for k, v in
+                            figures["acceptance_greedy"].items())
+                + f" ({time.perf_counter() - began:.0f} s)")
+    return results
+
+
+def sizes(log=print) -> dict[str, Any]:
+    from museflash.export.options import ExportOptions
+    from museflash.export.pipeline import export_bundle
+    from museflash.export.progress import Progress
+
+    results: dict[str, Any] = {}
+    with builtin_checkpoints("demo") as (target_dir, drafter_dir), \
+            tempfile.TemporaryDirectory(prefix="museflash-sizes-") as scratch:
+        shapes = checkpoint_shapes(target_dir, drafter_dir)
+        for preset in ("none", "8bit", "4bit", "palettize4"):
+            out = Path(scratch) / preset
+            began = time.perf_counter()
+            export_bundle(ExportOptions(output_dir=out, builtin="demo", fused_target=True,
+                                        dflash_drafter=True, compression=preset),
+                          Progress(echo=lambda _line: None))
+            metadata = Metadata.read(out)
+            stored = {str(role): (out / asset.path / PACKAGE_WEIGHT_FILE).stat().st_size
+                      for role, asset in metadata.assets.items()}
+            schemes = {} if preset == "none" else schemes_for(preset, shapes)
+            results[preset] = {
+                "weight_file_bytes": stored,
+                "bundle_weight_bytes": sum(stored.values()),
+                "unique_weight_bytes_predicted": predicted_bytes(shapes, schemes),
+                "fp16_weight_bytes": predicted_bytes(shapes, {}),
+                "export_seconds": round(time.perf_counter() - began, 1),
+            }
+            predicted = results[preset]["unique_weight_bytes_predicted"]
+            log(f"[figures] {preset}: bundle weight files {sum(stored.values())} bytes "
+                f"({stored}); unique weights by the rules {predicted}")
+    return results
+
+
+def markdown(report: dict[str, Any]) -> str:
+    lines = ["| variant | perplexity | bits/byte | top-1 vs uncompressed | "
+             "acceptance K=4 / 8 / 16 |", "| --- | --- | --- | --- | --- |"]
+    for name, figures in report["quality"].items():
+        accepted = " / ".join(f"{100 * v:.1f}%" for v in figures["acceptance_greedy"].values())
+        lines.append(f"| {name} | {figures['held_out_perplexity']:.3f} | "
+                     f"{figures['held_out_bits_per_byte']:.4f} | "
+                     f"{100 * figures['top1_agreement_with_uncompressed']:.2f}% | {accepted} |")
+    if report.get("sizes"):
+        lines += ["", "| preset | bundle weight bytes | x fp16 bundle | unique weights by the "
+                  "rules | x fp16 |", "| --- | --- | --- | --- | --- |"]
+        base = report["sizes"]["none"]
+        for preset, figures in report["sizes"].items():
+            lines.append(
+                f"| {preset} | {figures['bundle_weight_bytes']} | "
+                f"{figures['bundle_weight_bytes'] / base['bundle_weight_bytes']:.3f} | "
+                f"{figures['unique_weight_bytes_predicted']} | "
+                f"{figures['unique_weight_bytes_predicted'] / figures['fp16_weight_bytes']:.3f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--output", default=None, type=resolve_user_path)
+    parser.add_argument("--no-exports", action="store_true",
+                        help="skip the exports that measure the bundle sizes")
+    args = parser.parse_args(argv[1:])
+    report = {"quality": quality()}
+    if not args.no_exports:
+        report["sizes"] = sizes()
+    print(markdown(report))
+    if args.output:
+        args.output.write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
