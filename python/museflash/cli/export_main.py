@@ -3,8 +3,9 @@
   ./bazelw run //:export -- --fused-target --dflash-drafter [--checkpoint DIR
       --drafter-checkpoint DIR] [--output-dir exported] [--overwrite]
 
-Without --checkpoint/--drafter-checkpoint a built-in pair is exported: --builtin tiny (the
-default, random weights) or --builtin demo (the trained pair under demo/).
+Without --checkpoint/--drafter-checkpoint a built-in pair is exported: --builtin demo (the
+default: the pair trained on the Python standard library, under demo/) or --builtin tiny
+(random weights, 0.8 MB, what the tests export).
 Relative paths resolve against the directory Bazel was run from.
 """
 
@@ -26,9 +27,10 @@ from museflash.paths import resolve_user_path
 
 flags.DEFINE_string("checkpoint", None, "Target checkpoint directory (Hugging Face layout).")
 flags.DEFINE_string("drafter-checkpoint", None, "Drafter checkpoint directory.")
-flags.DEFINE_enum("builtin", "tiny", list(BUILTIN_PAIRS),
-                  "Without --checkpoint: the built-in pair to export (tiny: a random 0.8 MB "
-                  "pair; demo: the trained pair under demo/, made by //:train_demo).")
+flags.DEFINE_enum("builtin", "demo", list(BUILTIN_PAIRS),
+                  "Without --checkpoint: the built-in pair to export (demo: the trained pair "
+                  "under demo/, made by //:train_demo and //:train_demo_drafter; tiny: a random "
+                  "0.8 MB pair).")
 flags.DEFINE_string("output-dir", "exported", "Directory to write the bundle into.")
 flags.DEFINE_bool("overwrite", False, "Replace a non-empty --output-dir.")
 flags.DEFINE_bool("fused-target", False,

@@ -18,9 +18,9 @@ class ExportOptions:
     output_dir: Path
     checkpoint: Path | None = None
     drafter_checkpoint: Path | None = None
-    # Without checkpoints: the built-in pair to export (bundle.BUILTIN_PAIRS). The default is
-    # the tiny random pair until the trained pair is committed under demo/ (docs/demo.md).
-    builtin: str = "tiny"
+    # Without checkpoints: the built-in pair to export (bundle.BUILTIN_PAIRS): the trained demo
+    # pair under demo/ (docs/demo.md), or the tiny random pair the tests export.
+    builtin: str = "demo"
     overwrite: bool = False
     fused_target: bool = False
     dflash_drafter: bool = False

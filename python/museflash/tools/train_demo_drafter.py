@@ -1,7 +1,7 @@
 """Distil the demo DFlash drafter from the trained demo target (self-distillation), on CPU.
 
     ./bazelw run //:train_demo_drafter -- --output-dir DIR [--target-dir demo/target]
-        [--train-seconds 720] [--layers 2] [--window 64]
+        [--train-steps 4000 | --train-seconds S] [--layers 3] [--window 32] [--sequences 8192]
 
 Target: a Muse Glimmer checkpoint with its tokenizer (default: the trained demo target
 committed under demo/target, made by //:train_demo from the Python standard library's sources).
@@ -549,7 +549,7 @@ def _roundup32(n: int) -> int:
 
 def run(output_dir: Path, *, target_dir: Path | None = None, corpus_root: Path | None = None,
         train_seconds: float | None, train_steps: int | None, sequences: int,
-        prompt_length: int = 32, continuation: int = 96, layers: int = 2, window: int = 64,
+        prompt_length: int = 32, continuation: int = 96, layers: int = 3, window: int = 32,
         target_layer_ids: list[int] | None = None, seed: int = 0, eval_prompts_count: int = 16,
         new_tokens: int = 64, heldout_sequences: int = 96, tf_stride: int = 3,
         batch: int = 64, lr: float = 2e-3, temperature: float | None = SAMPLED_TEMPERATURE,
@@ -673,14 +673,17 @@ def main(argv: list[str] | None = None) -> None:
                         help="the target checkpoint with its tokenizer (default: demo/target)")
     parser.add_argument("--corpus-root", type=resolve_user_path, default=None,
                         help="the target's corpus (default: this interpreter's stdlib)")
-    parser.add_argument("--train-seconds", type=float, default=720.0)
-    parser.add_argument("--train-steps", type=int, default=None)
-    parser.add_argument("--sequences", type=int, default=2048,
+    parser.add_argument("--train-seconds", type=float, default=None,
+                        help="also stop after this many seconds, whichever comes first")
+    parser.add_argument("--train-steps", type=int, default=4000,
+                        help="optimizer steps (about 15 minutes on 2 CPU cores)")
+    parser.add_argument("--sequences", type=int, default=8192,
                         help="prompts from the training files, continued by the target")
     parser.add_argument("--prompt-length", type=int, default=32)
     parser.add_argument("--continuation", type=int, default=96)
-    parser.add_argument("--layers", type=int, default=2, help="drafter layers")
-    parser.add_argument("--window", type=int, default=64, help="drafter sliding window")
+    parser.add_argument("--layers", type=int, default=3, help="drafter layers")
+    parser.add_argument("--window", type=int, default=32,
+                        help="drafter sliding window: context + block positions a draft sees")
     parser.add_argument("--target-layer-ids", type=lambda s: [int(i) for i in s.split(",")],
                         default=None, help="e.g. 1,3,5 (default: spread over the depth)")
     parser.add_argument("--batch", type=int, default=64)
