@@ -13,6 +13,7 @@ import torch
 
 from museflash.bundle import (
     EMBEDDED_METADATA_KEY,
+    SCHEMA_VERSION,
     TARGET_STATES,
     DrafterKind,
     FunctionName,
@@ -509,7 +510,7 @@ def test_shared_drafter_weights_are_stored_once(bundle):
 def test_metadata_file_and_embedded_copies_agree(bundle):
     out, _ = bundle
     metadata = json.loads((out / "metadata.json").read_text())
-    assert metadata["schema_version"] == 1
+    assert metadata["schema_version"] == SCHEMA_VERSION == 2
     assert metadata["speculative_decoding"]["drafter_kind"] == "dflash"
     assert metadata["source"] == {"checkpoint": "builtin:tiny",
                                   "drafter_checkpoint": "builtin:tiny"}
@@ -595,3 +596,23 @@ def test_conversion_keeps_placeholders_unmaterialised(tmp_path):
             materialised.append((op.outputs[0].name, value.dtype.name))
     assert kept >= 8
     assert materialised == []
+
+
+def test_context_defaults_to_the_trained_positions_and_refuses_more(tmp_path):
+    from museflash.demo_checkpoint import builtin_checkpoints
+
+    with builtin_checkpoints("demo") as (target_dir, drafter_dir):
+        trained = json.loads((target_dir / "config.json").read_text())[
+            "text_config"]["max_position_embeddings"]
+        assert trained < 512
+        default = plan_module.plan_export(ExportOptions(output_dir=tmp_path / "out"),
+                                          target_dir, None)
+        assert default.context_length == trained // 32 * 32
+        with pytest.raises(ExportError, match=f"max_position_embeddings {trained}"):
+            plan_module.plan_export(ExportOptions(output_dir=tmp_path / "out",
+                                                  max_context_length=512), target_dir, None)
+    from museflash.demo_checkpoint import write_demo_checkpoints
+
+    tiny_target, _ = write_demo_checkpoints(tmp_path / "tiny")
+    assert plan_module.plan_export(ExportOptions(output_dir=tmp_path / "out"), tiny_target,
+                                   None).context_length == 512

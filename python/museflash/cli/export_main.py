@@ -41,7 +41,9 @@ flags.DEFINE_bool("with-drafter", False,
                   "Export the older ring drafter (exclusive with --dflash-drafter).")
 flags.DEFINE_integer("num-draft-tokens", None,
                      "Tokens proposed per step (runtime knob; default block_size - 1).")
-flags.DEFINE_integer("max-context-length", 512, "Capacity of the global KV caches.")
+flags.DEFINE_integer("max-context-length", None,
+                     "Capacity of the global KV caches (default: 512, or the model's "
+                     "max_position_embeddings when smaller).")
 flags.DEFINE_integer("prefill-length", 32, "Query length of the target's prefill function.")
 flags.DEFINE_integer("decode-length", None,
                      "Query length of the target's main function (default: block size, or 1 "

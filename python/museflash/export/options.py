@@ -8,6 +8,8 @@ from pathlib import Path
 from museflash.bundle import BUILTIN_PAIRS
 from museflash.compression import PRESETS
 
+DEFAULT_CONTEXT_LENGTH = 512
+
 
 class ExportError(ValueError):
     """The export cannot proceed; the message names the problem and the fix."""
@@ -26,7 +28,9 @@ class ExportOptions:
     dflash_drafter: bool = False
     with_drafter: bool = False
     num_draft_tokens: int | None = None
-    max_context_length: int = 512
+    # Capacity of the global KV caches; None: DEFAULT_CONTEXT_LENGTH, or the model's
+    # max_position_embeddings when that is smaller (plan.context_length).
+    max_context_length: int | None = None
     prefill_length: int = 32
     decode_length: int | None = None
     model_name: str | None = None
@@ -81,22 +85,24 @@ def check_flag_rules(options: ExportOptions) -> None:
         raise ExportError(f"--conversion-processes {options.conversion_processes} must be at "
                           "least 1 (1 converts every function in this process)")
     for name in ("max_context_length", "prefill_length"):
-        if getattr(options, name) < 1:
+        if getattr(options, name) is not None and getattr(options, name) < 1:
             raise ExportError(f"--{name.replace('_', '-')} must be at least 1")
-    if options.max_context_length % 32:
-        suggestion = -(-options.max_context_length // 32) * 32
-        raise ExportError(
-            f"--max-context-length {options.max_context_length} is not a multiple of 32 (the "
-            f"global KV cache is a Core ML state and the Neural Engine wants state dimensions "
-            f"in multiples of 32); use {suggestion}"
-        )
-    if options.prefill_length > options.max_context_length:
-        raise ExportError(
-            f"--prefill-length {options.prefill_length} exceeds --max-context-length "
-            f"{options.max_context_length}"
-        )
+    if options.max_context_length is not None:
+        check_context_length(options.max_context_length, options.prefill_length)
     for flag, path in (("--checkpoint", options.checkpoint),
                        ("--drafter-checkpoint", options.drafter_checkpoint)):
         if path is not None and not Path(path).is_dir():
             raise ExportError(f"{flag} {path} is not a directory; point it at the checkpoint "
                               "folder that holds config.json and the safetensors files")
+
+
+def check_context_length(context: int, prefill_length: int) -> None:
+    if context % 32:
+        suggestion = -(-context // 32) * 32
+        raise ExportError(
+            f"--max-context-length {context} is not a multiple of 32 (the global KV cache is a "
+            f"Core ML state and the Neural Engine wants state dimensions in multiples of 32); "
+            f"use {suggestion}")
+    if prefill_length > context:
+        raise ExportError(f"--prefill-length {prefill_length} exceeds --max-context-length "
+                          f"{context}")

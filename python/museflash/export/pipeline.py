@@ -63,7 +63,7 @@ def export_bundle(options: ExportOptions, progress: Progress | None = None) -> P
                                                  placeholders, progress, schemes)
                       for package in plan.packages}
             shutil.rmtree(parts_dir)
-            metadata = bundle_metadata(plan, modules, source, options.max_context_length,
+            metadata = bundle_metadata(plan, modules, source, plan.context_length,
                                        options.model_name, stored)
             for package in plan.packages:
                 embed_metadata(staging / package.file_name, metadata)

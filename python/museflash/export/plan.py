@@ -32,6 +32,7 @@ from museflash.checkpoint import (
     check_configs,
     load_drafter,
     load_target,
+    read_config,
     streamed_weight,
 )
 from museflash.compression import (
@@ -42,7 +43,12 @@ from museflash.compression import (
     preset_rules,
     read_rules,
 )
-from museflash.export.options import ExportError, ExportOptions
+from museflash.export.options import (
+    DEFAULT_CONTEXT_LENGTH,
+    ExportError,
+    ExportOptions,
+    check_context_length,
+)
 from museflash.export.progress import Progress
 from museflash.models.dflash import DFlashConfig
 from museflash.models.muse_glimmer import MuseGlimmerConfig
@@ -108,6 +114,7 @@ class ExportPlan:
     max_query: int
     packages: list[PackagePlan]
     compression: CompressionPlan | None = None
+    context_length: int = DEFAULT_CONTEXT_LENGTH  # capacity of the global KV caches
 
     @property
     def target_cfg(self) -> MuseGlimmerConfig:
@@ -128,14 +135,39 @@ def plan_export(options: ExportOptions, target_dir: Path, drafter_dir: Path | No
                                     options.num_draft_tokens)
     block = spec.block_size if spec else 1
     decode_length = options.decode_length or block
-    if decode_length > options.max_context_length:
+    context = context_length(options, Path(target_dir))
+    if decode_length > context:
         raise ExportError(f"decode length {decode_length} exceeds --max-context-length "
-                          f"{options.max_context_length}")
+                          f"{context}")
     max_query = max(options.prefill_length, decode_length, block)
     return ExportPlan(Path(target_dir), Path(drafter_dir) if drafter_dir else None, configs,
                       spec, max_query, _package_plans(options, spec, decode_length),
                       compression_plan(options, Path(target_dir),
-                                       Path(drafter_dir) if drafter_dir else None))
+                                       Path(drafter_dir) if drafter_dir else None),
+                      context)
+
+
+def context_length(options: ExportOptions, target_dir: Path) -> int:
+    """--max-context-length, or by default DEFAULT_CONTEXT_LENGTH capped at the positions the
+    model was trained for (`max_position_embeddings`, rounded down to a multiple of 32); an
+    explicit length beyond them is refused (RoPE would be asked for angles it never saw)."""
+    raw = read_config(target_dir)
+    trained = (raw.get("text_config") or {}).get("max_position_embeddings",
+                                                 raw.get("max_position_embeddings"))
+    trained = trained if isinstance(trained, int) and trained > 0 else None
+    if options.max_context_length is None:
+        context = DEFAULT_CONTEXT_LENGTH
+        if trained is not None and trained < context:
+            context = max(32, trained // 32 * 32)
+    else:
+        context = options.max_context_length
+        if trained is not None and context > trained:
+            raise ExportError(
+                f"--max-context-length {context} exceeds the model's max_position_embeddings "
+                f"{trained} (the positions it was trained for); use at most "
+                f"{max(32, trained // 32 * 32)}")
+    check_context_length(context, options.prefill_length)
+    return context
 
 
 def exported_weight_shapes(options: ExportOptions, target_dir: Path,
@@ -274,7 +306,7 @@ def load_modules(options: ExportOptions, plan: ExportPlan, progress: Progress,
             plan.target_dir,
             plan.drafter_dir if options.fused_target else None,
             dtype=TRACE_DTYPE,
-            max_context=options.max_context_length,
+            max_context=plan.context_length,
             max_query_len=plan.max_query,
             placeholders=placeholders,
         )
@@ -284,7 +316,7 @@ def load_modules(options: ExportOptions, plan: ExportPlan, progress: Progress,
         with progress.stage("load", "drafter") as info:
             modules["drafter"] = load_drafter(
                 plan.drafter_dir, target, target_dir=plan.target_dir, dtype=TRACE_DTYPE,
-                max_context=options.max_context_length, max_query_len=plan.max_query,
+                max_context=plan.context_length, max_query_len=plan.max_query,
                 ring=options.with_drafter, placeholders=placeholders)
             borrowed = [target.embed_tokens] + ([target.lm_head] if target.lm_head else [])
             info["bytes"] = module_weight_bytes(modules["drafter"]) - sum(

@@ -61,7 +61,7 @@ def exported_metadata() -> dict[str, Metadata]:
                                    PlaceholderWeights())
             source = Source(checkpoint="/checkpoints/muse-glimmer-demo",
                             drafter_checkpoint="/checkpoints/demo-drafter" if drafter else None)
-            examples[name] = bundle_metadata(plan, modules, source, options.max_context_length,
+            examples[name] = bundle_metadata(plan, modules, source, plan.context_length,
                                              None)
     return examples
 
@@ -122,7 +122,7 @@ def compressed_metadata() -> dict[str, Metadata]:
                 stored[package.role] = weights
             source = Source(checkpoint="/checkpoints/muse-glimmer-demo",
                             drafter_checkpoint="/checkpoints/demo-drafter" if drafter else None)
-            examples[name] = bundle_metadata(plan, modules, source, options.max_context_length,
+            examples[name] = bundle_metadata(plan, modules, source, plan.context_length,
                                              None, stored)
     return examples
 
