@@ -28,18 +28,22 @@ def export(tmp_path_factory):
 
 
 def _eager_nll(target_dir, documents, limit):
+    """The same windows, scored by eager fp32 torch over each whole window at once."""
+    from museflash.tools.train_demo import IGNORE, evaluation_windows
+
     model = load_target(target_dir, dtype=torch.float32, max_context=64, max_query_len=64,
                         cache_dtype=torch.float32)
     total, count = 0.0, 0
-    for doc in documents:
-        doc = doc[:limit + 1]
+    inputs, targets = evaluation_windows(documents, limit)
+    for ids, wanted in zip(inputs, targets, strict=True):
         model.reset_caches()
         with torch.no_grad():
-            logits = model(torch.tensor([doc[:-1]], dtype=torch.int32),
-                           torch.arange(len(doc) - 1, dtype=torch.int32))[0].double()
-        log_probs = torch.log_softmax(logits, dim=-1)
-        total -= float(log_probs[torch.arange(len(doc) - 1), torch.tensor(doc[1:])].sum())
-        count += len(doc) - 1
+            logits = model(ids[None].to(torch.int32),
+                           torch.arange(len(ids), dtype=torch.int32))[0].double()
+        scored = wanted != IGNORE
+        log_probs = torch.log_softmax(logits[scored], dim=-1)
+        total -= float(log_probs[torch.arange(int(scored.sum())), wanted[scored]].sum())
+        count += int(scored.sum())
     return total, count
 
 
@@ -53,7 +57,8 @@ def test_exported_perplexity_matches_the_eager_model(export):
     nll, count, nbytes = exported_perplexity(target, documents, limit, 10_000,
                                              lambda ids: "x" * len(ids))
     eager_nll, eager_count = _eager_nll(target_dir, documents, limit)
-    assert count == eager_count == 8 + 29 + 60  # the 80-token file is cut at 64 - 4
+    # Every token after the first of each file, once (the 80-token file over three windows).
+    assert count == eager_count == 8 + 29 + 79
     assert nbytes == count
     # fp16 export against fp32 eager: per-token perplexity within 2%.
     assert math.exp(nll / count) == pytest.approx(math.exp(eager_nll / eager_count), rel=0.02)
@@ -61,7 +66,7 @@ def test_exported_perplexity_matches_the_eager_model(export):
     assert exported_perplexity(target, documents, limit, 5, lambda ids: "")[1] == 8
 
 
-def test_prompts_come_from_files_twice_their_length():
-    documents = [[1] * 10, [2] * 40, [3] * 16, [4] * 50]
-    assert prompts_from(documents, 5, 8) == [[2] * 8, [3] * 8, [4] * 8]
-    assert prompts_from(documents, 1, 8) == [[2] * 8]
+def test_prompts_come_from_the_middle_of_files_twice_their_length():
+    documents = [[1] * 10, list(range(40)), [3] * 16, [4] * 50]
+    assert prompts_from(documents, 5, 8) == [list(range(16, 24)), [3] * 8, [4] * 8]
+    assert prompts_from(documents, 1, 8) == [list(range(16, 24))]

@@ -7,10 +7,11 @@ interpreter), on the files the demo pair never saw (tools/train_demo.py's split 
 standard library):
 
 - the target's perplexity per token and bits per byte, from its `main` function's logits over
-  consecutive verify blocks of each held-out file (up to the export's context length);
+  windows of each held-out file (exported_perplexity: every token scored once, as the training
+  run scored them);
 - drafter acceptance at K = 4 / 8 / 16 (K - 1 drafted tokens per step, one drafter exported with
   block 16), greedy and at temperature 0.7, and tokens per target call, on prompts cut from the
-  held-out files;
+  middle of held-out files;
 - wall time per generated token with and without the drafter, for the eager backend (torch),
   since the interpreter's speed says nothing about a device's.
 """
@@ -65,33 +66,48 @@ def held_out_documents(tokenizer) -> tuple[list[list[int]], int]:
 
 def exported_perplexity(target: ExportedTarget, documents: list[list[int]], limit: int,
                         max_tokens: int, decode) -> tuple[float, int, int]:
-    """(summed NLL in nats, scored tokens, scored UTF-8 bytes) from `main` blocks."""
+    """(summed NLL in nats, scored tokens, scored UTF-8 bytes) from `main` blocks. Each file is
+    read in windows of `limit` positions from empty caches, one starting every limit // 2
+    tokens (train_demo.evaluation_windows): every token after `<bos>` is scored once, and after
+    the first window with at least limit // 2 tokens of its file before it, as the training run
+    scored its held-out text. Stops after the file that reaches `max_tokens`."""
+    from museflash.tools.train_demo import IGNORE, evaluation_windows
+
     block = target.verify_length
     total, count, nbytes = 0.0, 0, 0
     for doc in documents:
         if count >= max_tokens:
             break
-        doc = doc[:limit + 1]
-        target.reset()
-        for start in range(0, len(doc) - 1, block):
-            ids = doc[start:start + block]
-            ids = ids + [0] * (block - len(ids))
-            logits, _ = target.verify(np.asarray(ids, np.int32),
-                                      np.arange(start, start + block, dtype=np.int32))
-            wanted = doc[start + 1:start + block + 1]
-            rows = logits[:len(wanted)].astype(np.float64)
-            rows -= rows.max(axis=-1, keepdims=True)
-            log_probs = rows - np.log(np.exp(rows).sum(axis=-1, keepdims=True))
-            total -= float(log_probs[np.arange(len(wanted)), wanted].sum())
-            count += len(wanted)
-            nbytes += len(decode(wanted).encode("utf-8"))
+        if len(doc) < 2:
+            continue
+        inputs, targets = evaluation_windows([doc], limit)
+        for ids, wanted in zip(inputs.tolist(), targets.tolist(), strict=True):
+            scored = [i for i, t in enumerate(wanted) if t != IGNORE]
+            target.reset()
+            for start in range(0, scored[-1] + 1, block):
+                chunk = ids[start:start + block]
+                chunk = chunk + [0] * (block - len(chunk))
+                logits, _ = target.verify(np.asarray(chunk, np.int32),
+                                          np.arange(start, start + block, dtype=np.int32))
+                rows = [i for i in range(block) if start + i < len(wanted)
+                        and wanted[start + i] != IGNORE]
+                if not rows:
+                    continue
+                labels = [wanted[start + i] for i in rows]
+                values = logits[rows].astype(np.float64)
+                values -= values.max(axis=-1, keepdims=True)
+                log_probs = values - np.log(np.exp(values).sum(axis=-1, keepdims=True))
+                total -= float(log_probs[np.arange(len(rows)), labels].sum())
+                count += len(rows)
+                nbytes += len(decode(labels).encode("utf-8"))
     return total, count, nbytes
 
 
 def prompts_from(documents: list[list[int]], count: int, length: int) -> list[list[int]]:
-    """`count` prompts of `length` tokens, each from the start of a different held-out file
-    long enough to hold it."""
-    return [doc[:length] for doc in documents if len(doc) >= 2 * length][:count]
+    """`count` prompts of `length` tokens, each from the middle of a different held-out file
+    at least twice as long (a file's start is mostly its licence and module docstring)."""
+    return [doc[(len(doc) - length) // 2:][:length] for doc in documents
+            if len(doc) >= 2 * length][:count]
 
 
 def measure(export_dir: Path, prompts: int = 8, prompt_tokens: int = 48, new_tokens: int = 48,
