@@ -24,10 +24,12 @@ from torch import nn
 
 from museflash.bundle import TOKENIZER_FILE, TOKENIZER_FILES, Tokenizer
 from museflash.compression import (
+    Rule,
     Scheme,
     depalettize,
     dequantize_linear,
     palettize,
+    plan_compression,
     quantize_linear,
 )
 from museflash.models.base import RotaryTables
@@ -325,12 +327,14 @@ def _own_parameters(model: nn.Module, skip: tuple[str, ...] = ()) -> Iterator[tu
             yield name, param
 
 
-def compressed_value(weight: torch.Tensor, scheme: Scheme) -> torch.Tensor:
+def compressed_value(weight: torch.Tensor, scheme: Scheme, clip: str = "mse") -> torch.Tensor:
     """The weight as a compressed export rebuilds it on device (float32): quantized or
-    palettized by `scheme`, exactly as the export's merge writes it, and expanded back."""
+    palettized by `scheme`, exactly as the export's merge writes it, and expanded back.
+    `clip="absmax"`: linear blocks scaled by their absolute maximum instead (a baseline)."""
     values = weight.detach().to(torch.float32).numpy()
     if scheme.mode == "linear":
-        rebuilt = dequantize_linear(*quantize_linear(values, scheme.bits, scheme.block_size))
+        rebuilt = dequantize_linear(*quantize_linear(values, scheme.bits, scheme.block_size,
+                                                     clip=clip))
     else:
         rebuilt = depalettize(*palettize(values, scheme.bits, scheme.group_size))
     return torch.from_numpy(np.ascontiguousarray(rebuilt, dtype=np.float32))
@@ -340,6 +344,15 @@ def streamed_weight(shape: tuple[int, ...]) -> bool:
     """Weights the export streams from the checkpoint into the packages (the only ones it
     can compress)."""
     return PlaceholderWeights().wants(tuple(shape))
+
+
+def compressed_weights(rules: list[Rule], shapes: Mapping[str, tuple[int, ...]], *,
+                       strict: bool) -> dict[str, Scheme]:
+    """Checkpoint key -> scheme of each weight `rules` compress (compression.plan_compression)
+    among those the export streams: what a compressed export stores compressed."""
+    planned = plan_compression(rules, dict(shapes), strict=strict)
+    return {key: scheme for key, scheme in planned.items()
+            if scheme is not None and streamed_weight(shapes[key])}
 
 
 def checkpoint_shapes(target_dir: Path, drafter_dir: Path | None) -> dict[str, tuple[int, ...]]:

@@ -30,19 +30,12 @@ from museflash.checkpoint import (
     PlaceholderWeights,
     SafetensorsReader,
     check_configs,
+    compressed_weights,
     load_drafter,
     load_target,
     read_config,
-    streamed_weight,
 )
-from museflash.compression import (
-    CompressionError,
-    Rule,
-    Scheme,
-    plan_compression,
-    preset_rules,
-    read_rules,
-)
+from museflash.compression import CompressionError, Rule, Scheme, preset_rules, read_rules
 from museflash.export.options import (
     DEFAULT_CONTEXT_LENGTH,
     ExportError,
@@ -196,12 +189,12 @@ def compression_plan(options: ExportOptions, target_dir: Path,
             preset, rules = None, read_rules(options.compression_config)
         else:
             preset, rules = options.compression, preset_rules(options.compression)
-        shapes = exported_weight_shapes(options, target_dir, drafter_dir)
-        schemes = plan_compression(rules, shapes, strict=preset is None)
+        schemes = compressed_weights(
+            rules, exported_weight_shapes(options, target_dir, drafter_dir),
+            strict=preset is None)
     except CompressionError as error:
         raise ExportError(str(error)) from error
-    return CompressionPlan(preset, rules, {key: s for key, s in schemes.items()
-                                           if s is not None and streamed_weight(shapes[key])})
+    return CompressionPlan(preset, rules, schemes)
 
 
 def speculative_decoding(

@@ -38,11 +38,11 @@ from museflash.bundle import (
 from museflash.checkpoint import (
     CheckpointError,
     checkpoint_shapes,
+    compressed_weights,
     load_drafter,
     load_target,
-    streamed_weight,
 )
-from museflash.compression import CompressionError, Rule, Scheme, plan_compression
+from museflash.compression import CompressionError, Rule, Scheme
 from museflash.demo_checkpoint import builtin_checkpoints
 from museflash.runtime.interpreter import Interpreter, load_program
 from museflash.runtime.parity import (
@@ -198,13 +198,11 @@ def compression_schemes(metadata: Metadata, target_dir: Path,
         return {}
     rules = [Rule(match=r.match, mode=str(r.mode), bits=r.bits, block_size=r.block_size,
                   group_size=r.group_size) for r in metadata.compression.rules]
-    shapes = checkpoint_shapes(target_dir, drafter_dir)
     try:
-        schemes = plan_compression(rules, shapes, strict=False)
+        return compressed_weights(rules, checkpoint_shapes(target_dir, drafter_dir),
+                                  strict=False)
     except CompressionError as error:
         raise VerifyInputError(f"{METADATA_FILE} compression rules: {error}") from error
-    return {key: scheme for key, scheme in schemes.items()
-            if scheme is not None and streamed_weight(shapes[key])}
 
 
 def load_reference_models(metadata: Metadata, target_dir: Path, drafter_dir: Path | None,

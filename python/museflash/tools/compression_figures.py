@@ -34,21 +34,14 @@ import torch
 from museflash.bundle import PACKAGE_WEIGHT_FILE, Metadata
 from museflash.checkpoint import (
     checkpoint_shapes,
+    compressed_value,
+    compressed_weights,
     drafter_checkpoint_tensors,
     load_drafter,
     load_target,
-    streamed_weight,
     target_checkpoint_tensors,
 )
-from museflash.compression import (
-    Scheme,
-    depalettize,
-    dequantize_linear,
-    palettize,
-    plan_compression,
-    preset_rules,
-    quantize_linear,
-)
+from museflash.compression import Scheme, preset_rules
 from museflash.demo_checkpoint import builtin_checkpoints
 from museflash.paths import resolve_user_path
 
@@ -65,19 +58,7 @@ CONTEXT = 256  # the demo target's training context
 
 
 def schemes_for(preset: str, shapes: dict[str, tuple[int, ...]]) -> dict[str, Scheme]:
-    planned = plan_compression(preset_rules(preset), shapes, strict=False)
-    return {key: scheme for key, scheme in planned.items()
-            if scheme is not None and streamed_weight(shapes[key])}
-
-
-def expanded(weight: torch.Tensor, scheme: Scheme, clip: str) -> torch.Tensor:
-    values = weight.detach().float().numpy()
-    if scheme.mode == "linear":
-        rebuilt = dequantize_linear(*quantize_linear(values, scheme.bits, scheme.block_size,
-                                                     clip=clip))
-    else:
-        rebuilt = depalettize(*palettize(values, scheme.bits, scheme.group_size))
-    return torch.from_numpy(np.ascontiguousarray(rebuilt, dtype=np.float32))
+    return compressed_weights(preset_rules(preset), shapes, strict=False)
 
 
 def predicted_bytes(shapes: dict[str, tuple[int, ...]], schemes: dict[str, Scheme]) -> int:
@@ -153,8 +134,8 @@ def quality(log=print, prompts: int = 8, prompt_tokens: int = 48,
             schemes = {} if preset == "none" else schemes_for(preset, shapes)
             with torch.no_grad():
                 for key, param in params.items():
-                    param.copy_(expanded(original[key], schemes[key], clip) if key in schemes
-                                else original[key])
+                    param.copy_(compressed_value(original[key], schemes[key], clip)
+                                if key in schemes else original[key])
             figures = held_out_figures(target, documents, nbytes, CONTEXT, None)
             predictions = held_out_positions(target, inputs, targets)
             if reference is None:
