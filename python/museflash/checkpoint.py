@@ -431,10 +431,22 @@ def _check_unexpected_target_keys(reader: SafetensorsReader, expected: set[str])
         )
 
 
+# z-lab's DFlashDraftModel layout names the encoder `fc` / `hidden_norm` where the Meta
+# assistant checkpoint has `encoder.fc` / `encoder.output_norm_enc`.
+ZLAB_ENCODER_KEYS = ("fc.weight", "hidden_norm.weight")
+
+
 def _check_encoder_width(
     drafter_reader: SafetensorsReader, drafter_cfg: DFlashConfig, target_cfg: MuseGlimmerConfig
 ) -> None:
     key = "encoder.fc.weight"
+    if key not in drafter_reader and ZLAB_ENCODER_KEYS[0] in drafter_reader:
+        raise CheckpointError(
+            f"{drafter_reader.description}: z-lab's weight layout ({', '.join(ZLAB_ENCODER_KEYS)}"
+            ") is recognised but not exported yet: its reference attends over a per-query "
+            "sliding window where this DFlash v1 drafter uses one window per block "
+            "(docs/positions.md), so the export would not be exact; export a drafter in the "
+            "Meta layout (encoder.fc, encoder.output_norm_enc)")
     if key not in drafter_reader:
         raise CheckpointError(f"{drafter_reader.description}: missing key {key!r}")
     shape = drafter_reader.shape(key)
@@ -475,14 +487,60 @@ def _check_token_ids(path: Path, raw: dict[str, Any], names: tuple[str, ...],
                 "fix the config (a token id indexes the target's embedding)")
 
 
+# Drafter architectures (config.json `architectures`) this exporter implements: DFlash v1
+# (models/dflash.py), as the Meta assistant checkpoint and z-lab's DFlashDraftModel name it.
+DFLASH_V1_ARCHITECTURES = ("MuseGlimmerAssistantModel", "DFlashDraftModel")
+# z-lab's dflash_config settings that change the draft logits or inputs; the v1 model here
+# implements their neutral values only (issue 15).
+_NEUTRAL_DRAFT_SETTINGS = {"output_multiplier": 1.0, "input_embedding_scale": 1.0}
+
+
+def check_drafter_architecture(path: Path, raw: dict[str, Any],
+                               target_cfg: MuseGlimmerConfig) -> None:
+    """The drafter's `architectures` names one this exporter implements, and the settings it
+    states are ones that implementation honours (else a one-line error naming them)."""
+    names = raw.get("architectures") or []
+    names = [names] if isinstance(names, str) else list(names)
+    unknown = [n for n in names if n not in DFLASH_V1_ARCHITECTURES]
+    if "DFlash2DraftModel" in unknown:
+        raise CheckpointError(
+            f"{path}: architectures {names}: DFlash2 drafters (dynamic convolutions and the "
+            "candidate selector) are not supported yet; export a DFlash v1 drafter "
+            f"({', '.join(DFLASH_V1_ARCHITECTURES)})")
+    if unknown:
+        raise CheckpointError(
+            f"{path}: architectures {names} is not a drafter this exporter knows; it exports "
+            f"{', '.join(DFLASH_V1_ARCHITECTURES)} (DFlash v1)")
+    settings = {**raw, **(raw.get("dflash_config") or {})}
+    for name, neutral in _NEUTRAL_DRAFT_SETTINGS.items():
+        value = settings.get(name)
+        if value is not None and float(value) != neutral:
+            raise CheckpointError(
+                f"{path}: {name} {value} is not supported yet (the DFlash v1 drafter here "
+                f"scales by {neutral:g}); export a drafter without it")
+    softcap = settings.get("final_logit_softcapping")
+    if softcap is not None and (target_cfg.final_logit_softcapping is None or float(softcap)
+                                != float(target_cfg.final_logit_softcapping)):
+        raise CheckpointError(
+            f"{path}: final_logit_softcapping {softcap} differs from the target's "
+            f"{target_cfg.final_logit_softcapping}; the drafter's draft logits use the "
+            "target's soft cap (docs/positions.md), so a different one is not supported yet")
+    stated = settings.get("num_target_layers")
+    if stated is not None and int(stated) != target_cfg.num_hidden_layers:
+        raise CheckpointError(
+            f"{path}: num_target_layers {stated} but the target has "
+            f"{target_cfg.num_hidden_layers} layers: the drafter was trained for another target")
+
+
 def check_drafter_against_target(
     drafter_dir: Path, target_cfg: MuseGlimmerConfig, target_label: Path
 ) -> tuple[dict[str, Any], DFlashConfig]:
-    """The one check of a drafter against its target: shared settings agree, the tapped
-    layers exist, the encoder's width fits, every stated token id indexes the target's
-    vocabulary. Reads only the config and the safetensors header."""
+    """The one check of a drafter against its target: an architecture implemented here, shared
+    settings agree, the tapped layers exist, the encoder's width fits, every stated token id
+    indexes the target's vocabulary. Reads only the config and the safetensors header."""
     drafter_dir = Path(drafter_dir)
     raw, drafter_cfg = _parse_config(drafter_dir, DFlashConfig.from_dict)
+    check_drafter_architecture(drafter_dir / CONFIG_FILE, raw, target_cfg)
     where = f"drafter {drafter_dir / CONFIG_FILE} vs target {target_label / CONFIG_FILE}"
     try:
         validate_drafter_against_target(raw, target_cfg)

@@ -358,3 +358,38 @@ def test_fresh_placeholder_instances_make_the_same_model(fp32_dirs):
             assert first.by_row[row] == second.by_row[row], name
             compared += 1
     assert compared >= 10
+
+
+@pytest.mark.parametrize("change, named", [
+    ({"architectures": ["DFlash2DraftModel"]}, "DFlash2"),
+    ({"architectures": ["EagleDraftModel"]}, "EagleDraftModel"),
+    ({"dflash_config": {"output_multiplier": 0.2}}, "output_multiplier 0.2"),
+    ({"dflash_config": {"input_embedding_scale": 2.0}}, "input_embedding_scale 2.0"),
+    ({"final_logit_softcapping": 20.0}, "final_logit_softcapping 20.0"),
+    ({"num_target_layers": 52}, "num_target_layers 52"),
+])
+def test_drafters_this_exporter_would_not_run_exactly_are_refused(copies, change, named):
+    """A DFlash2 or unknown architecture, or a v1 drafter stating settings the v1 model does
+    not implement, is a one-line error before any weight is read, not a silent export."""
+    config = dict(DEMO_DRAFTER_CONFIG, **change)
+    (copies[1] / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError) as error:
+        load_target(*copies)
+    assert named in str(error.value) and "\n" not in str(error.value)
+
+
+def test_both_v1_architecture_names_and_neutral_settings_load(copies):
+    for architectures in (["MuseGlimmerAssistantModel"], ["DFlashDraftModel"], None):
+        config = dict(DEMO_DRAFTER_CONFIG, architectures=architectures, num_target_layers=8,
+                      dflash_config={"output_multiplier": 1.0})
+        (copies[1] / "config.json").write_text(json.dumps(config))
+        load_target(*copies)
+
+
+def test_zlab_weight_layout_is_recognised_and_refused_for_now(copies):
+    _rewrite_tensors(copies[1] / "model.safetensors", lambda t: t.update(
+        {"fc.weight": t.pop("encoder.fc.weight"),
+         "hidden_norm.weight": t.pop("encoder.output_norm_enc.weight")}))
+    with pytest.raises(CheckpointError, match="z-lab's weight layout") as error:
+        load_target(*copies)
+    assert "per-query sliding window" in str(error.value)
