@@ -432,21 +432,28 @@ def _check_unexpected_target_keys(reader: SafetensorsReader, expected: set[str])
 
 
 # z-lab's DFlashDraftModel layout names the encoder `fc` / `hidden_norm` where the Meta
-# assistant checkpoint has `encoder.fc` / `encoder.output_norm_enc`.
-ZLAB_ENCODER_KEYS = ("fc.weight", "hidden_norm.weight")
+# assistant checkpoint has `encoder.fc` / `encoder.output_norm_enc` (encoder parameter name ->
+# z-lab checkpoint key).
+ZLAB_ENCODER_KEYS = {"encoder.fc.weight": "fc.weight",
+                     "encoder.output_norm_enc.weight": "hidden_norm.weight"}
+
+
+def encoder_key(reader: SafetensorsReader, name: str) -> str:
+    """The checkpoint key of encoder parameter `name` in the drafter checkpoint's layout."""
+    if "encoder.fc.weight" not in reader and "fc.weight" in reader:
+        return ZLAB_ENCODER_KEYS.get(name, name)
+    return name
 
 
 def _check_encoder_width(
     drafter_reader: SafetensorsReader, drafter_cfg: DFlashConfig, target_cfg: MuseGlimmerConfig
 ) -> None:
-    key = "encoder.fc.weight"
-    if key not in drafter_reader and ZLAB_ENCODER_KEYS[0] in drafter_reader:
+    key = encoder_key(drafter_reader, "encoder.fc.weight")
+    if key != "encoder.fc.weight" and not drafter_cfg.window_per_query:
         raise CheckpointError(
-            f"{drafter_reader.description}: z-lab's weight layout ({', '.join(ZLAB_ENCODER_KEYS)}"
-            ") is recognised but not exported yet: its reference attends over a per-query "
-            "sliding window where this DFlash v1 drafter uses one window per block "
-            "(docs/positions.md), so the export would not be exact; export a drafter in the "
-            "Meta layout (encoder.fc, encoder.output_norm_enc)")
+            f"{drafter_reader.description}: z-lab's weight layout (fc, hidden_norm) without "
+            "`is_causal: false` in config.json: z-lab's reference then drafts causally, which "
+            "this DFlash v1 drafter (bidirectional over the block) does not implement")
     if key not in drafter_reader:
         raise CheckpointError(f"{drafter_reader.description}: missing key {key!r}")
     shape = drafter_reader.shape(key)
@@ -525,6 +532,11 @@ def check_drafter_architecture(path: Path, raw: dict[str, Any],
             f"{path}: final_logit_softcapping {softcap} differs from the target's "
             f"{target_cfg.final_logit_softcapping}; the drafter's draft logits use the "
             "target's soft cap (docs/positions.md), so a different one is not supported yet")
+    kinds = sorted(set(raw.get("layer_types") or []) - {"sliding_attention"})
+    if kinds:
+        raise CheckpointError(
+            f"{path}: layer_types include {kinds}; the DFlash v1 drafter here has sliding "
+            "attention in every layer")
     stated = settings.get("num_target_layers")
     if stated is not None and int(stated) != target_cfg.num_hidden_layers:
         raise CheckpointError(
@@ -652,7 +664,7 @@ def load_target(
     entries = []
     for name, _ in _own_parameters(model):
         if name.startswith(ENCODER_PREFIX):
-            entries.append((name, name, drafter_reader))
+            entries.append((name, encoder_key(drafter_reader, name), drafter_reader))
         else:
             entries.append((name, target_checkpoint_key(name), reader))
     _check_unexpected_target_keys(reader, {key for _, key, r in entries if r is reader})

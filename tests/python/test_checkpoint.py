@@ -12,6 +12,7 @@ from museflash.demo_checkpoint import (
     DEMO_DRAFTER_CONFIG,
     DEMO_TARGET_CONFIG,
     build_demo_models,
+    to_zlab_layout,
     write_demo_checkpoints,
 )
 from museflash.models.base import RotaryTables
@@ -386,10 +387,18 @@ def test_both_v1_architecture_names_and_neutral_settings_load(copies):
         load_target(*copies)
 
 
-def test_zlab_weight_layout_is_recognised_and_refused_for_now(copies):
-    _rewrite_tensors(copies[1] / "model.safetensors", lambda t: t.update(
-        {"fc.weight": t.pop("encoder.fc.weight"),
-         "hidden_norm.weight": t.pop("encoder.output_norm_enc.weight")}))
-    with pytest.raises(CheckpointError, match="z-lab's weight layout") as error:
+def test_zlab_layout_loads_the_same_encoder_with_a_per_query_window(copies):
+    meta = load_target(*copies)
+    meta_drafter = load_drafter(copies[1], meta)
+    to_zlab_layout(copies[1])
+    zlab = load_target(*copies)
+    drafter = load_drafter(copies[1], zlab)
+    assert torch.equal(zlab.encoder.fc.weight, meta.encoder.fc.weight)
+    assert torch.equal(zlab.encoder.output_norm_enc.weight, meta.encoder.output_norm_enc.weight)
+    assert drafter.config.window_per_query and not meta_drafter.config.window_per_query
+
+
+def test_zlab_layout_that_drafts_causally_is_refused(copies):
+    to_zlab_layout(copies[1], is_causal=True)
+    with pytest.raises(CheckpointError, match="is_causal: false"):
         load_target(*copies)
-    assert "per-query sliding window" in str(error.value)

@@ -1,6 +1,7 @@
 """DFlash drafter: cache injection, block drafting and the ring drafter against references."""
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -8,11 +9,13 @@ import torch.nn.functional as F
 from reference_rope import rotate
 
 from museflash.demo_checkpoint import DEMO_DRAFTER_CONFIG, DEMO_TARGET_CONFIG, build_demo_models
+from museflash.models.base import ring_slot_positions
 from museflash.models.dflash import (
     DFlashConfig,
     DFlashRingDrafter,
     DrafterTargetMismatchError,
     block_window_mask,
+    query_window_mask,
     validate_drafter_against_target,
 )
 from museflash.models.muse_glimmer import MuseGlimmerConfig
@@ -40,10 +43,11 @@ def _layer_kv(drafter, layer, inputs, positions):
 
 
 def reference_drafter(drafter, tokens, positions, context=None, context_positions=None,
-                      causal=False):
+                      causal=False, per_query=False):
     """Explicit-mask drafter forward. Context K/V come straight from `context` features; keys
-    are visible when inside the window ending at the block's last position (draft) or the
-    query's own position (causal)."""
+    are visible when inside the window ending at the block's last position (draft), the
+    query's own position (causal), or within the window on either side of the query
+    (per_query: z-lab's non-causal sliding window, |q - k| < window)."""
     cfg = drafter.config
     positions = torch.as_tensor(positions)
     x = drafter.embed_tokens.weight[torch.tensor(tokens)].detach()
@@ -57,9 +61,11 @@ def reference_drafter(drafter, tokens, positions, context=None, context_position
             ck, cv = _layer_kv(drafter, layer, context, torch.as_tensor(context_positions))
             k, v = torch.cat([ck, k], dim=1), torch.cat([cv, v], dim=1)
             key_positions = torch.cat([torch.as_tensor(context_positions), positions])
-        anchor = positions[:, None] if causal else positions.max().expand(n, 1)
+        anchor = positions[:, None] if causal or per_query else positions.max().expand(n, 1)
         distance = anchor - key_positions[None, :]
         allowed = (distance >= 0) & (distance < cfg.sliding_window)
+        if per_query:
+            allowed = distance.abs() < cfg.sliding_window
         if causal:
             allowed &= key_positions[None, :] <= positions[:, None]
         q = (h @ block.self_attn.q_proj.weight.T).view(n, cfg.num_attention_heads, -1)
@@ -130,6 +136,37 @@ def test_draft_matches_reference_over_injected_context(models, anchor_position):
     expected = reference_drafter(drafter, tokens, positions.long(), context[0],
                                  torch.arange(anchor_position))
     assert torch.allclose(logits[0], expected, atol=ATOL), (logits[0] - expected).abs().max()
+
+
+@pytest.mark.parametrize("anchor_position", [9, 45])
+def test_per_query_window_draft_matches_the_reference(models, anchor_position):
+    """z-lab's convention: earlier queries of the block see further back, so the block's
+    rows differ, and the result differs from the one-window-per-block draft."""
+    _, drafter = models
+    view = copy.copy(drafter)
+    view.config = dataclasses.replace(drafter.config, window_per_query=True)
+    drafter.reset_caches()
+    context = _features(anchor_position, 2)
+    tokens = _block(drafter, 17)
+    positions = torch.arange(anchor_position, anchor_position + len(tokens), dtype=torch.int32)
+    with torch.no_grad():
+        _inject(drafter, context)
+        logits = view.draft(torch.tensor([tokens]), positions)
+        per_block = drafter.draft(torch.tensor([tokens]), positions)
+    expected = reference_drafter(drafter, tokens, positions.long(), context[0],
+                                 torch.arange(anchor_position), per_query=True)
+    assert torch.allclose(logits[0], expected, atol=ATOL), (logits[0] - expected).abs().max()
+    if anchor_position + len(tokens) > drafter.config.sliding_window:
+        assert not torch.allclose(logits, per_block, atol=1e-3)
+
+
+def test_per_query_window_mask_reaches_back_from_each_query():
+    positions = torch.arange(40, 44, dtype=torch.int32)
+    mask = query_window_mask(positions, capacity=64, window=16)
+    slot_positions = ring_slot_positions(positions.amax(), 64)
+    for row, query in enumerate(positions.tolist()):
+        visible = sorted(int(p) for p in slot_positions[mask[row]])
+        assert visible == list(range(query - 15, 44))
 
 
 def test_draft_after_rollback_sees_accepted_context_only(models):

@@ -93,3 +93,21 @@ def test_cli_resolves_relative_paths_against_the_bazel_working_directory(tmp_pat
     # One error, naming the directory resolved against BUILD_WORKING_DIRECTORY.
     assert len(errors) == 1, done.stdout
     assert f" {tmp_path / 'exported'} " in errors[0]
+
+
+def test_zlab_layout_drafter_exports_and_verifies(tmp_path):
+    """A DFlash v1 drafter in z-lab's layout (fc / hidden_norm, dflash_config, is_causal false)
+    exports with its per-query sliding window, and the exported draft matches eager."""
+    from museflash.demo_checkpoint import to_zlab_layout
+
+    target_dir, drafter_dir = write_demo_checkpoints(tmp_path / "pair")
+    to_zlab_layout(drafter_dir)
+    out = tmp_path / "bundle"
+    export_bundle(ExportOptions(output_dir=out, checkpoint=target_dir,
+                                drafter_checkpoint=drafter_dir, fused_target=True,
+                                dflash_drafter=True, max_context_length=64, prefill_length=8),
+                  Progress(echo=lambda _: None))
+    status, lines = _verify(out, new_tokens=16)
+    assert status == 0
+    parity = [line for line in lines if line.startswith("parity dflash_drafter")]
+    assert len(parity) == 1 and " OK" in parity[0] and "wraps the ring" in parity[0]

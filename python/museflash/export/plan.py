@@ -26,6 +26,7 @@ from museflash.bundle import (
 from museflash.checkpoint import (
     ENCODER_PREFIX,
     TARGET_IGNORED_PREFIXES,
+    ZLAB_ENCODER_KEYS,
     CheckedConfigs,
     PlaceholderWeights,
     SafetensorsReader,
@@ -175,7 +176,8 @@ def exported_weight_shapes(options: ExportOptions, target_dir: Path,
         reader = SafetensorsReader(drafter_dir)
         whole = options.dflash_drafter or options.with_drafter
         shapes.update({key: reader.shape(key) for key in reader.keys()
-                       if whole or key.startswith(ENCODER_PREFIX)})
+                       if whole or key.startswith(ENCODER_PREFIX)
+                       or key in ZLAB_ENCODER_KEYS.values()})
     return shapes
 
 

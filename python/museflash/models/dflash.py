@@ -69,6 +69,10 @@ class DFlashConfig:
     sliding_window: int
     rope_theta: float
     rms_norm_eps: float = 1e-6
+    # How `draft` applies the sliding window (docs/positions.md): one window per block, ending
+    # at its last position (the Meta assistant checkpoint), or one per query, |q - k| < window
+    # (z-lab's reference for `is_causal: false`).
+    window_per_query: bool = False
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -118,6 +122,7 @@ class DFlashConfig:
             sliding_window=int(values["sliding_window"]),
             rope_theta=float(values["rope_theta"]),
             rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+            window_per_query=config.get("is_causal") is False,
             raw=dict(config),
         )
 
@@ -226,6 +231,15 @@ def block_window_mask(positions: torch.Tensor, capacity: int, window: int) -> to
     return visible.reshape(1, -1).expand(positions.shape[0], capacity)
 
 
+def query_window_mask(positions: torch.Tensor, capacity: int, window: int) -> torch.Tensor:
+    """[T, capacity] bool: slot s is visible to query i when |p_i - pos(s)| < window (z-lab's
+    non-causal sliding window: earlier queries of a block reach further back)."""
+    slot_positions = ring_slot_positions(positions.amax(), capacity).reshape(1, -1)
+    distance = positions.reshape(-1, 1) - slot_positions
+    return torch.logical_and(slot_positions >= 0,
+                             torch.logical_and(distance < window, -distance < window))
+
+
 class DFlashDrafter(nn.Module):
     """Entry points (positions are int tensors [T]):
       inject_kv(features [1, T, hidden], positions) -> None (writes the ring caches)
@@ -322,7 +336,8 @@ class DFlashDrafter(nn.Module):
     def draft(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         positions = positions.reshape(-1)
         self._check_length(positions.shape[0])
-        mask = block_window_mask(positions, self.ring_capacity, self.config.sliding_window)
+        window_mask = query_window_mask if self.config.window_per_query else block_window_mask
+        mask = window_mask(positions, self.ring_capacity, self.config.sliding_window)
         return self._run(input_ids, positions, mask)
 
     def decode(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
