@@ -23,15 +23,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from museflash.bundle import TOKENIZER_FILE, TOKENIZER_FILES, Tokenizer
-from museflash.compression import (
-    Rule,
-    Scheme,
-    depalettize,
-    dequantize_linear,
-    palettize,
-    plan_compression,
-    quantize_linear,
-)
+from museflash.compression import Rule, Scheme, compress, expand, plan_compression
 from museflash.models.base import RotaryTables
 from museflash.models.dflash import (
     DFlashConfig,
@@ -287,9 +279,10 @@ class PlaceholderWeights:
         self.by_row: dict[bytes, WeightLocation] = {}
         self.by_pointer: dict[int, bytes] = {}
 
-    def wants(self, shape: tuple[int, ...]) -> bool:
-        return (len(shape) == 2 and shape[1] >= self.MIN_COLUMNS
-                and shape[0] * shape[1] >= self.MIN_ELEMENTS)
+    @classmethod
+    def wants(cls, shape: tuple[int, ...]) -> bool:
+        return (len(shape) == 2 and shape[1] >= cls.MIN_COLUMNS
+                and shape[0] * shape[1] >= cls.MIN_ELEMENTS)
 
     def make(self, location: WeightLocation, dtype: torch.dtype) -> torch.Tensor:
         rows, columns = location.shape
@@ -332,18 +325,14 @@ def compressed_value(weight: torch.Tensor, scheme: Scheme, clip: str = "mse") ->
     palettized by `scheme`, exactly as the export's merge writes it, and expanded back.
     `clip="absmax"`: linear blocks scaled by their absolute maximum instead (a baseline)."""
     values = weight.detach().to(torch.float32).numpy()
-    if scheme.mode == "linear":
-        rebuilt = dequantize_linear(*quantize_linear(values, scheme.bits, scheme.block_size,
-                                                     clip=clip))
-    else:
-        rebuilt = depalettize(*palettize(values, scheme.bits, scheme.group_size))
+    rebuilt = expand(*compress(values, scheme, clip), scheme)
     return torch.from_numpy(np.ascontiguousarray(rebuilt, dtype=np.float32))
 
 
 def streamed_weight(shape: tuple[int, ...]) -> bool:
     """Weights the export streams from the checkpoint into the packages (the only ones it
     can compress)."""
-    return PlaceholderWeights().wants(tuple(shape))
+    return PlaceholderWeights.wants(tuple(shape))
 
 
 def compressed_weights(rules: list[Rule], shapes: Mapping[str, tuple[int, ...]], *,

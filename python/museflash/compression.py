@@ -225,6 +225,12 @@ def compressible(shape: tuple[int, ...]) -> bool:
     return len(shape) == 2 and shape[0] * shape[1] >= MIN_ELEMENTS
 
 
+def first_matching_rule(rules: list[Rule], name: str) -> int | None:
+    """Index of the rule that decides tensor `name` (the first whose glob matches), if any."""
+    return next((i for i, rule in enumerate(rules) if fnmatch.fnmatchcase(name, rule.match)),
+                None)
+
+
 def plan_compression(rules: list[Rule], shapes: dict[str, tuple[int, ...]], *,
                      strict: bool) -> dict[str, Scheme | None]:
     """Checkpoint name -> its scheme (None: stays fp16), for every name of `shapes`.
@@ -238,12 +244,10 @@ def plan_compression(rules: list[Rule], shapes: dict[str, tuple[int, ...]], *,
     decided = [False] * len(rules)
     for name in eligible:
         shape = tuple(shapes[name])
-        first = None
         for index, rule in enumerate(rules):
             if fnmatch.fnmatchcase(name, rule.match):
                 matched[index] = True
-                if first is None:
-                    first = index
+        first = first_matching_rule(rules, name)
         if first is None:
             continue
         decided[first] = True
@@ -698,3 +702,21 @@ def depalettize(indices: np.ndarray, lut: np.ndarray) -> np.ndarray:
     groups = np.ix_(*[np.arange(d) // (d // g) for d, g in zip(indices.shape, lut.shape[:-2],
                                                                  strict=True)])
     return lut[(*groups, indices.astype(np.intp), 0)].astype(np.float32)
+
+
+def compress(weight: np.ndarray, scheme: Scheme,
+             clip: str = "mse") -> tuple[np.ndarray, np.ndarray]:
+    """(data, scale) of a linear scheme (quantize_linear) or (indices, lut) of a palettize
+    scheme (palettize): the two blobs the scheme's constexpr op reads. Rows are independent
+    (linear) or independent per group of `group_size` rows (palettize), so a weight may be
+    compressed a slice of rows at a time. `clip` applies to linear schemes."""
+    if scheme.mode == "linear":
+        return quantize_linear(weight, scheme.bits, scheme.block_size, clip=clip)
+    return palettize(weight, scheme.bits, scheme.group_size)
+
+
+def expand(data: np.ndarray, side: np.ndarray, scheme: Scheme) -> np.ndarray:
+    """The float32 weight `compress`'s blobs stand for."""
+    if scheme.mode == "linear":
+        return dequantize_linear(data, side)
+    return depalettize(data, side)

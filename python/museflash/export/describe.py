@@ -4,7 +4,6 @@ in each of them (`museflash.bundle` owns every name and field)."""
 from __future__ import annotations
 
 import json
-from fnmatch import fnmatchcase
 from pathlib import Path
 
 import torch
@@ -35,6 +34,7 @@ from museflash.bundle import (
     TargetSettings,
     schema_errors,
 )
+from museflash.compression import first_matching_rule
 from museflash.export.merge import StoredWeight
 from museflash.export.options import ExportError
 from museflash.export.plan import CompressionPlan, ExportPlan, PackagePlan
@@ -90,7 +90,7 @@ def compression_block(plan: CompressionPlan | None,
                 fp16[key] = weight.bytes
                 continue
             scheme = weight.scheme
-            rule = next(i for i, r in enumerate(plan.rules) if fnmatchcase(key, r.match))
+            rule = first_matching_rule(plan.rules, key)
             group = groups.setdefault(
                 (rule, scheme.mode, scheme.bits, scheme.block_size, scheme.group_size),
                 {"unique": {}, "packages": {}})

@@ -29,9 +29,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from museflash.bundle import PACKAGE_SPEC, PACKAGE_WEIGHT_FILE
+from museflash.bundle import COMPRESSION_OPS, PACKAGE_SPEC, PACKAGE_WEIGHT_FILE, CompressionMode
 from museflash.checkpoint import PlaceholderWeights, WeightLocation
-from museflash.compression import Scheme, palettize, quantize_linear
+from museflash.compression import Scheme, compress
 
 IOS18_SPECIFICATION_VERSION = 9
 
@@ -80,8 +80,7 @@ class _Blob:
     offset: int  # in the part's weight file
     shape: tuple[int, ...]
     data_type: int  # MIL_pb2.DataType
-    values: list  # the proto Values pointing at this blob (rewritten with the merged offset)
-    ops: list  # the const ops holding those Values (rewritten when the weight is compressed)
+    ops: list  # the const ops whose values point at this blob (rewritten when merged)
     nested: bool  # inside a control-flow block: coremltools never shares these across functions
 
 
@@ -111,9 +110,8 @@ def blob_constants(function_proto, function: str = "") -> list[_Blob]:
             if offset not in by_offset:
                 by_offset[offset] = _Blob(
                     function, op.outputs[0].name, offset,
-                    tuple(d.constant.size for d in tensor.dimensions), tensor.dataType, [], [],
+                    tuple(d.constant.size for d in tensor.dimensions), tensor.dataType, [],
                     nested)
-            by_offset[offset].values.append(value)
             by_offset[offset].ops.append(op)
 
     for block in function_proto.block_specializations.values():
@@ -175,6 +173,11 @@ class StoredWeight:
     shape: tuple[int, ...]
     scheme: Scheme | None  # None: fp16
     bytes: int  # its blobs' payload bytes (the data, and the scales or look-up table)
+
+    @classmethod
+    def of(cls, key: str, shape: tuple[int, ...], scheme: Scheme | None) -> StoredWeight:
+        size = 2 * int(np.prod(shape)) if scheme is None else scheme.stored_bytes(shape)
+        return cls(key, tuple(shape), scheme, size)
 
 
 @dataclass(frozen=True)
@@ -269,8 +272,8 @@ def merge_packages(
                         for op in blob.ops:
                             placed.rewrite(op)
                     else:
-                        for value in blob.values:
-                            value.blobFileValue.offset = placed
+                        for op in blob.ops:
+                            op.attributes["val"].blobFileValue.offset = placed
             finally:
                 source.close()
         weights.close()
@@ -341,12 +344,9 @@ class _MergedWeights:
             return match.placed
         if location is not None:
             scheme = self.compression.get(location.key)
-            if scheme is None:
-                unique.placed = _write_real(self.writer, location)
-                size = 2 * int(np.prod(location.shape))
-            else:
-                unique.placed, size = _write_compressed(self.writer, location, scheme)
-            self.stored[location.key] = StoredWeight(location.key, location.shape, scheme, size)
+            unique.placed = (_write_real(self.writer, location) if scheme is None
+                             else _write_compressed(self.writer, location, scheme))
+            self.stored[location.key] = StoredWeight.of(location.key, location.shape, scheme)
             self.seen_rows.add(row)
         else:
             unique.placed = getattr(self.writer, kind.writer)(
@@ -397,36 +397,26 @@ _DATA_WRITERS = {("linear", 4): ("INT4", "write_int4_data"),
 _ROWS_BYTES = 64 << 20  # fp32 bytes of checkpoint rows compressed at a time
 
 
-def _write_compressed(writer, location: WeightLocation,
-                      scheme: Scheme) -> tuple[CompressedWeight, int]:
+def _write_compressed(writer, location: WeightLocation, scheme: Scheme) -> CompressedWeight:
     """Reads the weight a slice of rows at a time (fp32, from the checkpoint's own dtype),
     compresses each slice and writes the data and its scales or look-up table as two blobs.
     Memory: the data at one byte per element plus one slice, below the fp16 weight's size."""
     from coremltools.proto import MIL_pb2
 
     rows, columns = location.shape
+    # A look-up table serves group_size rows, so palettized slices hold whole groups.
     unit = scheme.group_size if scheme.mode == "palettize" else 1
     step = max(unit, _ROWS_BYTES // (4 * columns) // unit * unit)
     data = np.empty((rows, columns), np.int8 if scheme.mode == "linear" else np.uint8)
-    aux = np.empty(scheme.scale_shape(location.shape), np.float16)
+    side = np.empty(scheme.scale_shape(location.shape), np.float16)
     for start in range(0, rows, step):
         stop = min(rows, start + step)
-        weight = location.read_rows(start, stop, torch.float32).numpy()
-        if scheme.mode == "linear":
-            data[start:stop], aux[start:stop] = quantize_linear(weight, scheme.bits,
-                                                                scheme.block_size)
-        else:
-            data[start:stop], aux[start // unit:stop // unit] = palettize(
-                weight, scheme.bits, scheme.group_size)
-        del weight
+        data[start:stop], side[start // unit:stop // unit] = compress(
+            location.read_rows(start, stop, torch.float32).numpy(), scheme)
     data_type, write = _DATA_WRITERS[(scheme.mode, scheme.bits)]
     data_offset = getattr(writer, write)(data.reshape(-1))
-    aux_offset = writer.write_fp16_data(aux.reshape(-1).view(np.uint16))
-    kinds = MIL_pb2.DataType
-    names = ("data", "scale") if scheme.mode == "linear" else ("indices", "lut")
-    op_type = ("constexpr_blockwise_shift_scale" if scheme.mode == "linear"
-               else "constexpr_lut_to_dense")
-    compressed = CompressedWeight(op_type, (
-        (names[0], data_offset, getattr(kinds, data_type), tuple(data.shape)),
-        (names[1], aux_offset, kinds.FLOAT16, tuple(aux.shape))))
-    return compressed, scheme.stored_bytes(location.shape)
+    side_offset = writer.write_fp16_data(side.reshape(-1).view(np.uint16))
+    op_type, data_input, side_input = COMPRESSION_OPS[CompressionMode(scheme.mode)]
+    return CompressedWeight(op_type, (
+        (data_input, data_offset, getattr(MIL_pb2.DataType, data_type), tuple(data.shape)),
+        (side_input, side_offset, MIL_pb2.DataType.FLOAT16, tuple(side.shape))))

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from museflash.bundle import PACKAGE_WEIGHTS_DIR
+from museflash.bundle import COMPRESSION_OPS, PACKAGE_WEIGHTS_DIR, CompressionMode
 from museflash.compression import depalettize, dequantize_linear
 
 Kernel = Callable[[dict[str, Any]], Any]
@@ -582,8 +582,8 @@ def _lut_to_dense(op: Any) -> np.ndarray:
 
 
 # The numpy interpreter's own decompression (museflash.compression), not coremltools'.
-DECOMPRESSORS = {"constexpr_blockwise_shift_scale": _blockwise_shift_scale,
-                 "constexpr_lut_to_dense": _lut_to_dense}
+DECOMPRESSORS = {COMPRESSION_OPS[CompressionMode.LINEAR][0]: _blockwise_shift_scale,
+                 COMPRESSION_OPS[CompressionMode.PALETTIZE][0]: _lut_to_dense}
 
 
 class Interpreter:

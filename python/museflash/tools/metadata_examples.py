@@ -84,7 +84,6 @@ def compressed_metadata() -> dict[str, Metadata]:
     makes it, and the weights its merge would store (every streamed weight, compressed as
     planned) in place of a conversion."""
     from museflash.checkpoint import PlaceholderWeights
-    from museflash.compression import Scheme
     from museflash.demo_checkpoint import builtin_checkpoints
     from museflash.export.describe import bundle_metadata
     from museflash.export.merge import StoredWeight
@@ -114,11 +113,8 @@ def compressed_metadata() -> dict[str, Metadata]:
                 weights = {}
                 for row in rows - {None}:
                     location = placeholders.by_row[row]
-                    scheme: Scheme | None = schemes.get(location.key)
-                    size = (scheme.stored_bytes(location.shape) if scheme
-                            else 2 * location.shape[0] * location.shape[1])
-                    weights[location.key] = StoredWeight(location.key, location.shape, scheme,
-                                                         size)
+                    weights[location.key] = StoredWeight.of(location.key, location.shape,
+                                                            schemes.get(location.key))
                 stored[package.role] = weights
             source = Source(checkpoint="/checkpoints/muse-glimmer-demo",
                             drafter_checkpoint="/checkpoints/demo-drafter" if drafter else None)
