@@ -387,17 +387,18 @@ def check_decoding(export_dir: Path, metadata: Metadata, target_dir: Path, promp
                        speculative.tokens_per_target_call)
 
 
-def compression_quality(metadata: Metadata, target_dir: Path, compressed: dict[str, Scheme],
+def compression_quality(metadata: Metadata, target_dir: Path, stored_target: torch.nn.Module,
                         prompt_tokens: int) -> str:
-    """Eager target with the stored (compressed) weights against the checkpoint's weights, on
-    the deterministic prompt: next-token top-1 agreement and mean KL(checkpoint || stored)."""
+    """`stored_target` (the eager reference, carrying the stored compressed weights) against
+    the checkpoint's own weights, on the deterministic prompt: next-token top-1 agreement and
+    mean KL(checkpoint || stored)."""
     prompt = deterministic_prompt(prompt_tokens, metadata.vocab_size,
                                   metadata.speculative_decoding.mask_token_id)
     ids = torch.tensor([prompt], dtype=torch.long)
     logits = []
-    for schemes in ({}, compressed):
-        model = load_target(target_dir, dtype=torch.float32, max_context=metadata.context_length,
-                            compressed=schemes)
+    checkpoint_target = load_target(target_dir, dtype=torch.float32,
+                                    max_context=metadata.context_length)
+    for model in (checkpoint_target, stored_target):
         with torch.no_grad():
             logits.append(model.batch_logits(ids)[0].float())
     reference, stored = (torch.log_softmax(x, dim=-1) for x in logits)
@@ -496,7 +497,7 @@ def run_verify(options: VerifyOptions) -> int:
             for line in decoding.lines:
                 echo(line)
             if compressed:
-                echo(compression_quality(metadata, target_dir, compressed, prompt))
+                echo(compression_quality(metadata, target_dir, target, prompt))
     except VerifyInputError as error:
         echo(f"verify: error: {error}")
         return 2

@@ -28,7 +28,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from museflash.bundle import PACKAGE_WEIGHT_FILE, Metadata
@@ -43,6 +42,7 @@ from museflash.checkpoint import (
 )
 from museflash.compression import Scheme, preset_rules
 from museflash.demo_checkpoint import builtin_checkpoints
+from museflash.export.merge import StoredWeight
 from museflash.paths import resolve_user_path
 
 # name -> (preset, clipping of linear schemes)
@@ -62,8 +62,9 @@ def schemes_for(preset: str, shapes: dict[str, tuple[int, ...]]) -> dict[str, Sc
 
 
 def predicted_bytes(shapes: dict[str, tuple[int, ...]], schemes: dict[str, Scheme]) -> int:
-    return sum(schemes[key].stored_bytes(shape) if key in schemes
-               else 2 * int(np.prod(shape)) for key, shape in shapes.items())
+    """Every weight stored once, as the export's merge stores it."""
+    return sum(StoredWeight.of(key, shape, schemes.get(key)).bytes
+               for key, shape in shapes.items())
 
 
 def held_out_positions(model, inputs: torch.Tensor, targets: torch.Tensor,
