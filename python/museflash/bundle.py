@@ -38,9 +38,10 @@ METADATA_FILE = "metadata.json"
 # Key of the user-defined spec metadata entry holding the same JSON text in every package.
 EMBEDDED_METADATA_KEY = "museflash.metadata"
 # `source.checkpoint` of an export of a built-in pair: "builtin:<name>". `demo` is the trained
-# pair under demo/ (tools/train_demo.py), `tiny` the random 0.8 MB pair the tests export.
+# pair under demo/ (tools/train_demo.py), `tiny` the random 0.8 MB pair the tests export,
+# `tiny-dflash2` the same target with a random DFlash2 drafter in z-lab's layout.
 BUILTIN_PREFIX = "builtin:"
-BUILTIN_PAIRS = ("demo", "tiny")
+BUILTIN_PAIRS = ("demo", "tiny", "tiny-dflash2")
 BUILTIN_DEMO = BUILTIN_PREFIX + "demo"
 COMPUTE_PRECISION = "float16"
 STATE_DTYPE = "float16"
@@ -97,7 +98,7 @@ class FunctionRole(Name):
     DECODE = "decode"  # target main (one step or a verify block), ring drafter main
     PREFILL = "prefill"  # writes caches for a prompt chunk, logits of its last position only
     INJECT_KV = "inject_kv"  # DFlash: target features -> drafter cache
-    DRAFT = "draft"  # DFlash: [anchor, mask x (K-1)] -> logits
+    DRAFT = "draft"  # DFlash: [anchor, mask x (K-1)] -> logits (DFlash2: and draft_tokens)
 
 
 class InputName(Name):
@@ -110,6 +111,7 @@ class OutputName(Name):
     LOGITS = "logits"
     DRAFTER_FEATURES = "drafter_features"
     LAST_INJECTED_POSITION = "last_injected_position"
+    DRAFT_TOKENS = "draft_tokens"  # DFlash2 `draft`: the selector's greedy path, [1, K-1]
 
 
 class StateName(Name):
@@ -139,7 +141,12 @@ class StateRole(Name):
 
 class DrafterKind(Name):
     DFLASH = "dflash"
+    DFLASH2 = "dflash2"  # DFlash's contract, plus `draft_tokens` from its candidate selector
     RING = "ring"
+
+
+class SelectorDecoding(Name):
+    GREEDY = "greedy"  # the only one exported; sampling draws from the `logits` rows instead
 
 
 class LayerType(Name):
@@ -150,7 +157,7 @@ class LayerType(Name):
 TARGET_STATES = (StateName.GLOBAL_KEY_CACHE, StateName.GLOBAL_VALUE_CACHE,
                  StateName.SLIDING_KEY_CACHE, StateName.SLIDING_VALUE_CACHE)
 DRAFTER_STATES = (StateName.SLIDING_KEY_CACHE, StateName.SLIDING_VALUE_CACHE)
-INT32_OUTPUTS = frozenset({OutputName.LAST_INJECTED_POSITION})
+INT32_OUTPUTS = frozenset({OutputName.LAST_INJECTED_POSITION, OutputName.DRAFT_TOKENS})
 
 
 def _doc(text: str, **kwargs: Any) -> Any:
@@ -231,6 +238,20 @@ class DrafterSettings:
 
 
 @dataclass(frozen=True)
+class DFlash2Settings:
+    """What a DFlash2 drafter adds to DFlash (docs/dflash2.md); `draft` applies all of it."""
+    conv_kernel_size: int = _doc("taps of the grouped dynamic causal convolutions over the block")
+    conv_group_size: int = _doc("channels sharing one dynamic kernel weight; divides "
+                                "drafter_hidden_size")
+    selector_rank: int = _doc("width of the candidate selector's codebooks")
+    selector_top_k: int = _doc("candidates the selector scores per drafted position")
+    selector_decoding: SelectorDecoding = _doc("how `draft_tokens` is chosen")
+    output_multiplier: float = _doc("scale of the draft logits before the soft cap")
+    final_logit_softcapping: float | None = _doc("the drafter's own soft cap of its logits, "
+                                                 "or null")
+
+
+@dataclass(frozen=True)
 class SpeculativeDecoding:
     drafter_kind: DrafterKind
     block_size: int = _doc("the drafter's block: anchor + drafted tokens; `draft` query length")
@@ -241,6 +262,7 @@ class SpeculativeDecoding:
     num_draft_tokens: int = _doc("tokens proposed per step, 1..block_size - 1")
     shared_embeddings: bool = _doc("the drafter uses the target's embedding and lm_head")
     drafter: DrafterSettings
+    dflash2: DFlash2Settings | None = _doc("drafter_kind dflash2 only, else null", default=None)
 
 
 @dataclass(frozen=True)
@@ -354,6 +376,7 @@ class Metadata:
     def drafter_role(self) -> AssetRole | None:
         kind = self.speculative_decoding.drafter_kind if self.speculative_decoding else None
         return {DrafterKind.DFLASH: AssetRole.DFLASH_DRAFTER,
+                DrafterKind.DFLASH2: AssetRole.DFLASH_DRAFTER,
                 DrafterKind.RING: AssetRole.RING_DRAFTER}.get(kind)
 
     def max_query_length(self) -> int:

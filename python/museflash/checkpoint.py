@@ -22,7 +22,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from museflash.bundle import TOKENIZER_FILE, TOKENIZER_FILES, Tokenizer
+from museflash.bundle import TOKENIZER_FILE, TOKENIZER_FILES, DrafterKind, Tokenizer
 from museflash.compression import Rule, Scheme, compress, expand, plan_compression
 from museflash.models.base import RotaryTables
 from museflash.models.dflash import (
@@ -31,6 +31,7 @@ from museflash.models.dflash import (
     DrafterTargetMismatchError,
     validate_drafter_against_target,
 )
+from museflash.models.dflash2 import DFlash2Config, DFlash2Drafter
 from museflash.models.muse_glimmer import (
     MuseGlimmerConfig,
     MuseGlimmerForCausalLM,
@@ -483,54 +484,81 @@ def _check_token_ids(path: Path, raw: dict[str, Any], names: tuple[str, ...],
                 "fix the config (a token id indexes the target's embedding)")
 
 
-# Drafter architectures (config.json `architectures`) this exporter implements: DFlash v1
-# (models/dflash.py), as the Meta assistant checkpoint and z-lab's DFlashDraftModel name it.
-DFLASH_V1_ARCHITECTURES = ("MuseGlimmerAssistantModel", "DFlashDraftModel")
-# z-lab's dflash_config settings that change the draft logits or inputs; the v1 model here
-# implements their neutral values only (issue 15).
+# Drafter architectures (config.json `architectures`) this exporter implements, by model file:
+# DFlash v1 (models/dflash.py), as the Meta assistant checkpoint and z-lab's DFlashDraftModel
+# name it, and DFlash2 (models/dflash2.py).
+DRAFTER_ARCHITECTURES = {
+    "MuseGlimmerAssistantModel": DrafterKind.DFLASH,
+    "DFlashDraftModel": DrafterKind.DFLASH,
+    "DFlash2DraftModel": DrafterKind.DFLASH2,
+}
+DRAFTER_MODELS = {DrafterKind.DFLASH: (DFlashConfig, DFlashDrafter),
+                  DrafterKind.DFLASH2: (DFlash2Config, DFlash2Drafter)}
+# z-lab's dflash_config settings that change the draft logits or inputs; DFlash v1 here
+# implements their neutral values only, DFlash2 implements output_multiplier.
 _NEUTRAL_DRAFT_SETTINGS = {"output_multiplier": 1.0, "input_embedding_scale": 1.0}
 
 
-def check_drafter_architecture(path: Path, raw: dict[str, Any],
-                               target_cfg: MuseGlimmerConfig) -> None:
-    """The drafter's `architectures` names one this exporter implements, and the settings it
-    states are ones that implementation honours (else a one-line error naming them)."""
+def drafter_architecture(path: Path, raw: dict[str, Any]) -> DrafterKind:
+    """The drafter family `architectures` names (DFlash v1 when the config names none)."""
     names = raw.get("architectures") or []
     names = [names] if isinstance(names, str) else list(names)
-    unknown = [n for n in names if n not in DFLASH_V1_ARCHITECTURES]
-    if "DFlash2DraftModel" in unknown:
-        raise CheckpointError(
-            f"{path}: architectures {names}: DFlash2 drafters (dynamic convolutions and the "
-            "candidate selector) are not supported yet; export a DFlash v1 drafter "
-            f"({', '.join(DFLASH_V1_ARCHITECTURES)})")
+    known = ", ".join(DRAFTER_ARCHITECTURES)
+    unknown = [n for n in names if n not in DRAFTER_ARCHITECTURES]
     if unknown:
         raise CheckpointError(
             f"{path}: architectures {names} is not a drafter this exporter knows; it exports "
-            f"{', '.join(DFLASH_V1_ARCHITECTURES)} (DFlash v1)")
+            f"{known}")
+    kinds = {DRAFTER_ARCHITECTURES[n] for n in names}
+    if len(kinds) > 1:
+        raise CheckpointError(f"{path}: architectures {names} names two drafter families; "
+                              "state the one the weights are for")
+    return kinds.pop() if kinds else DrafterKind.DFLASH
+
+
+def check_drafter_architecture(path: Path, raw: dict[str, Any],
+                               target_cfg: MuseGlimmerConfig) -> DrafterKind:
+    """The drafter's `architectures` names one this exporter implements, and the settings it
+    states are ones that implementation honours (else a one-line error naming them)."""
+    kind = drafter_architecture(path, raw)
     settings = {**raw, **(raw.get("dflash_config") or {})}
     for name, neutral in _NEUTRAL_DRAFT_SETTINGS.items():
+        if kind == DrafterKind.DFLASH2 and name == "output_multiplier":
+            continue
         value = settings.get(name)
         if value is not None and float(value) != neutral:
             raise CheckpointError(
-                f"{path}: {name} {value} is not supported yet (the DFlash v1 drafter here "
+                f"{path}: {name} {value} is not supported yet (the {kind} drafter here "
                 f"scales by {neutral:g}); export a drafter without it")
     softcap = settings.get("final_logit_softcapping")
-    if softcap is not None and (target_cfg.final_logit_softcapping is None or float(softcap)
-                                != float(target_cfg.final_logit_softcapping)):
+    if kind == DrafterKind.DFLASH and softcap is not None and (
+            target_cfg.final_logit_softcapping is None
+            or float(softcap) != float(target_cfg.final_logit_softcapping)):
         raise CheckpointError(
             f"{path}: final_logit_softcapping {softcap} differs from the target's "
             f"{target_cfg.final_logit_softcapping}; the drafter's draft logits use the "
             "target's soft cap (docs/positions.md), so a different one is not supported yet")
+    if kind == DrafterKind.DFLASH2 and raw.get("is_causal") is not False:
+        raise CheckpointError(
+            f"{path}: a DFlash2 drafter without `is_causal: false`: z-lab's reference then "
+            "drafts causally, which this exporter does not implement; state is_causal false "
+            "if the drafter was trained bidirectionally")
+    top_k = settings.get("selector_top_k")
+    if kind == DrafterKind.DFLASH2 and top_k is not None and int(top_k) > target_cfg.vocab_size:
+        raise CheckpointError(
+            f"{path}: selector_top_k {top_k} exceeds the target vocabulary "
+            f"{target_cfg.vocab_size}; the selector keeps at most every token")
     kinds = sorted(set(raw.get("layer_types") or []) - {"sliding_attention"})
     if kinds:
         raise CheckpointError(
-            f"{path}: layer_types include {kinds}; the DFlash v1 drafter here has sliding "
+            f"{path}: layer_types include {kinds}; the {kind} drafter here has sliding "
             "attention in every layer")
     stated = settings.get("num_target_layers")
     if stated is not None and int(stated) != target_cfg.num_hidden_layers:
         raise CheckpointError(
             f"{path}: num_target_layers {stated} but the target has "
             f"{target_cfg.num_hidden_layers} layers: the drafter was trained for another target")
+    return kind
 
 
 def check_drafter_against_target(
@@ -540,7 +568,9 @@ def check_drafter_against_target(
     settings agree, the tapped layers exist, the encoder's width fits, every stated token id
     indexes the target's vocabulary. Reads only the config and the safetensors header."""
     drafter_dir = Path(drafter_dir)
-    raw, drafter_cfg = _parse_config(drafter_dir, DFlashConfig.from_dict)
+    kind = drafter_architecture(drafter_dir / CONFIG_FILE, read_config(drafter_dir))
+    config_class, _ = DRAFTER_MODELS[kind]
+    raw, drafter_cfg = _parse_config(drafter_dir, config_class.from_dict)
     check_drafter_architecture(drafter_dir / CONFIG_FILE, raw, target_cfg)
     where = f"drafter {drafter_dir / CONFIG_FILE} vs target {target_label / CONFIG_FILE}"
     try:
@@ -678,7 +708,8 @@ def load_drafter(
     placeholders: PlaceholderWeights | None = None,
     compressed: Mapping[str, Scheme] | None = None,
 ) -> DFlashDrafter:
-    """The drafter, sharing `target`'s embedding and lm_head modules.
+    """The drafter (a DFlash2Drafter for a DFlash2 checkpoint), sharing `target`'s embedding
+    and lm_head modules.
 
     max_context: positions the drafter's RoPE tables cover (default: the target's)."""
     from museflash.models.dflash import DFlashRingDrafter
@@ -688,7 +719,12 @@ def load_drafter(
     target_label = Path(target_dir) if target_dir is not None else Path("<target>")
     _, drafter_cfg = check_drafter_against_target(drafter_dir, target.config, target_label)
     reader = SafetensorsReader(drafter_dir)
-    cls = DFlashRingDrafter if ring else DFlashDrafter
+    _, cls = DRAFTER_MODELS[DrafterKind.DFLASH2 if isinstance(drafter_cfg, DFlash2Config)
+                            else DrafterKind.DFLASH]
+    if ring and cls is not DFlashDrafter:
+        raise CheckpointError(f"{drafter_dir / CONFIG_FILE}: a DFlash2 drafter drafts whole "
+                              "blocks and has no ring form; export it with --dflash-drafter")
+    cls = DFlashRingDrafter if ring else cls
     if max_context is None:
         max_context = target.max_context
     with torch.device("meta"):

@@ -25,14 +25,17 @@ from torch import nn
 
 from museflash.bundle import BUILTIN_PAIRS
 from museflash.checkpoint import (
+    DRAFTER_MODELS,
     DTYPES,
     ZLAB_ENCODER_KEYS,
     CheckpointError,
+    drafter_architecture,
     drafter_checkpoint_tensors,
     target_checkpoint_tensors,
     write_safetensors,
 )
-from museflash.models.dflash import DFlashConfig, DFlashDrafter
+from museflash.models.dflash import DFlashDrafter
+from museflash.models.dflash2 import DFlash2Drafter
 from museflash.models.muse_glimmer import MuseGlimmerConfig, MuseGlimmerWithDrafterFeatures
 from museflash.paths import resolve_user_path
 
@@ -80,6 +83,47 @@ DEMO_DRAFTER_CONFIG: dict[str, Any] = {
     "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
 }
 
+# A DFlash2 drafter for the tiny target, in z-lab's layout: the keys of z-lab/dflash's
+# tests/fixtures/dflash2-config.json (the real checkpoint's), at tiny sizes.
+DEMO_DFLASH2_CONFIG: dict[str, Any] = {
+    "architectures": ["DFlash2DraftModel"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "is_causal": False,
+    "dflash_config": {
+        "block_size": 4,
+        "conv_group_size": 16,
+        "conv_kernel_size": 2,
+        "final_logit_softcapping": 20.0,
+        "mask_token_id": 511,
+        "output_multiplier": 0.5,
+        "selector_rank": 16,
+        "selector_top_k": 8,
+        "target_layer_ids": [1, 4, 6],
+    },
+    "dtype": "bfloat16",
+    "head_dim": 16,
+    "hidden_act": "silu",
+    "hidden_size": 64,
+    "initializer_range": 0.02,
+    "intermediate_size": 128,
+    "layer_types": ["sliding_attention"] * 2,
+    "max_position_embeddings": 256,
+    "max_window_layers": 2,
+    "model_type": "qwen3",
+    "num_attention_heads": 4,
+    "num_hidden_layers": 2,
+    "num_key_value_heads": 2,
+    "num_target_layers": 8,
+    "rms_norm_eps": 1e-05,
+    "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
+    "sliding_window": 16,
+    "tie_word_embeddings": False,
+    "use_cache": False,
+    "use_sliding_window": True,
+    "vocab_size": 512,
+}
+
 _VISION_SHAPES = {
     "model.vision_tower.patch_embedding.weight": (32, 48),
     "model.vision_tower.layers.0.mlp.fc1.weight": (64, 32),
@@ -115,18 +159,37 @@ def build_demo_models(
     max_query_len: int = 8,
     cache_dtype: torch.dtype = torch.float16,
 ) -> tuple[MuseGlimmerWithDrafterFeatures, DFlashDrafter]:
-    """Randomly initialised (seeded) fused target and drafter sharing its embedding/lm_head."""
+    """Randomly initialised (seeded) fused target and drafter sharing its embedding/lm_head;
+    the drafter's model follows its config's `architectures` (DFlash v1 or DFlash2)."""
     target_cfg = MuseGlimmerConfig.from_dict(target_config or DEMO_TARGET_CONFIG)
-    drafter_cfg = DFlashConfig.from_dict(drafter_config or DEMO_DRAFTER_CONFIG)
+    drafter_config = drafter_config or DEMO_DRAFTER_CONFIG
+    config_class, drafter_class = DRAFTER_MODELS[
+        drafter_architecture(Path("<drafter config>"), drafter_config)]
+    drafter_cfg = config_class.from_dict(drafter_config)
     generator = torch.Generator().manual_seed(seed)
     target = MuseGlimmerWithDrafterFeatures(target_cfg, drafter_cfg, max_context=max_context,
                                             max_query_len=max_query_len, cache_dtype=cache_dtype)
-    drafter = DFlashDrafter.for_target(drafter_cfg, target, max_query_len=max_query_len,
+    drafter = drafter_class.for_target(drafter_cfg, target, max_query_len=max_query_len,
                                        cache_dtype=cache_dtype)
     randomize(target, generator)
     randomize(drafter.layers, generator)
     randomize(drafter.norm, generator)
+    if isinstance(drafter, DFlash2Drafter):
+        randomize(drafter.candidate_selector, generator)
+        _near_identity_convolutions(drafter, generator)
     return target.eval(), drafter.eval()
+
+
+def _near_identity_convolutions(drafter: DFlash2Drafter, generator: torch.Generator) -> None:
+    """Base kernels close to a pass-through (1 at offset 0) and small dynamic parts, so the
+    random drafter's activations stay O(1) through its layers."""
+    with torch.no_grad():
+        for layer in drafter.layers:
+            for conv in (layer.attention_conv, layer.mlp_conv):
+                base = conv.base_kernel
+                base.copy_(0.2 * torch.randn(base.shape, generator=generator))
+                base[:, 0] += 1.0
+                conv.kernel_projection.weight.mul_(0.2)
 
 
 # The trained demo pair (tools/train_demo.py, tools/train_demo_drafter.py), kept beside python/.
@@ -147,6 +210,10 @@ def builtin_checkpoints(name: str) -> Iterator[tuple[Path, Path]]:
     elif name == "tiny":
         with tempfile.TemporaryDirectory(prefix="museflash-tiny-") as scratch:
             yield write_demo_checkpoints(scratch, tokenizer=True)
+    elif name == "tiny-dflash2":
+        with tempfile.TemporaryDirectory(prefix="museflash-tiny-dflash2-") as scratch:
+            yield write_demo_checkpoints(scratch, tokenizer=True,
+                                         drafter_config=DEMO_DFLASH2_CONFIG)
     else:
         raise ValueError(f"no built-in pair {name!r}; choose one of {list(BUILTIN_PAIRS)}")
 
@@ -191,11 +258,15 @@ def write_demo_checkpoints(
         target_tensors[key] = torch.randn(shape, generator=generator)
     write_safetensors(target_tensors, out_dir / "target", target_config, dtype=dtype,
                       max_shard_bytes=max_shard_bytes)
-    write_safetensors(drafter_checkpoint_tensors(drafter, target.encoder), out_dir / "drafter",
-                      drafter_config, dtype=dtype, max_shard_bytes=max_shard_bytes)
+    drafter_tensors = drafter_checkpoint_tensors(drafter, target.encoder)
+    if isinstance(drafter, DFlash2Drafter):  # z-lab's layout names the encoder fc/hidden_norm
+        for name, key in ZLAB_ENCODER_KEYS.items():
+            drafter_tensors[key] = drafter_tensors.pop(name)
+    write_safetensors(drafter_tensors, out_dir / "drafter", drafter_config, dtype=dtype,
+                      max_shard_bytes=max_shard_bytes)
     if tokenizer:
         write_word_tokenizer(out_dir / "target", target.config.vocab_size,
-                             {"<mask>": drafter_config["mask_token_id"]})
+                             {"<mask>": drafter.config.mask_token_id})
     return out_dir / "target", out_dir / "drafter"
 
 

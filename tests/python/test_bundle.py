@@ -15,6 +15,7 @@ from museflash.bundle import (
     DrafterKind,
     FunctionName,
     Metadata,
+    OutputName,
     StateKind,
     StateName,
     schema_errors,
@@ -47,8 +48,8 @@ def test_the_schema_states_the_compatibility_rules():
 
 def test_every_valid_example_conforms_decodes_and_round_trips(examples):
     assert {e["name"] for e in examples["valid"]} == {
-        "dflash", "dflash_with_tokenizer", "ring", "fused_target_only", "target_only",
-        "target_only_4bit", "dflash_mixed_rules"}
+        "dflash", "dflash_with_tokenizer", "dflash2", "ring", "fused_target_only",
+        "target_only", "target_only_4bit", "dflash_mixed_rules"}
     for example in examples["valid"]:
         raw = example["metadata"]
         assert schema_errors(raw) == [], example["name"]
@@ -62,6 +63,17 @@ def test_the_examples_are_what_the_exporter_writes_for_each_kind(examples):
     assert set(dflash.asset(AssetRole.DFLASH_DRAFTER).functions) == {FunctionName.INJECT_KV,
                                                                      FunctionName.DRAFT}
     assert dflash.speculative_decoding.drafter_kind == DrafterKind.DFLASH
+    assert dflash.speculative_decoding.dflash2 is None
+    dflash2 = by_name["dflash2"]
+    assert dflash2.speculative_decoding.drafter_kind == DrafterKind.DFLASH2
+    assert dflash2.drafter_role == AssetRole.DFLASH_DRAFTER
+    assert dflash2.asset(AssetRole.DFLASH_DRAFTER).function(FunctionName.DRAFT).outputs == [
+        OutputName.LOGITS, OutputName.DRAFT_TOKENS]
+    assert dflash.asset(AssetRole.DFLASH_DRAFTER).function(FunctionName.DRAFT).outputs == [
+        OutputName.LOGITS]
+    settings = dflash2.speculative_decoding.dflash2
+    assert settings.selector_top_k <= dflash2.vocab_size
+    assert dflash2.speculative_decoding.drafter_hidden_size % settings.conv_group_size == 0
     assert by_name["ring"].drafter_role == AssetRole.RING_DRAFTER
     assert by_name["target_only"].speculative_decoding is None
     assert by_name["target_only"].source.drafter_checkpoint is None

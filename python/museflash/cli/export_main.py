@@ -4,8 +4,9 @@
       --drafter-checkpoint DIR] [--output-dir exported] [--overwrite]
 
 Without --checkpoint/--drafter-checkpoint a built-in pair is exported: --builtin demo (the
-default: the pair trained on the Python standard library, under demo/) or --builtin tiny
-(random weights, 0.8 MB, what the tests export).
+default: the pair trained on the Python standard library, under demo/), --builtin tiny
+(random weights, 0.8 MB, what the tests export) or --builtin tiny-dflash2 (the tiny target
+with a random DFlash2 drafter in z-lab's layout).
 Relative paths resolve against the directory Bazel was run from.
 """
 

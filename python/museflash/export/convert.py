@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from museflash.bundle import INT32_OUTPUTS
+from museflash.bundle import INT32_OUTPUTS, OutputName
 from museflash.export.options import ExportError
 from museflash.export.plan import FunctionPlan, InputPlan, PackagePlan
 from museflash.export.progress import Progress, tree_bytes
@@ -83,6 +83,7 @@ def convert(
     with nullcontext() if validate_every_pass else validated_once_per_pipeline():
         return ct.convert(
             program,
+            pass_pipeline=_pass_pipeline(outputs),
             # A new list: ct.convert appends the states to the list it is given.
             inputs=[ct.TensorType(name=str(i.name), shape=i.shape, dtype=i.dtype)
                     for i in inputs],
@@ -121,6 +122,25 @@ def validated_once_per_pipeline() -> Iterator[None]:
         yield
     finally:
         manager.apply_pipeline = staticmethod(original_apply)
+
+
+# Outputs computed from token ids as data (topk indices, ids gathered from them).
+TOKEN_ID_OUTPUTS = frozenset({OutputName.DRAFT_TOKENS})
+INT16_CAST_PASS = "common::add_int16_cast"
+
+
+def _pass_pipeline(outputs: list[str]):
+    """coremltools' default passes, without the 16-bit integer casts for a function whose
+    outputs are token ids: that pass gives `topk` uint16 indices whatever the axis length and
+    casts int32 values fed to gathers to 16 bits, so every id of a vocabulary above 65,535
+    (Muse Glimmer's is 202,048) would wrap. Functions that only index with ids keep it (it
+    leaves gathers over axes longer than int16 alone)."""
+    import coremltools as ct
+
+    pipeline = ct.PassPipeline.DEFAULT
+    if TOKEN_ID_OUTPUTS.intersection(outputs):
+        pipeline.remove_passes([INT16_CAST_PASS])
+    return pipeline
 
 
 def _output_dtype(name: str):

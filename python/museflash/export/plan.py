@@ -14,12 +14,14 @@ from museflash.bundle import (
     TARGET_STATES,
     AssetKind,
     AssetRole,
+    DFlash2Settings,
     DrafterKind,
     DrafterSettings,
     FunctionName,
     FunctionRole,
     InputName,
     OutputName,
+    SelectorDecoding,
     SpeculativeDecoding,
     StateName,
 )
@@ -45,6 +47,7 @@ from museflash.export.options import (
 )
 from museflash.export.progress import Progress
 from museflash.models.dflash import DFlashConfig
+from museflash.models.dflash2 import DFlash2Config
 from museflash.models.muse_glimmer import MuseGlimmerConfig
 
 # Core ML has no bfloat16: weights are converted to fp16 once, while loading.
@@ -125,6 +128,11 @@ def plan_export(options: ExportOptions, target_dir: Path, drafter_dir: Path | No
     spec = None
     if options.dflash_drafter or options.with_drafter:
         kind = DrafterKind.RING if options.with_drafter else DrafterKind.DFLASH
+        if isinstance(configs.drafter, DFlash2Config):
+            if options.with_drafter:
+                raise ExportError("--with-drafter: a DFlash2 drafter drafts whole blocks and "
+                                  "has no ring form; export it with --dflash-drafter")
+            kind = DrafterKind.DFLASH2
         spec = speculative_decoding(configs.drafter_raw, configs.drafter, kind,
                                     options.num_draft_tokens)
     block = spec.block_size if spec else 1
@@ -230,7 +238,16 @@ def speculative_decoding(
             head_dim=drafter_cfg.head_dim,
             sliding_window=drafter_cfg.sliding_window,
         ),
+        dflash2=_dflash2_settings(drafter_cfg) if kind == DrafterKind.DFLASH2 else None,
     )
+
+
+def _dflash2_settings(cfg: DFlash2Config) -> DFlash2Settings:
+    return DFlash2Settings(
+        conv_kernel_size=cfg.conv_kernel_size, conv_group_size=cfg.conv_group_size,
+        selector_rank=cfg.selector_rank, selector_top_k=cfg.selector_top_k,
+        selector_decoding=SelectorDecoding.GREEDY, output_multiplier=cfg.output_multiplier,
+        final_logit_softcapping=cfg.final_logit_softcapping)
 
 
 def _ids_function(name: FunctionName, role: FunctionRole, entry_point: str, length: int,
@@ -271,12 +288,14 @@ def _package_plans(options: ExportOptions, spec: SpeculativeDecoding | None,
                           options.prefill_length, target_outputs),
         ])]
     if options.dflash_drafter:
+        draft_outputs = [OutputName.LOGITS] + (
+            [OutputName.DRAFT_TOKENS] if spec.drafter_kind == DrafterKind.DFLASH2 else [])
         packages.append(PackagePlan(
             AssetRole.DFLASH_DRAFTER, AssetKind.DFLASH_DRAFTER, "drafter", DRAFTER_STATES,
             FunctionName.DRAFT, [
                 _inject_function(spec.block_size, spec.drafter_hidden_size),
                 _ids_function(FunctionName.DRAFT, FunctionRole.DRAFT, "draft", spec.block_size,
-                              [OutputName.LOGITS]),
+                              draft_outputs),
             ]))
     elif options.with_drafter:
         packages.append(PackagePlan(

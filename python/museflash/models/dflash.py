@@ -252,6 +252,7 @@ class DFlashDrafter(nn.Module):
     """
 
     entry_points = ("draft", "inject_kv", "decode")
+    layer_class: type[nn.Module] = DFlashDecoderLayer
 
     def __init__(
         self,
@@ -281,7 +282,7 @@ class DFlashDrafter(nn.Module):
         self.embed_tokens = embed_tokens
         self.lm_head = lm_head
         self.layers = nn.ModuleList(
-            DFlashDecoderLayer(config) for _ in range(config.num_hidden_layers)
+            self.layer_class(config) for _ in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, unit_offset=False)
         # The ring caches are small but the positions in them are absolute target positions.
@@ -322,29 +323,36 @@ class DFlashDrafter(nn.Module):
             layer.self_attn.write_kv(features, rope, *caches, layer_id, slots)
         return positions[-1:]
 
-    def _run(self, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor):
+    def _hidden(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                mask: torch.Tensor) -> torch.Tensor:
+        """norm(last layer) [1, T, hidden], writing the block's K/V into the ring."""
         slots = torch.remainder(positions, self.ring_capacity)
         caches = (self.slidingKeyCache, self.slidingValueCache)
         x = self.embed_tokens(input_ids.reshape(1, -1))
         rope = self.rotary(positions, self.config.rope_theta, x.dtype)
         for layer_id, layer in enumerate(self.layers):
             x = layer(x, rope, *caches, layer_id, slots, mask)
-        output_weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        logits = nn.functional.linear(self.norm(x), output_weight)
-        return softcap(logits, self.final_logit_softcapping)
+        return self.norm(x)
 
-    def draft(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        output_weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return softcap(nn.functional.linear(hidden, output_weight), self.final_logit_softcapping)
+
+    def _draft_hidden(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         positions = positions.reshape(-1)
         self._check_length(positions.shape[0])
         window_mask = query_window_mask if self.config.window_per_query else block_window_mask
         mask = window_mask(positions, self.ring_capacity, self.config.sliding_window)
-        return self._run(input_ids, positions, mask)
+        return self._hidden(input_ids, positions, mask)
+
+    def draft(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self._logits(self._draft_hidden(input_ids, positions))
 
     def decode(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         positions = positions.reshape(-1)
         self._check_length(positions.shape[0])
         mask = sliding_causal_mask(positions, self.ring_capacity, self.config.sliding_window)
-        return self._run(input_ids, positions, mask)
+        return self._logits(self._hidden(input_ids, positions, mask))
 
     def forward(self, first: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return getattr(self, self.entry_point)(first, positions)

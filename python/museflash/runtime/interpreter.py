@@ -215,6 +215,24 @@ def _arg_reduction(fn: Callable[..., np.ndarray]) -> Kernel:
     return kernel
 
 
+def _topk(a: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    """(values, indices) of the k largest (smallest if ascending) along `axis`; ties keep the
+    lower index first. Indices are cast to `output_indices_dtype` as Core ML would, so a 16-bit
+    index type wraps here exactly as it would on device."""
+    x = np.asarray(a["x"])
+    k = int(np.asarray(a["k"]))
+    axis = int(np.asarray(a.get("axis", -1)))
+    ascending = _flag(a.get("ascending"))
+    order = np.argsort(x if ascending else -x.astype(np.float64), axis=axis, kind="stable")
+    indices = np.take(order, np.arange(k), axis=axis)
+    values = np.take_along_axis(x, indices, axis=axis)
+    dtype = a.get("output_indices_dtype") or "int32"
+    return values, indices.astype(_INDEX_DTYPES[str(dtype)])
+
+
+_INDEX_DTYPES = {"int32": np.int32, "int16": np.int16, "uint16": np.uint16}
+
+
 def _concat(a: dict[str, Any]) -> np.ndarray:
     values = [np.asarray(v) for v in a["values"]]
     axis = int(np.asarray(a["axis"]))
@@ -509,6 +527,7 @@ KERNELS: dict[str, Kernel] = {
     "reduce_log_sum_exp": _reduction(_log_sum_exp),
     "reduce_argmax": _arg_reduction(np.argmax),
     "reduce_argmin": _arg_reduction(np.argmin),
+    "topk": _topk,
     # shape and data movement
     "concat": _concat,
     "stack": _stack,

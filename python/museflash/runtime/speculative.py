@@ -9,7 +9,8 @@ docs/metadata.md and docs/positions.md:
             last chunk overlap the previous one (re-writing a position writes the same K/V).
   inject    the drafter gets target features in blocks of exactly block_size rows ending at the
             newest accepted position; overlapping rows re-write identical values.
-  step      draft [anchor, MASK x (K-1)] at anchor_pos .. anchor_pos+K-1, verify the same
+  step      draft [anchor, MASK x (K-1)] at anchor_pos .. anchor_pos+K-1 (the drafted tokens
+            are each row's argmax, or a DFlash2 drafter's `draft_tokens`), verify the same
             positions with ONE target `main` call, accept the longest agreeing prefix plus the
             target's own token, then continue from the first unaccepted position. Nothing is
             truncated: rejected slots are overwritten by the next call (docs/positions.md).
@@ -62,13 +63,26 @@ class Target(Protocol):
     def reset(self) -> None: ...
 
 
+@dataclass(frozen=True)
+class Drafted:
+    logits: np.ndarray  # [K, vocab], row 0 at the anchor
+    tokens: np.ndarray | None = None  # [K-1] int32: DFlash2's greedy selector path
+
+    def greedy(self) -> np.ndarray:
+        """The drafted tokens of greedy decoding: the selector's path when there is one,
+        else the argmax of each drafted row."""
+        if self.tokens is not None:
+            return np.asarray(self.tokens, np.int32).copy()
+        return np.argmax(self.logits[1:], axis=-1).astype(np.int32)
+
+
 class Drafter(Protocol):
     block_size: int
 
     def inject(self, features: np.ndarray, positions: np.ndarray) -> None: ...
 
-    def draft(self, ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
-        """-> logits [K, vocab]."""
+    def draft(self, ids: np.ndarray, positions: np.ndarray) -> Drafted:
+        """-> the block's logits and, from a DFlash2 drafter, its selector's path."""
 
     def reset(self) -> None: ...
 
@@ -141,12 +155,14 @@ class ExportedDrafter:
             InputName.POSITION_IDS: np.asarray(positions, np.int32),
         })
 
-    def draft(self, ids, positions):
+    def draft(self, ids, positions) -> Drafted:
         out = self.package.run(FunctionName.DRAFT, {
             InputName.INPUT_IDS: np.asarray(ids, np.int32).reshape(1, -1),
             InputName.POSITION_IDS: np.asarray(positions, np.int32),
         })
-        return out[OutputName.LOGITS][0].astype(np.float32)
+        tokens = out.get(OutputName.DRAFT_TOKENS)
+        return Drafted(out[OutputName.LOGITS][0].astype(np.float32),
+                       None if tokens is None else np.asarray(tokens[0], np.int32))
 
     def reset(self) -> None:
         self.package.reset()
@@ -190,12 +206,14 @@ class EagerDrafter:
             self.model.inject_kv(torch.as_tensor(np.asarray(features)).to(weight.dtype)[None],
                                  torch.as_tensor(np.asarray(positions), dtype=torch.int32))
 
-    def draft(self, ids, positions):
+    def draft(self, ids, positions) -> Drafted:
         with torch.no_grad():
-            logits = self.model.draft(torch.as_tensor(np.asarray(ids), dtype=torch.int32)
-                                      .reshape(1, -1),
-                                      torch.as_tensor(np.asarray(positions), dtype=torch.int32))
-        return logits[0].float().numpy()
+            out = self.model.draft(torch.as_tensor(np.asarray(ids), dtype=torch.int32)
+                                   .reshape(1, -1),
+                                   torch.as_tensor(np.asarray(positions), dtype=torch.int32))
+        logits, tokens = out if isinstance(out, tuple) else (out, None)
+        return Drafted(logits[0].float().numpy(),
+                       None if tokens is None else tokens[0].numpy().astype(np.int32))
 
     def reset(self) -> None:
         self.model.reset_caches()
@@ -387,11 +405,12 @@ def speculative_generate(
         drafted = drafter.draft(np.array([anchor] + [mask_token_id] * (block - 1), np.int32),
                                 positions)
         result.draft_calls += 1
-        guesses = np.argmax(drafted[1:], axis=-1).astype(np.int32)
+        guesses = drafted.greedy()
         if sampled:
-            # Only the first `proposals` rows are judged; later slots keep their argmax, and
-            # their target rows are never used.
-            q = probabilities(drafted[1:proposals + 1], sampling)
+            # Only the first `proposals` rows are judged; later slots keep their greedy draft,
+            # and their target rows are never used. A DFlash2 selector path is greedy only:
+            # sampled drafts come from each row's own distribution.
+            q = probabilities(drafted.logits[1:proposals + 1], sampling)
             guesses[:proposals] = sample(q, rng)
         logits, rows = target.verify(np.concatenate([[anchor], guesses]).astype(np.int32),
                                      positions)

@@ -23,20 +23,26 @@ from typing import Any
 
 from museflash.bundle import SUPPORTED_SCHEMA_VERSIONS, Metadata, Source
 
-# name -> export flags, and whether the target checkpoint has a tokenizer
-EXPORT_KINDS: dict[str, tuple[dict[str, bool], bool]] = {
-    "dflash": ({"fused_target": True, "dflash_drafter": True}, False),
-    "dflash_with_tokenizer": ({"fused_target": True, "dflash_drafter": True}, True),
-    "ring": ({"with_drafter": True}, False),
-    "fused_target_only": ({"fused_target": True}, False),
-    "target_only": ({}, False),
+# name -> export flags, and the demo pair it exports: "plain", "with_tokenizer" (the target
+# checkpoint has a tokenizer) or "dflash2" (the drafter is a DFlash2 in z-lab's layout)
+EXPORT_KINDS: dict[str, tuple[dict[str, bool], str]] = {
+    "dflash": ({"fused_target": True, "dflash_drafter": True}, "plain"),
+    "dflash_with_tokenizer": ({"fused_target": True, "dflash_drafter": True}, "with_tokenizer"),
+    "dflash2": ({"fused_target": True, "dflash_drafter": True}, "dflash2"),
+    "ring": ({"with_drafter": True}, "plain"),
+    "fused_target_only": ({"fused_target": True}, "plain"),
+    "target_only": ({}, "plain"),
 }
 
 
 def exported_metadata() -> dict[str, Metadata]:
     """The metadata the exporter writes for each of EXPORT_KINDS (demo pair, default knobs)."""
     from museflash.checkpoint import PlaceholderWeights
-    from museflash.demo_checkpoint import write_demo_checkpoints, write_word_tokenizer
+    from museflash.demo_checkpoint import (
+        DEMO_DFLASH2_CONFIG,
+        write_demo_checkpoints,
+        write_word_tokenizer,
+    )
     from museflash.export.describe import bundle_metadata
     from museflash.export.options import ExportOptions
     from museflash.export.plan import load_modules, plan_export
@@ -52,9 +58,10 @@ def exported_metadata() -> dict[str, Metadata]:
                              json.loads((target_dir / "config.json").read_text())
                              ["text_config"]["vocab_size"],
                              {"<mask>": config["mask_token_id"]})
-        for name, (flags, tokenizer) in EXPORT_KINDS.items():
+        write_demo_checkpoints(Path(scratch) / "dflash2", drafter_config=DEMO_DFLASH2_CONFIG)
+        for name, (flags, pair) in EXPORT_KINDS.items():
             options = ExportOptions(output_dir=Path(scratch) / name, **flags)
-            root = with_tokenizer if tokenizer else target_dir.parent
+            root = Path(scratch) / pair
             drafter = root / drafter_dir.name if options.wants_drafter else None
             plan = plan_export(options, root / target_dir.name, drafter)
             modules = load_modules(options, plan, Progress(echo=lambda _line: None),
@@ -136,6 +143,8 @@ def _with_unknown_keys(raw: dict[str, Any]) -> dict[str, Any]:
     if grown.get("speculative_decoding"):
         grown["speculative_decoding"]["new_spec_field"] = None
         grown["speculative_decoding"]["drafter"]["new_drafter_field"] = 1
+        if grown["speculative_decoding"].get("dflash2"):
+            grown["speculative_decoding"]["dflash2"]["new_selector_field"] = "x"
     grown["source"]["revision"] = "abc123"
     if grown.get("compression"):
         grown["compression"]["new_compression_field"] = "x"
@@ -210,8 +219,24 @@ def examples() -> dict[str, Any]:
                                for name, raw in valid.items()] + [
             {"name": "target_only_without_its_null_values", "base": "target_only",
              "metadata": _without_null_values(valid["target_only"])}],
-        "invalid": _invalid(valid["dflash_mixed_rules"]),
+        "invalid": _invalid(valid["dflash_mixed_rules"]) + _invalid_dflash2(valid["dflash2"]),
     }
+
+
+def _invalid_dflash2(base: dict[str, Any]) -> list[dict[str, Any]]:
+    def changed(edit) -> dict[str, Any]:
+        raw = copy.deepcopy(base)
+        edit(raw)
+        return raw
+
+    return [
+        {"name": "unknown_selector_decoding", "reason": "an enumerated name the contract does "
+         "not have", "metadata": changed(lambda r: r["speculative_decoding"]["dflash2"].update(
+             selector_decoding="beam"))},
+        {"name": "dflash2_settings_without_top_k", "reason": "a required nested key is absent",
+         "metadata": changed(lambda r: r["speculative_decoding"]["dflash2"].pop(
+             "selector_top_k"))},
+    ]
 
 
 def main(argv: list[str]) -> int:
