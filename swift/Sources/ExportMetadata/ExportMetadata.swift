@@ -130,6 +130,8 @@ public struct ExportMetadata: Codable, Equatable, Sendable {
         public var numDraftTokens: Int
         public var sharedEmbeddings: Bool
         public var drafter: DrafterSettings
+        /// The DFlash2 drafter's settings; nil (null or absent) for every other drafter kind.
+        public var dflash2: DFlash2Settings?
 
         enum CodingKeys: String, CodingKey {
             case drafterKind = "drafter_kind"
@@ -140,6 +142,7 @@ public struct ExportMetadata: Codable, Equatable, Sendable {
             case numDraftTokens = "num_draft_tokens"
             case sharedEmbeddings = "shared_embeddings"
             case drafter
+            case dflash2
         }
     }
 
@@ -156,6 +159,44 @@ public struct ExportMetadata: Codable, Equatable, Sendable {
             case numKeyValueHeads = "num_key_value_heads"
             case headDim = "head_dim"
             case slidingWindow = "sliding_window"
+        }
+    }
+
+    /// `speculative_decoding.dflash2`: what a DFlash2 drafter adds to a DFlash one. Its `draft`
+    /// also outputs `draft_tokens`, the greedy path of its candidate selector.
+    public struct DFlash2Settings: Codable, Equatable, Sendable {
+        /// At most `block_size`.
+        public var convKernelSize: Int
+        /// Divides `drafter_hidden_size`.
+        public var convGroupSize: Int
+        public var selectorRank: Int
+        /// At most `vocab_size`.
+        public var selectorTopK: Int
+        public var selectorDecoding: SelectorDecoding
+        /// Finite and positive.
+        public var outputMultiplier: Double
+        /// The drafter's logit soft cap, positive; nil (null) for none.
+        public var finalLogitSoftcapping: Double?
+
+        public init(convKernelSize: Int, convGroupSize: Int, selectorRank: Int, selectorTopK: Int,
+                    selectorDecoding: SelectorDecoding, outputMultiplier: Double, finalLogitSoftcapping: Double?) {
+            self.convKernelSize = convKernelSize
+            self.convGroupSize = convGroupSize
+            self.selectorRank = selectorRank
+            self.selectorTopK = selectorTopK
+            self.selectorDecoding = selectorDecoding
+            self.outputMultiplier = outputMultiplier
+            self.finalLogitSoftcapping = finalLogitSoftcapping
+        }
+
+        enum CodingKeys: String, CodingKey {
+            case convKernelSize = "conv_kernel_size"
+            case convGroupSize = "conv_group_size"
+            case selectorRank = "selector_rank"
+            case selectorTopK = "selector_top_k"
+            case selectorDecoding = "selector_decoding"
+            case outputMultiplier = "output_multiplier"
+            case finalLogitSoftcapping = "final_logit_softcapping"
         }
     }
 
@@ -393,6 +434,8 @@ extension ExportMetadata {
         case logits
         case drafterFeatures = "drafter_features"
         case lastInjectedPosition = "last_injected_position"
+        /// A DFlash2 `draft`'s greedy candidate-selector path.
+        case draftTokens = "draft_tokens"
         public static let meaning = "output name"
     }
 
@@ -420,8 +463,25 @@ extension ExportMetadata {
 
     public enum DrafterKind: String, Codable, Sendable, CaseIterable, ContractName {
         case dflash
+        /// A DFlash drafter whose `draft` also outputs `draft_tokens`; settings in
+        /// `speculative_decoding.dflash2`.
+        case dflash2
         case ring
         public static let meaning = "drafter kind"
+
+        /// The `assets` key of the drafter's package (python/museflash/bundle.py `drafter_role`).
+        public var assetRole: AssetRole {
+            switch self {
+            case .dflash, .dflash2: return .dflashDrafter
+            case .ring: return .ringDrafter
+            }
+        }
+    }
+
+    /// How a DFlash2 drafter's candidate selector picks its path.
+    public enum SelectorDecoding: String, Codable, Sendable, CaseIterable, ContractName {
+        case greedy
+        public static let meaning = "selector decoding"
     }
 
     public enum LayerType: String, Codable, Sendable, CaseIterable, ContractName {

@@ -82,6 +82,7 @@ typealias InputName = ExportMetadata.InputName
 typealias OutputName = ExportMetadata.OutputName
 typealias StateKind = ExportMetadata.StateKind
 typealias LayerType = ExportMetadata.LayerType
+typealias DrafterKind = ExportMetadata.DrafterKind
 
 /// Everything the properties look at, after loading.
 struct LoadedBundle {
@@ -154,6 +155,9 @@ struct LoadedBundle {
 
     func evaluateAll() -> [PropertyResult] {
         var results = [schemaVersion(), assetsExist()]
+        if let speculative = metadata.speculativeDecoding {
+            results.append(drafterKindMetadata(speculative))
+        }
         results += roles.map(embeddedMetadata)
         // Every bundle needs a target, so its properties run (and fail) even when none is listed.
         results += targetProperties()

@@ -5,8 +5,9 @@ extension LoadedBundle {
     private var dflashRole: AssetRole { .dflashDrafter }
     private var ringRole: AssetRole { .ringDrafter }
 
+    /// For both DFlash kinds (`dflash` and `dflash2`), whose drafters share the `dflash_drafter` role.
     func dflashDrafterProperties() -> [PropertyResult] {
-        [drafterFunctions(), drafterSharedStates(), injectKVSignature(), draftSignature()]
+        [drafterFunctions(), drafterSharedStates(), injectKVSignature(), draftSignature(), draftTokens()]
     }
 
     func ringDrafterProperties() -> [PropertyResult] {
@@ -104,6 +105,37 @@ extension LoadedBundle {
         }
     }
 
+    /// A DFlash2 `draft` also outputs its candidate selector's greedy path, int32
+    /// `[1, block_size - 1]`; a DFlash `draft` has no such output.
+    func draftTokens() -> PropertyResult {
+        evaluate("drafter.\(OutputName.draftTokens)") {
+            let settings = try speculativeDecoding()
+            let draft = try function(.draft, of: dflashRole)
+            let output = draft.output(.draftTokens)
+            guard settings.drafterKind == .dflash2 else {
+                guard let output = output else {
+                    return "drafter_kind \(settings.drafterKind): no \(OutputName.draftTokens), as required"
+                }
+                throw Violation(detail: "\(FunctionName.draft) has an output \(OutputName.draftTokens) "
+                                + "(\(describe(output.type))), which only drafter_kind \(DrafterKind.dflash2) has")
+            }
+            let expectedShape: [Int64] = [1, Int64(settings.blockSize) - 1]
+            guard let output = output else {
+                throw Violation(detail: "\(FunctionName.draft) has no output \(OutputName.draftTokens) "
+                                + "(outputs: \(draft.outputs.map(\.name))), which drafter_kind \(DrafterKind.dflash2) requires")
+            }
+            guard case .multiArray(let array) = output.type else {
+                throw Violation(detail: "\(OutputName.draftTokens) is \(describe(output.type)), not a multi-array")
+            }
+            var problems = Problems()
+            problems.require(array.dataType == .int32, "\(OutputName.draftTokens) is \(describe(array)), not int32")
+            problems.require(array.shape == expectedShape,
+                             "\(OutputName.draftTokens) is \(describe(array)); "
+                             + "expected [1, block_size - 1] = \(describe(expectedShape))")
+            return try problems.verdict("\(OutputName.draftTokens) int32 \(describe(expectedShape))")
+        }
+    }
+
     func ringDrafterMainSignature() -> PropertyResult {
         evaluate("\(ringRole).\(FunctionName.main)_signature") {
             let main = try function(.main, of: ringRole)
@@ -121,6 +153,17 @@ extension LoadedBundle {
             }
             return try problems.verdict("\(InputName.inputIDs), \(InputName.positionIDs) -> "
                                         + "\(OutputName.logits)[..., \(vocab)]")
+        }
+    }
+}
+
+extension ExportMetadata.DrafterKind {
+    /// The outputs the `draft` function declares, in order, for the kinds that have one.
+    var draftOutputs: [OutputName]? {
+        switch self {
+        case .dflash: return [.logits]
+        case .dflash2: return [.logits, .draftTokens]
+        case .ring: return nil
         }
     }
 }

@@ -27,6 +27,9 @@ extension ContractReport {
             let drafter = speculative.drafter
             lines.append("  drafter: \(drafter.numHiddenLayers) layers, heads \(drafter.numAttentionHeads)/"
                          + "\(drafter.numKeyValueHeads) kv, head_dim \(drafter.headDim), sliding_window \(drafter.slidingWindow)")
+            if let dflash2 = speculative.dflash2 {
+                lines.append("  dflash2: \(dflash2.summary)")
+            }
         } else {
             lines.append("  speculative decoding: none")
         }
@@ -69,5 +72,14 @@ extension ContractReport {
             }
         }
         return lines
+    }
+}
+
+extension ExportMetadata.DFlash2Settings {
+    /// Every setting, as `key value`.
+    var summary: String {
+        "conv_kernel_size \(convKernelSize), conv_group_size \(convGroupSize), selector_rank \(selectorRank), "
+            + "selector_top_k \(selectorTopK), selector_decoding \(selectorDecoding), output_multiplier \(outputMultiplier), "
+            + "final_logit_softcapping \(finalLogitSoftcapping.map { String($0) } ?? "none")"
     }
 }

@@ -44,4 +44,64 @@ extension LoadedBundle {
             return "\(key) equals metadata.json"
         }
     }
+
+    /// What `speculative_decoding.drafter_kind` requires of the rest of metadata.json:
+    /// `speculative_decoding.dflash2` is set exactly for a DFlash2 drafter, and within bounds; a
+    /// DFlash kind's `draft` declares exactly its outputs (`draft_tokens` only for DFlash2).
+    func drafterKindMetadata(_ speculative: ExportMetadata.SpeculativeDecoding) -> PropertyResult {
+        evaluate("metadata.drafter_kind") {
+            let kind = speculative.drafterKind
+            var problems = Problems()
+            switch (kind, speculative.dflash2) {
+            case (.dflash2, let settings?):
+                checkDFlash2(settings, of: speculative, problems: &problems)
+            case (.dflash2, nil):
+                problems.add("drafter_kind is \(kind) but speculative_decoding.dflash2 is null or absent")
+            case (_, _?):
+                problems.add("speculative_decoding.dflash2 is set but drafter_kind is \(kind); "
+                             + "only \(DrafterKind.dflash2) has it")
+            case (_, nil):
+                break
+            }
+            var summary = "\(kind)" + (speculative.dflash2.map { " (\($0.summary))" } ?? "")
+            if let expected = kind.draftOutputs {
+                let role = kind.assetRole
+                if let declared = metadata.assets[role]?.functions[.draft]?.outputs {
+                    problems.require(declared == expected,
+                                     "assets.\(role).functions.\(FunctionName.draft).outputs are "
+                                     + "\(declared.map(\.rawValue)); drafter_kind \(kind) needs exactly "
+                                     + "\(expected.map(\.rawValue))")
+                } else {
+                    problems.add("drafter_kind is \(kind) but metadata.json lists no \(role) function \(FunctionName.draft)")
+                }
+                summary += ", \(FunctionName.draft) -> \(expected.map(\.rawValue).joined(separator: ", "))"
+            }
+            return try problems.verdict(summary)
+        }
+    }
+
+    private func checkDFlash2(_ settings: ExportMetadata.DFlash2Settings, of speculative: ExportMetadata.SpeculativeDecoding,
+                              problems: inout Problems) {
+        let label = "speculative_decoding.dflash2"
+        let counts = [("conv_kernel_size", settings.convKernelSize), ("conv_group_size", settings.convGroupSize),
+                      ("selector_rank", settings.selectorRank), ("selector_top_k", settings.selectorTopK)]
+        for (key, value) in counts {
+            problems.require(value >= 1, "\(label).\(key) is \(value), not at least 1")
+        }
+        problems.require(settings.selectorTopK <= metadata.vocabSize,
+                         "\(label).selector_top_k \(settings.selectorTopK) exceeds vocab_size \(metadata.vocabSize)")
+        if settings.convGroupSize >= 1 {
+            problems.require(speculative.drafterHiddenSize % settings.convGroupSize == 0,
+                             "\(label).conv_group_size \(settings.convGroupSize) does not divide "
+                             + "speculative_decoding.drafter_hidden_size \(speculative.drafterHiddenSize)")
+        }
+        problems.require(settings.convKernelSize <= speculative.blockSize,
+                         "\(label).conv_kernel_size \(settings.convKernelSize) exceeds "
+                         + "speculative_decoding.block_size \(speculative.blockSize)")
+        problems.require(settings.outputMultiplier.isFinite && settings.outputMultiplier > 0,
+                         "\(label).output_multiplier is \(settings.outputMultiplier), not finite and positive")
+        if let cap = settings.finalLogitSoftcapping {
+            problems.require(cap > 0, "\(label).final_logit_softcapping is \(cap); it must be positive or null")
+        }
+    }
 }

@@ -5,12 +5,14 @@ import TestSupport
 
 /// Shared by the contract test classes; holds no tests itself.
 enum ContractAssertions {
-    /// The properties of an export without compression up to the function maps.
+    /// The properties of an export without compression up to the function maps; a DFlash2
+    /// bundle has the same ones.
     private static let dflashInterfaceProperties = [
-        "metadata.schema_version", "metadata.assets_exist",
+        "metadata.schema_version", "metadata.assets_exist", "metadata.drafter_kind",
         "target.embedded_metadata", "dflash_drafter.embedded_metadata",
         "target.inputs", "target.outputs", "target.drafter_vocab_agree",
         "drafter.functions", "drafter.shared_states", "drafter.inject_kv_signature", "drafter.draft_signature",
+        "drafter.draft_tokens",
         "target.states", "dflash_drafter.states",
         "target.function_map", "dflash_drafter.function_map",
     ]
@@ -25,7 +27,7 @@ enum ContractAssertions {
         + ["target", "dflash_drafter"].flatMap { role in compressionProperties.map { "\(role).compression.\($0)" } }
 
     static let ringBundleProperties = [
-        "metadata.schema_version", "metadata.assets_exist",
+        "metadata.schema_version", "metadata.assets_exist", "metadata.drafter_kind",
         "target.embedded_metadata", "ring_drafter.embedded_metadata",
         "target.inputs", "target.outputs", "target.drafter_vocab_agree",
         "ring_drafter.main_signature",

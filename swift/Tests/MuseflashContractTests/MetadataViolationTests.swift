@@ -64,7 +64,7 @@ final class MetadataViolationTests: XCTestCase {
         ContractAssertions.assertFailing([
             "metadata.assets_exist", "dflash_drafter.embedded_metadata", "target.drafter_vocab_agree",
             "drafter.functions", "drafter.shared_states", "drafter.inject_kv_signature", "drafter.draft_signature",
-            "dflash_drafter.states", "dflash_drafter.function_map", "dflash_drafter.compression.ops_declared",
+            "drafter.draft_tokens", "dflash_drafter.states", "dflash_drafter.function_map", "dflash_drafter.compression.ops_declared",
         ], in: report)
         XCTAssertTrue(ContractAssertions.detail("drafter.functions", in: report).contains("see metadata.assets_exist"))
     }

@@ -22,7 +22,8 @@ final class SpecViolationTests: XCTestCase {
         export.editFunction(role: "dflash_drafter", "draft") { $0.name = "draft_block" }
         let report = try report()
         ContractAssertions.assertFailing(["drafter.functions", "drafter.shared_states", "drafter.draft_signature",
-                                          "target.drafter_vocab_agree", "dflash_drafter.function_map"], in: report)
+                                          "drafter.draft_tokens", "target.drafter_vocab_agree",
+                                          "dflash_drafter.function_map"], in: report)
         XCTAssertTrue(ContractAssertions.detail("drafter.functions", in: report).contains("draft_block"))
     }
 

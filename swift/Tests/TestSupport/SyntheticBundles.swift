@@ -1,6 +1,6 @@
 import Foundation
 
-/// The two bundle layouts the exporter produces, at toy sizes. Every number
+/// The bundle layouts the exporter produces, at toy sizes. Every number
 /// here is chosen to be distinct where a mix-up would otherwise go unnoticed
 /// (vocab 64, hidden 16, block 4, prefill chunk 8, ring 16, context 32).
 extension SyntheticExport {
@@ -50,14 +50,17 @@ extension SyntheticExport {
         return PackageSpec(path: "target.mlpackage", functions: [main, prefill], isMultiFunction: true, defaultFunction: "main")
     }
 
-    private static var dflashDrafter: PackageSpec {
+    /// `draft` of a DFlash2 drafter also outputs `draft_tokens`, int32 [1, block - 1].
+    private static func dflashDrafter(draftTokens: Bool) -> PackageSpec {
         let injectKV = FunctionSpec(
             name: "inject_kv",
             inputs: [T("features", [1, Size.prefillChunk, Size.drafterHidden], T.float16),
                      T("position_ids", [Size.prefillChunk], T.int32)],
             outputs: [T("last_injected_position", [1], T.int32)], states: drafterStates)
-        let draft = FunctionSpec(name: "draft", inputs: tokenInputs(Size.blockSize),
-                                 outputs: [T("logits", [1, Size.blockSize, Size.vocab], T.float16)], states: drafterStates)
+        var draftOutputs = [T("logits", [1, Size.blockSize, Size.vocab], T.float16)]
+        if draftTokens { draftOutputs.append(T("draft_tokens", [1, Size.blockSize - 1], T.int32)) }
+        let draft = FunctionSpec(name: "draft", inputs: tokenInputs(Size.blockSize), outputs: draftOutputs,
+                                 states: drafterStates)
         return PackageSpec(path: "dflash_drafter.mlpackage", functions: [injectKV, draft], isMultiFunction: true,
                            defaultFunction: "draft")
     }
@@ -105,11 +108,43 @@ extension SyntheticExport {
         ]
     }
 
-    private static func metadata(targetKind: String, drafterRole: String, drafter: PackageSpec,
+    /// `speculative_decoding.dflash2` of the DFlash2 bundle: every number distinct and inside its
+    /// bounds (kernel <= block 4, group divides drafter hidden 16, top_k <= vocab 64).
+    public static var dflash2Settings: [String: Any] {
+        [
+            "conv_kernel_size": 3,
+            "conv_group_size": 4,
+            "selector_rank": 6,
+            "selector_top_k": 5,
+            "selector_decoding": "greedy",
+            "output_multiplier": 0.5,
+            "final_logit_softcapping": 20.0,
+        ]
+    }
+
+    private static func metadata(targetKind: String, drafterRole: String, drafterKind: String, drafter: PackageSpec,
                                  target: PackageSpec) -> [String: Any] {
         let drafterRoles = ["inject_kv": "inject_kv", "draft": "draft", "main": "decode"]
+        var speculative: [String: Any] = [
+            "drafter_kind": drafterKind,
+            "block_size": Int(Size.blockSize),
+            "mask_token_id": maskTokenID,
+            "target_layer_ids": [1, 2],
+            "drafter_hidden_size": Int(Size.drafterHidden),
+            "num_draft_tokens": Int(Size.blockSize) - 1,
+            "shared_embeddings": true,
+            "drafter": [
+                "num_hidden_layers": Int(Size.drafterLayers),
+                "num_attention_heads": 2,
+                "num_key_value_heads": Int(Size.kvHeads),
+                "head_dim": Int(Size.headDim),
+                "sliding_window": Int(Size.slidingWindow),
+            ],
+        ]
+        if drafterKind == "dflash2" { speculative["dflash2"] = dflash2Settings }
         return [
-            "schema_version": 1,
+            // dflash2 is new in schema version 2; the others keep the oldest version they fit.
+            "schema_version": drafterKind == "dflash2" ? 2 : 1,
             "generator": ["name": "museflash", "version": "0.1.0"],
             "model_name": "muse-glimmer-demo",
             "vocab_size": Int(Size.vocab),
@@ -129,22 +164,7 @@ extension SyntheticExport {
                 "target": assetEntry(target, kind: targetKind, roles: ["main": "decode", "prefill": "prefill"]),
                 drafterRole: assetEntry(drafter, kind: drafterRole, roles: drafterRoles),
             ],
-            "speculative_decoding": [
-                "drafter_kind": drafterRole == "dflash_drafter" ? "dflash" : "ring",
-                "block_size": Int(Size.blockSize),
-                "mask_token_id": maskTokenID,
-                "target_layer_ids": [1, 2],
-                "drafter_hidden_size": Int(Size.drafterHidden),
-                "num_draft_tokens": Int(Size.blockSize) - 1,
-                "shared_embeddings": true,
-                "drafter": [
-                    "num_hidden_layers": Int(Size.drafterLayers),
-                    "num_attention_heads": 2,
-                    "num_key_value_heads": Int(Size.kvHeads),
-                    "head_dim": Int(Size.headDim),
-                    "sliding_window": Int(Size.slidingWindow),
-                ],
-            ] as [String: Any],
+            "speculative_decoding": speculative,
             "source": ["checkpoint": "builtin:demo", "drafter_checkpoint": "builtin:demo"],
         ]
     }
@@ -153,9 +173,21 @@ extension SyntheticExport {
     /// DFlash drafter (inject_kv + draft sharing its sliding caches).
     public static func fusedTargetWithDFlashDrafter() -> SyntheticExport {
         let target = target(fused: true)
-        let drafter = dflashDrafter
+        let drafter = dflashDrafter(draftTokens: false)
         return SyntheticExport(
-            metadata: metadata(targetKind: "fused_target", drafterRole: "dflash_drafter", drafter: drafter, target: target),
+            metadata: metadata(targetKind: "fused_target", drafterRole: "dflash_drafter", drafterKind: "dflash",
+                               drafter: drafter, target: target),
+            packages: ["target": target, "dflash_drafter": drafter])
+    }
+
+    /// Like `fusedTargetWithDFlashDrafter`, with a DFlash2 drafter: `speculative_decoding.dflash2`
+    /// set and `draft` also outputting `draft_tokens`.
+    public static func fusedTargetWithDFlash2Drafter() -> SyntheticExport {
+        let target = target(fused: true)
+        let drafter = dflashDrafter(draftTokens: true)
+        return SyntheticExport(
+            metadata: metadata(targetKind: "fused_target", drafterRole: "dflash_drafter", drafterKind: "dflash2",
+                               drafter: drafter, target: target),
             packages: ["target": target, "dflash_drafter": drafter])
     }
 
@@ -164,7 +196,8 @@ extension SyntheticExport {
         let target = target(fused: false)
         let drafter = ringDrafter
         return SyntheticExport(
-            metadata: metadata(targetKind: "target", drafterRole: "ring_drafter", drafter: drafter, target: target),
+            metadata: metadata(targetKind: "target", drafterRole: "ring_drafter", drafterKind: "ring",
+                               drafter: drafter, target: target),
             packages: ["target": target, "ring_drafter": drafter])
     }
 }
