@@ -19,6 +19,8 @@ from package_surgery import constexpr_weights, set_embedded_metadata, set_input_
 BUNDLE = Path(os.environ.get("MUSEFLASH_EXPORT_DIR", "tests/integration/demo_bundle"))
 COMPRESSED = Path(os.environ.get("MUSEFLASH_COMPRESSED_EXPORT_DIR",
                                  "tests/integration/compressed_bundle"))
+DFLASH2 = Path(os.environ.get("MUSEFLASH_DFLASH2_EXPORT_DIR",
+                              "tests/integration/dflash2_bundle"))
 CHECKER = Path(os.environ.get("MUSEFLASH_CHECK_CONTRACT", "swift/check-contract"))
 SPEC = Path("Data") / "com.apple.CoreML" / "model.mlmodel"
 
@@ -225,3 +227,73 @@ def test_compressed_weights_without_declaration(compressed):
     result, failed, _ = check(compressed)
     assert result.returncode == 1, result.stdout + result.stderr
     assert {"target.compression.ops_declared", "dflash_drafter.compression.ops_declared"} <= failed
+
+
+# --- A DFlash2 drafter: `draft` must return draft_tokens, int32 [1, block_size - 1] ----------
+
+
+@pytest.fixture
+def dflash2(tmp_path):
+    copy = tmp_path / "dflash2"
+    shutil.copytree(DFLASH2, copy, ignore=shutil.ignore_patterns("weights"))
+    return copy
+
+
+def draft_tokens(spec):
+    return next(o for o in function(spec, "draft").output if o.name == "draft_tokens")
+
+
+def test_the_dflash2_bundle_satisfies_every_property(dflash2):
+    result, failed, passed = check(dflash2)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert failed == set()
+    assert {"drafter.draft_tokens", "metadata.drafter_kind", "drafter.draft_signature"} <= passed
+
+
+def test_dflash2_draft_without_draft_tokens(dflash2):
+    def drop(spec):
+        outputs = function(spec, "draft").output
+        del outputs[next(i for i, o in enumerate(outputs) if o.name == "draft_tokens")]
+
+    edit_spec(dflash2 / "dflash_drafter.mlpackage", drop)
+    result, failed, passed = check(dflash2)
+    assert result.returncode == 1
+    # The package no longer has the outputs metadata declares either.
+    assert failed == {"drafter.draft_tokens", "dflash_drafter.function_map"}
+    assert "drafter.draft_signature" in passed
+
+
+@pytest.mark.parametrize("shape", [[1, 4], [3], [1, 3, 1]])
+def test_dflash2_draft_tokens_of_the_wrong_shape(dflash2, shape):
+    def reshape(spec):
+        array = draft_tokens(spec).type.multiArrayType
+        assert list(array.shape) == [1, 3]  # block_size 4
+        del array.shape[:]
+        array.shape.extend(shape)
+
+    edit_spec(dflash2 / "dflash_drafter.mlpackage", reshape)
+    result, failed, _ = check(dflash2)
+    assert result.returncode == 1
+    assert failed == {"drafter.draft_tokens"}
+
+
+def test_dflash2_draft_tokens_as_floats(dflash2):
+    def to_float(spec):
+        array = draft_tokens(spec).type.multiArrayType
+        array.dataType = Model_pb2.ArrayFeatureType.FLOAT16
+
+    edit_spec(dflash2 / "dflash_drafter.mlpackage", to_float)
+    result, failed, _ = check(dflash2)
+    assert result.returncode == 1
+    assert failed == {"drafter.draft_tokens"}
+
+
+def test_dflash2_bundle_declared_as_dflash(dflash2):
+    def downgrade(metadata):
+        metadata["speculative_decoding"]["drafter_kind"] = "dflash"
+        metadata["speculative_decoding"]["dflash2"] = None
+
+    rewrite_metadata(dflash2, downgrade)
+    result, failed, _ = check(dflash2)
+    assert result.returncode == 1
+    assert {"metadata.drafter_kind", "drafter.draft_tokens"} <= failed
