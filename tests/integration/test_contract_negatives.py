@@ -42,6 +42,14 @@ def check(bundle):
     return result, failed, passed
 
 
+def every_property_holds(bundle):
+    """The names of the properties that passed, after asserting that none failed."""
+    result, failed, passed = check(bundle)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert failed == set()
+    return passed
+
+
 def edit_spec(package, edit):
     path = package / SPEC
     spec = Model_pb2.Model()
@@ -55,9 +63,7 @@ def function(spec, name):
 
 
 def test_the_exported_bundle_satisfies_every_property(bundle):
-    result, failed, passed = check(bundle)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert failed == set()
+    passed = every_property_holds(bundle)
     assert {"drafter.functions", "drafter.shared_states", "target.outputs"} <= passed
 
 
@@ -173,9 +179,7 @@ def rewrite_metadata(bundle, edit):
 
 
 def test_the_compressed_bundle_satisfies_every_property(compressed):
-    result, failed, passed = check(compressed)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert failed == set()
+    passed = every_property_holds(compressed)
     metadata = json.loads((compressed / "metadata.json").read_text())
     assert {group["mode"] for group in metadata["compression"]["groups"]} == {"linear", "palettize"}
     assert {f"{role}.compression.{name}" for role in metadata["assets"]
@@ -244,9 +248,7 @@ def draft_tokens(spec):
 
 
 def test_the_dflash2_bundle_satisfies_every_property(dflash2):
-    result, failed, passed = check(dflash2)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert failed == set()
+    passed = every_property_holds(dflash2)
     assert {"drafter.draft_tokens", "metadata.drafter_kind", "drafter.draft_signature"} <= passed
 
 

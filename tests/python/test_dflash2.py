@@ -13,7 +13,6 @@ from museflash.bundle import DrafterKind, FunctionName, Metadata, OutputName
 from museflash.checkpoint import CheckpointError, load_drafter, load_target
 from museflash.demo_checkpoint import (
     DEMO_DFLASH2_CONFIG,
-    DEMO_TARGET_CONFIG,
     build_demo_models,
     write_demo_checkpoints,
 )
