@@ -31,8 +31,11 @@ from typing import Any
 
 # 2: `compression` (weights stored as iOS18 constexpr ops). A version-1 bundle is read as one
 # without compression.
-SCHEMA_VERSION = 2
-SUPPORTED_SCHEMA_VERSIONS = (1, 2)
+# 3: assets may share a package: the fused target and the DFlash drafter are one multifunction
+# package (every weight stored once), the drafter's states are named drafterKeyCache /
+# drafterValueCache, and compression counts are per package, under its owner's role.
+SCHEMA_VERSION = 3
+SUPPORTED_SCHEMA_VERSIONS = (1, 2, 3)
 
 METADATA_FILE = "metadata.json"
 # Key of the user-defined spec metadata entry holding the same JSON text in every package.
@@ -117,12 +120,14 @@ class OutputName(Name):
 class StateName(Name):
     GLOBAL_KEY_CACHE = "globalKeyCache"
     GLOBAL_VALUE_CACHE = "globalValueCache"
-    SLIDING_KEY_CACHE = "slidingKeyCache"
+    SLIDING_KEY_CACHE = "slidingKeyCache"  # target sliding layers; ring drafter
     SLIDING_VALUE_CACHE = "slidingValueCache"
+    DRAFTER_KEY_CACHE = "drafterKeyCache"  # DFlash drafter (schema 3: shares the target's package)
+    DRAFTER_VALUE_CACHE = "drafterValueCache"
 
     @property
     def kind(self) -> StateKind:
-        return StateKind.SLIDING_KV if self.value.startswith("sliding") else StateKind.GLOBAL_KV
+        return StateKind.GLOBAL_KV if self.value.startswith("global") else StateKind.SLIDING_KV
 
     @property
     def role(self) -> StateRole:
@@ -156,7 +161,8 @@ class LayerType(Name):
 
 TARGET_STATES = (StateName.GLOBAL_KEY_CACHE, StateName.GLOBAL_VALUE_CACHE,
                  StateName.SLIDING_KEY_CACHE, StateName.SLIDING_VALUE_CACHE)
-DRAFTER_STATES = (StateName.SLIDING_KEY_CACHE, StateName.SLIDING_VALUE_CACHE)
+DRAFTER_STATES = (StateName.DRAFTER_KEY_CACHE, StateName.DRAFTER_VALUE_CACHE)
+RING_DRAFTER_STATES = (StateName.SLIDING_KEY_CACHE, StateName.SLIDING_VALUE_CACHE)
 INT32_OUTPUTS = frozenset({OutputName.LAST_INJECTED_POSITION, OutputName.DRAFT_TOKENS})
 
 
@@ -211,9 +217,13 @@ class State:
 
 @dataclass(frozen=True)
 class Asset:
-    path: str = _doc("package path relative to the export directory")
+    """A role's functions and states. Assets may share a package (schema 3: the target and the
+    DFlash drafter); the package then has exactly the union of their functions."""
+    path: str = _doc("package path relative to the export directory; the fused target and the "
+                     "DFlash drafter name the same one")
     kind: AssetKind
-    default_function: FunctionName
+    default_function: FunctionName = _doc("one of this asset's functions; the package's default "
+                                          "function is its owner's (the first role naming it)")
     functions: dict[FunctionName, Function]
     states: list[State]
 
@@ -378,6 +388,15 @@ class Metadata:
         return {DrafterKind.DFLASH: AssetRole.DFLASH_DRAFTER,
                 DrafterKind.DFLASH2: AssetRole.DFLASH_DRAFTER,
                 DrafterKind.RING: AssetRole.RING_DRAFTER}.get(kind)
+
+    def package_owners(self) -> dict[str, AssetRole]:
+        """Package path -> the role that owns it: the first asset, in AssetRole order, whose
+        path names it. Its default function is the package's; compression counts are its."""
+        owners: dict[str, AssetRole] = {}
+        for role in AssetRole:
+            if role in self.assets:
+                owners.setdefault(self.assets[role].path, role)
+        return owners
 
     def max_query_length(self) -> int:
         return max(f.query_length for a in self.assets.values() for f in a.functions.values())

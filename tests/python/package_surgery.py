@@ -1,15 +1,18 @@
 """Deliberate damage to a saved .mlpackage, for tests that must catch a broken export."""
 
 
-def swap_blobs(package, pairs):
-    """Rewrites `package` in place so that, in every function, each pair of weight constants
-    (matched by a fragment of their names) reads the other's blob."""
+def swap_blobs(package, pairs, functions=None):
+    """Rewrites `package` in place so that, in every function (or those named in `functions`),
+    each pair of weight constants (matched by a fragment of their names) reads the other's
+    blob."""
     import coremltools as ct
 
     model_file = package / "Data" / "com.apple.CoreML" / "model.mlmodel"
     spec = ct.utils.load_spec(str(package))
     swapped = 0
-    for function in spec.mlProgram.functions.values():
+    for name, function in spec.mlProgram.functions.items():
+        if functions is not None and name not in functions:
+            continue
         blobs = {}
         for op in function.block_specializations[function.opset].operations:
             if op.type != "const":

@@ -80,7 +80,7 @@ def test_comparison_finds_a_changed_weight_and_sets_aside_only_debug_names(tmp_p
     shutil.copytree(first, second)
     assert benchmark.compare_exports(first, second) == ([], [])
 
-    spec_path = second / "dflash_drafter.mlpackage" / "Data" / "com.apple.CoreML" / \
+    spec_path = second / "target.mlpackage" / "Data" / "com.apple.CoreML" / \
         "model.mlmodel"
     spec = Model_pb2.Model()
     spec.ParseFromString(spec_path.read_bytes())
@@ -90,7 +90,7 @@ def test_comparison_finds_a_changed_weight_and_sets_aside_only_debug_names(tmp_p
     problems, notes = benchmark.compare_exports(first, second)
     # Set aside, and said so, for the one package whose labels differ.
     assert problems == []
-    assert len(notes) == 1 and notes[0].startswith("dflash_drafter.mlpackage:"), notes
+    assert len(notes) == 1 and notes[0].startswith("target.mlpackage:"), notes
 
     weights = second / "target.mlpackage" / "Data" / "com.apple.CoreML" / "weights" / \
         "weight.bin"

@@ -60,6 +60,11 @@ def test_the_examples_are_what_the_exporter_writes_for_each_kind(examples):
     by_name = {e["name"]: Metadata.from_json(e["metadata"]) for e in examples["valid"]}
     dflash = by_name["dflash"]
     assert set(dflash.assets) == {AssetRole.TARGET, AssetRole.DFLASH_DRAFTER}
+    assert dflash.asset(AssetRole.DFLASH_DRAFTER).path == dflash.asset(AssetRole.TARGET).path
+    assert [s.name for s in dflash.asset(AssetRole.DFLASH_DRAFTER).states] == list(
+        bundle.DRAFTER_STATES)
+    assert by_name["ring"].package_owners() == {"target.mlpackage": AssetRole.TARGET,
+                                                "ring_drafter.mlpackage": AssetRole.RING_DRAFTER}
     assert set(dflash.asset(AssetRole.DFLASH_DRAFTER).functions) == {FunctionName.INJECT_KV,
                                                                      FunctionName.DRAFT}
     assert dflash.speculative_decoding.drafter_kind == DrafterKind.DFLASH
@@ -104,6 +109,11 @@ def test_compressed_examples_describe_what_the_rules_gave_each_package(examples)
             # once in the group's totals and once in each package.
             assert max(s.tensors for s in group.packages.values()) <= group.tensors <= sum(
                 s.tensors for s in group.packages.values())
+    # One package holds the target and the DFlash drafter: its groups count each weight once.
+    assert by_name["dflash_mixed_rules"].package_owners() == {"target.mlpackage":
+                                                             AssetRole.TARGET}
+    assert all(set(g.packages) == {AssetRole.TARGET} and g.packages[AssetRole.TARGET].tensors
+               == g.tensors for g in mixed.groups)
     # The rule keeping layer 0's MLP fp16 comes after the palettize rule for down_proj.
     assert mixed.fp16_tensors > 0
 
@@ -168,4 +178,6 @@ def test_names_are_spelled_as_in_the_bundle():
     assert f"{StateName.GLOBAL_VALUE_CACHE}" == "globalValueCache"
     assert StateName.GLOBAL_VALUE_CACHE.kind == StateKind.GLOBAL_KV
     assert StateName.SLIDING_KEY_CACHE.role == bundle.StateRole.KEY
+    assert StateName.DRAFTER_VALUE_CACHE.kind == StateKind.SLIDING_KV
+    assert StateName.DRAFTER_VALUE_CACHE.role == bundle.StateRole.VALUE
     assert {"main": 1}[FunctionName.MAIN] == 1  # str-valued: usable wherever a name is

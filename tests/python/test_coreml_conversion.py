@@ -51,7 +51,7 @@ def models():
 
 
 TARGET_STATES = ["globalKeyCache", "globalValueCache", "slidingKeyCache", "slidingValueCache"]
-DRAFTER_STATES = ["slidingKeyCache", "slidingValueCache"]
+DRAFTER_STATES = ["drafterKeyCache", "drafterValueCache"]
 
 
 def _int_inputs(length, first="input_ids", shape=None):

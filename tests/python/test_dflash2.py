@@ -308,7 +308,7 @@ def test_the_exported_draft_carries_token_ids_in_32_bits(exported):
     16 bits: ids of Muse Glimmer's 202,048-token vocabulary would wrap."""
     from museflash.runtime.interpreter import load_program
 
-    program = load_program(exported / "dflash_drafter.mlpackage")
+    program = load_program(exported / "target.mlpackage")
     draft = program.functions[str(FunctionName.DRAFT)]
     topk = [op for op in draft.operations if op.op_type == "topk"]
     assert len(topk) == 1 and topk[0].output_indices_dtype.val == "int32"

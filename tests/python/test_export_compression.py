@@ -75,8 +75,10 @@ def test_each_package_stores_what_its_metadata_declares(mixed):
     metadata = Metadata.read(mixed)
     compression = metadata.compression
     assert compression.preset is None and len(compression.rules) == len(RULES)
-    for role, asset in metadata.assets.items():
-        ops = _constexpr_ops(mixed / asset.path)
+    owners = metadata.package_owners()
+    assert owners == {"target.mlpackage": AssetRole.TARGET}  # the drafter's functions too
+    for path, role in owners.items():
+        ops = _constexpr_ops(mixed / path)
         found: dict[tuple, set[int]] = {}
         for function_ops in ops.values():
             for op in function_ops:
@@ -91,10 +93,13 @@ def test_each_package_stores_what_its_metadata_declares(mixed):
                 key = (COMPRESSION_OPS[group.mode][0], _data_type(group.mode, group.bits))
                 declared[key] = declared.get(key, 0) + stored.tensors
         assert {k: len(v) for k, v in found.items()} == declared, role
-        # Every function of the target reads its weights through the same constexpr ops.
-        if role == AssetRole.TARGET:
-            main, prefill = ({op.outputs[0].name for op in ops[f]} for f in ("main", "prefill"))
-            assert main == prefill and main
+        # Every function of the target reads its weights through the same constexpr ops, and
+        # the drafter's draft reads the embedding and lm_head through the target's.
+        main, prefill = ({op.outputs[0].name for op in ops[f]} for f in ("main", "prefill"))
+        assert main == prefill and main
+        offsets = {f: {op.inputs[COMPRESSION_OPS[_mode_of(op.type)][1]].arguments[0].value
+                       .blobFileValue.offset for op in ops[f]} for f in ("main", "draft")}
+        assert len(offsets["draft"] & offsets["main"]) == 2  # embedding and lm_head
     # Layer 0's MLP kept fp16 by the 'none' rule (down_proj matched the palettize rule first).
     target_fp16 = _fp16_matrix_consts(mixed / "target.mlpackage")
     assert {n for n in target_fp16 if "layers_0_mlp" in n} == {
@@ -150,10 +155,10 @@ def test_stored_data_is_the_checkpoint_compressed_as_planned(mixed):
 
 def test_weight_bytes_are_what_the_metadata_declares(mixed):
     metadata = Metadata.read(mixed)
-    for role, asset in metadata.assets.items():
+    for path, role in metadata.package_owners().items():
         declared = sum(g.packages[role].bytes for g in metadata.compression.groups
                        if role in g.packages)
-        stored = _constexpr_payload_bytes(mixed / asset.path)
+        stored = _constexpr_payload_bytes(mixed / path)
         assert stored == declared, role
     for group in metadata.compression.groups:
         assert group.bytes_after < group.bytes_before / (3.5 if group.bits == 4 else 1.9)

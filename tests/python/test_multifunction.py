@@ -39,7 +39,7 @@ def parts(tmp_path_factory):
     options = ExportOptions(output_dir=root / "unused", builtin="tiny", fused_target=True,
                             max_context_length=64, prefill_length=8)
     plan = plan_export(options, target_dir, drafter_dir)
-    package = plan.package("target")
+    package = plan.asset("target")
     made = {}
     for label, placeholders in (("real", None), ("placeholders", PlaceholderWeights())):
         modules = load_modules(options, plan, _Quiet(), placeholders)

@@ -9,11 +9,11 @@ import pytest
 from museflash.export import parallel as parallel_conversion
 from museflash.export.options import ExportError, ExportOptions
 from museflash.export.parallel import HelperError, HelperProcess, process_count, run_conversions
-from museflash.export.plan import PackagePlan, plan_export
+from museflash.export.plan import AssetPlan, plan_export
 
 
 def _jobs(count):
-    package = PackagePlan("target", "fused_target", "target", (), "main", [])
+    package = AssetPlan("target", "fused_target", "target", (), "main", [])
     return [(package, _Function(f"f{i}"), Path(f"f{i}.mlpackage")) for i in range(count)]
 
 

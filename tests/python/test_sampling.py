@@ -35,6 +35,7 @@ import pytest
 from museflash.runtime import speculative
 from museflash.runtime.sampling import Sampling, accept_drafts, probabilities, sample
 from museflash.runtime.speculative import (
+    Drafted,
     greedy_generate,
     speculative_generate,
     target_only_generate,
@@ -81,7 +82,7 @@ class AnchorDrafter:
         pass
 
     def draft(self, ids, positions):
-        return self.table[ids[0]]
+        return Drafted(self.table[ids[0]])
 
     def reset(self) -> None:
         pass

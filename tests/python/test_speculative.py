@@ -104,10 +104,12 @@ def test_speculative_equals_target_only_greedy(bundle):
 def test_broken_drafter_is_still_lossless_but_accepts_less(bundle, tmp_path):
     broken = tmp_path / "broken"
     shutil.copytree(bundle["dir"], broken)
-    swap_blobs(broken / "dflash_drafter.mlpackage",
-                [(f"layers_{i}_self_attn_k_proj_weight", f"layers_{i}_self_attn_v_proj_weight")
-                 for i in (0, 1)] + [("layers_0_mlp_gate_proj_weight",
-                                      "layers_0_mlp_up_proj_weight")])
+    # The drafter's functions only: the package is the target's too.
+    swap_blobs(broken / "target.mlpackage",
+               [(f"layers_{i}_self_attn_k_proj_weight", f"layers_{i}_self_attn_v_proj_weight")
+                for i in (0, 1)] + [("layers_0_mlp_gate_proj_weight",
+                                     "layers_0_mlp_up_proj_weight")],
+               functions=("inject_kv", "draft"))
     good_total = broken_total = 0
     for prompt in _prompts():
         good, _ = _run(bundle["dir"], prompt)

@@ -13,7 +13,7 @@ import torch
 
 from museflash.bundle import INT32_OUTPUTS, OutputName
 from museflash.export.options import ExportError
-from museflash.export.plan import FunctionPlan, InputPlan, PackagePlan
+from museflash.export.plan import AssetPlan, FunctionPlan, InputPlan
 from museflash.export.progress import Progress, tree_bytes
 
 DISABLE_BF16_CAST_ENV = "DISABLE_BFLOAT16_CAST_FOR_LOGITS"
@@ -147,16 +147,16 @@ def _output_dtype(name: str):
     return np.int32 if name in INT32_OUTPUTS else np.float16
 
 
-def convert_function(module: torch.nn.Module, package: PackagePlan, function: FunctionPlan,
+def convert_function(module: torch.nn.Module, asset: AssetPlan, function: FunctionPlan,
                      part: Path, progress: Progress, where: str = "") -> None:
     """Traces and converts one entry point into the single-function package `part`."""
-    label = f"{package.role}.{function.name}" + (f", {where}" if where else "")
+    label = f"{asset.role}.{function.name}" + (f", {where}" if where else "")
     view = module.with_entry_point(function.entry_point)
     with progress.stage("trace", label):
         program = trace(view, function.example_args)
         check_no_data_dependent_scalars(program)
     with progress.stage("convert", label) as info:
-        model = convert(program, function.inputs, function.outputs, module, package.states)
+        model = convert(program, function.inputs, function.outputs, module, asset.states)
         del program
         # coremltools wrote the package to a temporary directory; keep it instead of copying.
         shutil.move(model.package_path, part)

@@ -37,7 +37,7 @@ from museflash.bundle import (
 from museflash.compression import first_matching_rule
 from museflash.export.merge import StoredWeight
 from museflash.export.options import ExportError
-from museflash.export.plan import CompressionPlan, ExportPlan, PackagePlan
+from museflash.export.plan import AssetPlan, CompressionPlan, ExportPlan
 from museflash.models.muse_glimmer import MuseGlimmerConfig
 
 
@@ -51,15 +51,15 @@ def state_entries(module: torch.nn.Module, names: tuple[StateName, ...]) -> list
     return entries
 
 
-def asset(package: PackagePlan, module: torch.nn.Module) -> Asset:
+def asset(plan: AssetPlan, module: torch.nn.Module) -> Asset:
     return Asset(
-        path=package.file_name,
-        kind=package.kind,
-        default_function=package.default_function,
+        path=plan.path,
+        kind=plan.kind,
+        default_function=plan.default_function,
         functions={f.name: Function(role=f.role, query_length=f.query_length,
                                     inputs=f.input_names, outputs=list(f.outputs))
-                   for f in package.functions},
-        states=state_entries(module, package.states),
+                   for f in plan.functions},
+        states=state_entries(module, plan.states),
     )
 
 
@@ -79,7 +79,8 @@ def target_settings(cfg: MuseGlimmerConfig) -> TargetSettings:
 def compression_block(plan: CompressionPlan | None,
                       stored: dict[AssetRole, dict[str, StoredWeight]]) -> Compression | None:
     """What the rules did: per group of weights compressed alike (rule and scheme), how many
-    there are, their bytes before and after, and what each package stores of them."""
+    there are, their bytes before and after, and what each package stores of them (`stored`
+    is keyed by each package's owner role)."""
     if plan is None:
         return None
     groups: dict[tuple, dict] = {}
@@ -128,7 +129,7 @@ def bundle_metadata(plan: ExportPlan, modules: dict[str, torch.nn.Module], sourc
         context_length=context_length,
         compute_precision=COMPUTE_PRECISION,
         target=target_settings(plan.target_cfg),
-        assets={p.role: asset(p, modules[p.module]) for p in plan.packages},
+        assets={p.role: asset(p, modules[p.module]) for p in plan.assets},
         speculative_decoding=plan.spec,
         source=source,
         tokenizer=plan.configs.tokenizer,

@@ -111,7 +111,7 @@ class HelperError(RuntimeError):
 def conversion_helpers(options, plan, progress) -> Iterator[list[HelperProcess]]:
     """Starts the helper processes this export wants (they load while this process does) and
     stops them on the way out, whatever happened."""
-    jobs = sum(len(package.functions) for package in plan.packages)
+    jobs = sum(len(package.functions) for package in plan.assets)
     count = process_count(options.conversion_processes, jobs) - 1
     request = {
         "options": _options_to_json(options),
@@ -220,7 +220,7 @@ def helper_main(requests: IO[str], answers: IO[str]) -> int:
         progress.start = request["progress_start"]  # CLOCK_MONOTONIC: one clock for all
         for line in requests:
             job = json.loads(line)
-            package = plan.package(job["package"])
+            package = plan.asset(job["package"])
             convert_function(modules[package.module], package,
                                     package.function(job["function"]), Path(job["part"]),
                                     progress, where=f"helper {request['number']}")

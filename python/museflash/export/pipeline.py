@@ -28,7 +28,7 @@ from museflash.export.describe import bundle_metadata, embed_metadata
 from museflash.export.merge import MergeError, StoredWeight, merge_packages
 from museflash.export.options import ExportError, ExportOptions, check_flag_rules
 from museflash.export.parallel import conversion_helpers, run_conversions
-from museflash.export.plan import FunctionPlan, PackagePlan, load_modules, plan_export
+from museflash.export.plan import AssetPlan, FunctionPlan, load_modules, plan_export
 from museflash.export.progress import Progress, human_bytes, tree_bytes
 from museflash.export.publish import check_destination, publish_directory
 
@@ -47,26 +47,26 @@ def export_bundle(options: ExportOptions, progress: Progress | None = None) -> P
                 # docs/export-memory.md); only their stand-ins are traced and converted.
                 placeholders = PlaceholderWeights()
                 modules = load_modules(options, plan, progress, placeholders)
-                jobs = [(package, function, part_path(parts_dir, package, function))
-                        for package in plan.packages for function in package.functions]
-                for package in plan.packages:
-                    (parts_dir / package.role).mkdir(parents=True)
+                jobs = [(asset, function, part_path(parts_dir, asset, function))
+                        for asset in plan.assets for function in asset.functions]
+                for asset in plan.assets:
+                    (parts_dir / asset.role).mkdir(parents=True)
 
                 def convert_here(job) -> None:
-                    package, function, part = job
-                    convert_function(modules[package.module], package, function, part, progress)
+                    asset, function, part = job
+                    convert_function(modules[asset.module], asset, function, part, progress)
 
                 run_conversions(jobs, convert_here, helpers)
             schemes = plan.compression.schemes if plan.compression else {}
-            stored = {package.role: save_package(package, parts_dir,
-                                                 staging / package.file_name, modules,
-                                                 placeholders, progress, schemes)
-                      for package in plan.packages}
+            # Per package, under its owner's role: what its merge wrote.
+            stored = {assets[0].role: save_package(assets, parts_dir, staging / path, modules,
+                                                   placeholders, progress, schemes)
+                      for path, assets in plan.packages().items()}
             shutil.rmtree(parts_dir)
             metadata = bundle_metadata(plan, modules, source, plan.context_length,
                                        options.model_name, stored)
-            for package in plan.packages:
-                embed_metadata(staging / package.file_name, metadata)
+            for path in plan.packages():
+                embed_metadata(staging / path, metadata)
             for name in metadata.tokenizer.files if metadata.tokenizer else ():
                 shutil.copyfile(plan.target_dir / name, staging / name)
             (staging / METADATA_FILE).write_text(metadata.dumps())
@@ -91,26 +91,29 @@ def checkpoint_sources(options: ExportOptions) -> Iterator[tuple[Path, Path | No
         yield target_dir, drafter_dir, Source(checkpoint=name, drafter_checkpoint=name)
 
 
-def part_path(parts_dir: Path, package: PackagePlan, function: FunctionPlan) -> Path:
-    return Path(parts_dir) / package.role / f"{function.name}.mlpackage"
+def part_path(parts_dir: Path, asset: AssetPlan, function: FunctionPlan) -> Path:
+    return Path(parts_dir) / asset.role / f"{function.name}.mlpackage"
 
 
-def save_package(package: PackagePlan, parts_dir: Path, destination: Path,
+def save_package(assets: list[AssetPlan], parts_dir: Path, destination: Path,
                  modules: dict[str, torch.nn.Module], placeholders: PlaceholderWeights,
                  progress: Progress,
                  schemes: Mapping[str, Scheme] | None = None) -> dict[str, StoredWeight]:
-    """Merges the package's converted functions into one multifunction package
-    (`merge.merge_packages`: identical weights are stored once, as save_multifunction
-    stores them, without loading any weight back); the placeholders' real values are read from
-    the checkpoint into its weight file one tensor at a time, compressed when `schemes` names
-    them. Returns the real weights written, by checkpoint key."""
-    with progress.stage("save", package.file_name) as info:
-        module = modules[package.module]
-        expected = {placeholders.row_of(p) for p in module.parameters()} - {None}
-        parts = [(f.name, part_path(parts_dir, package, f)) for f in package.functions]
+    """Merges the converted functions of every asset sharing the package `destination` into
+    one multifunction package (`merge.merge_packages`: identical weights are stored once, as
+    save_multifunction stores them, without loading any weight back; the target's embedding
+    and lm_head, which the DFlash drafter borrows, are among them); the placeholders' real
+    values are read from the checkpoint into its weight file one tensor at a time, compressed
+    when `schemes` names them. The first asset owns the package (its default function is the
+    package's). Returns the real weights written, by checkpoint key."""
+    with progress.stage("save", destination.name) as info:
+        expected = {placeholders.row_of(p) for asset in assets
+                    for p in modules[asset.module].parameters()} - {None}
+        parts = [(f.name, part_path(parts_dir, asset, f))
+                 for asset in assets for f in asset.functions]
         stored: dict[str, StoredWeight] = {}
         try:
-            merge_packages(parts, destination, package.default_function, placeholders,
+            merge_packages(parts, destination, assets[0].default_function, placeholders,
                            expected, schemes, stored)
         except MergeError as error:
             raise ExportError(str(error)) from error

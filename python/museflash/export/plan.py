@@ -11,6 +11,7 @@ import torch
 
 from museflash.bundle import (
     DRAFTER_STATES,
+    RING_DRAFTER_STATES,
     TARGET_STATES,
     AssetKind,
     AssetRole,
@@ -77,17 +78,19 @@ class FunctionPlan:
 
 
 @dataclass
-class PackagePlan:
-    role: AssetRole  # the package is role.package
+class AssetPlan:
+    """One asset of the bundle: its functions, traced from one module, and its states."""
+    role: AssetRole
     kind: AssetKind
     module: str  # "target" or "drafter"
     states: tuple[StateName, ...]
     default_function: FunctionName
     functions: list[FunctionPlan]
+    # The package holding the functions; several assets may share one (docs/metadata.md).
+    path: str = ""
 
-    @property
-    def file_name(self) -> str:
-        return self.role.package
+    def __post_init__(self) -> None:
+        self.path = self.path or AssetRole(self.role).package
 
     def function(self, name: str) -> FunctionPlan:
         return next(f for f in self.functions if f.name == name)
@@ -109,7 +112,7 @@ class ExportPlan:
     configs: CheckedConfigs
     spec: SpeculativeDecoding | None
     max_query: int
-    packages: list[PackagePlan]
+    assets: list[AssetPlan]
     compression: CompressionPlan | None = None
     context_length: int = DEFAULT_CONTEXT_LENGTH  # capacity of the global KV caches
 
@@ -117,8 +120,16 @@ class ExportPlan:
     def target_cfg(self) -> MuseGlimmerConfig:
         return self.configs.target
 
-    def package(self, role: str) -> PackagePlan:
-        return next(p for p in self.packages if p.role == role)
+    def asset(self, role: str) -> AssetPlan:
+        return next(p for p in self.assets if p.role == role)
+
+    def packages(self) -> dict[str, list[AssetPlan]]:
+        """Package path -> the assets it holds, its owner (whose default function is the
+        package's) first."""
+        grouped: dict[str, list[AssetPlan]] = {}
+        for asset in self.assets:
+            grouped.setdefault(asset.path, []).append(asset)
+        return grouped
 
 
 def plan_export(options: ExportOptions, target_dir: Path, drafter_dir: Path | None) -> ExportPlan:
@@ -143,7 +154,7 @@ def plan_export(options: ExportOptions, target_dir: Path, drafter_dir: Path | No
                           f"{context}")
     max_query = max(options.prefill_length, decode_length, block)
     return ExportPlan(Path(target_dir), Path(drafter_dir) if drafter_dir else None, configs,
-                      spec, max_query, _package_plans(options, spec, decode_length),
+                      spec, max_query, _asset_plans(options, spec, decode_length),
                       compression_plan(options, Path(target_dir),
                                        Path(drafter_dir) if drafter_dir else None),
                       context)
@@ -275,11 +286,11 @@ def _inject_function(block: int, width: int) -> FunctionPlan:
         block)
 
 
-def _package_plans(options: ExportOptions, spec: SpeculativeDecoding | None,
-                   decode_length: int) -> list[PackagePlan]:
+def _asset_plans(options: ExportOptions, spec: SpeculativeDecoding | None,
+                   decode_length: int) -> list[AssetPlan]:
     fused = options.fused_target
     target_outputs = [OutputName.LOGITS] + ([OutputName.DRAFTER_FEATURES] if fused else [])
-    packages = [PackagePlan(
+    assets = [AssetPlan(
         AssetRole.TARGET, AssetKind.FUSED_TARGET if fused else AssetKind.TARGET, "target",
         TARGET_STATES, FunctionName.MAIN, [
             _ids_function(FunctionName.MAIN, FunctionRole.DECODE, "forward", decode_length,
@@ -290,21 +301,22 @@ def _package_plans(options: ExportOptions, spec: SpeculativeDecoding | None,
     if options.dflash_drafter:
         draft_outputs = [OutputName.LOGITS] + (
             [OutputName.DRAFT_TOKENS] if spec.drafter_kind == DrafterKind.DFLASH2 else [])
-        packages.append(PackagePlan(
+        # In the target's package: the borrowed embedding and lm_head are stored once.
+        assets.append(AssetPlan(
             AssetRole.DFLASH_DRAFTER, AssetKind.DFLASH_DRAFTER, "drafter", DRAFTER_STATES,
             FunctionName.DRAFT, [
                 _inject_function(spec.block_size, spec.drafter_hidden_size),
                 _ids_function(FunctionName.DRAFT, FunctionRole.DRAFT, "draft", spec.block_size,
                               draft_outputs),
-            ]))
+            ], path=AssetRole.TARGET.package))
     elif options.with_drafter:
-        packages.append(PackagePlan(
-            AssetRole.RING_DRAFTER, AssetKind.RING_DRAFTER, "drafter", DRAFTER_STATES,
+        assets.append(AssetPlan(
+            AssetRole.RING_DRAFTER, AssetKind.RING_DRAFTER, "drafter", RING_DRAFTER_STATES,
             FunctionName.MAIN, [
                 _ids_function(FunctionName.MAIN, FunctionRole.DECODE, "decode", 1,
                               [OutputName.LOGITS]),
             ]))
-    return packages
+    return assets
 
 
 def module_weight_bytes(module: torch.nn.Module) -> int:

@@ -253,6 +253,9 @@ class DFlashDrafter(nn.Module):
 
     entry_points = ("draft", "inject_kv", "decode")
     layer_class: type[nn.Module] = DFlashDecoderLayer
+    # The ring caches' buffer names, which are the Core ML state names: the block drafter's
+    # share a package with the target's caches (docs/metadata.md), so they are named apart.
+    cache_names = ("drafterKeyCache", "drafterValueCache")
 
     def __init__(
         self,
@@ -299,8 +302,13 @@ class DFlashDrafter(nn.Module):
     def reset_caches(self) -> None:
         cfg = self.config
         shape = (cfg.num_hidden_layers, cfg.num_key_value_heads, self.ring_capacity, cfg.head_dim)
-        for name in ("slidingKeyCache", "slidingValueCache"):
+        for name in self.cache_names:
             self.register_buffer(name, torch.zeros(shape, dtype=self.cache_dtype, device="cpu"))
+
+    @property
+    def caches(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(key cache, value cache) [layers, kv_heads, capacity, head_dim]."""
+        return getattr(self, self.cache_names[0]), getattr(self, self.cache_names[1])
 
     def with_entry_point(self, name: str) -> DFlashDrafter:
         if name not in self.entry_points:
@@ -317,7 +325,7 @@ class DFlashDrafter(nn.Module):
         self._check_length(features.shape[1])
         positions = positions.reshape(-1)
         slots = torch.remainder(positions, self.ring_capacity)
-        caches = (self.slidingKeyCache, self.slidingValueCache)
+        caches = self.caches
         rope = self.rotary(positions, self.config.rope_theta, features.dtype)
         for layer_id, layer in enumerate(self.layers):
             layer.self_attn.write_kv(features, rope, *caches, layer_id, slots)
@@ -327,7 +335,7 @@ class DFlashDrafter(nn.Module):
                 mask: torch.Tensor) -> torch.Tensor:
         """norm(last layer) [1, T, hidden], writing the block's K/V into the ring."""
         slots = torch.remainder(positions, self.ring_capacity)
-        caches = (self.slidingKeyCache, self.slidingValueCache)
+        caches = self.caches
         x = self.embed_tokens(input_ids.reshape(1, -1))
         rope = self.rotary(positions, self.config.rope_theta, x.dtype)
         for layer_id, layer in enumerate(self.layers):
@@ -360,7 +368,10 @@ class DFlashDrafter(nn.Module):
 
 class DFlashRingDrafter(DFlashDrafter):
     """The drafter backbone run autoregressively over its own tokens (older --with-drafter
-    export): forward(input_ids [1, T], positions [T]) -> logits, causal sliding-window ring."""
+    export): forward(input_ids [1, T], positions [T]) -> logits, causal sliding-window ring.
+    Its package is its own, so its caches keep the names they always had."""
+
+    cache_names = ("slidingKeyCache", "slidingValueCache")
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

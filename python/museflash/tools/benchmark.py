@@ -47,7 +47,8 @@ _S, _G = "sliding_attention", "full_attention"
 # --- Synthetic checkpoints -------------------------------------------------------------------
 
 
-PACKAGES = (AssetRole.TARGET.package, AssetRole.DFLASH_DRAFTER.package)
+# The fused target and the DFlash drafter share one package (schema 3).
+PACKAGES = (AssetRole.TARGET.package,)
 
 
 def synthetic_configs(weight_bytes: float) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -171,23 +172,25 @@ def naive_export(checkpoints: Path, output: Path) -> None:
     plan = plan_export(options, options.checkpoint, options.drafter_checkpoint)
     modules = load_modules(options, plan, Progress(echo=lambda _line: None), None)
     output.mkdir(parents=True, exist_ok=True)
-    for package in plan.packages:
-        module = modules[package.module]
+    for path, assets in plan.packages().items():
         descriptor = ct.utils.MultiFunctionDescriptor()
-        for function in package.functions:
-            program = torch.export.export(module.with_entry_point(function.entry_point),
-                                          function.example_args)
-            model = convert(program.run_decompositions({}), function.inputs,
-                               function.outputs, module, package.states,
-                               validate_every_pass=True)
-            part = output / f"{function.name}.part.mlpackage"
-            model.save(str(part))
-            descriptor.add_function(str(part), src_function_name="main",
-                                    target_function_name=function.name)
-        descriptor.default_function_name = package.default_function
-        ct.utils.save_multifunction(descriptor, str(output / package.file_name))
-        for function in package.functions:
-            shutil.rmtree(output / f"{function.name}.part.mlpackage")
+        for asset in assets:
+            module = modules[asset.module]
+            for function in asset.functions:
+                program = torch.export.export(module.with_entry_point(function.entry_point),
+                                              function.example_args)
+                model = convert(program.run_decompositions({}), function.inputs,
+                                function.outputs, module, asset.states,
+                                validate_every_pass=True)
+                part = output / f"{function.name}.part.mlpackage"
+                model.save(str(part))
+                descriptor.add_function(str(part), src_function_name="main",
+                                        target_function_name=function.name)
+        descriptor.default_function_name = assets[0].default_function
+        ct.utils.save_multifunction(descriptor, str(output / path))
+        for asset in assets:
+            for function in asset.functions:
+                shutil.rmtree(output / f"{function.name}.part.mlpackage")
 
 
 def streaming_export(checkpoints: Path, output: Path, compression: str | None = None) -> None:

@@ -172,8 +172,8 @@ def sizes(log=print) -> dict[str, Any]:
                                         dflash_drafter=True, compression=preset),
                           Progress(echo=lambda _line: None))
             metadata = Metadata.read(out)
-            stored = {str(role): (out / asset.path / PACKAGE_WEIGHT_FILE).stat().st_size
-                      for role, asset in metadata.assets.items()}
+            stored = {path: (out / path / PACKAGE_WEIGHT_FILE).stat().st_size
+                      for path in metadata.package_owners()}
             schemes = {} if preset == "none" else schemes_for(preset, shapes)
             results[preset] = {
                 "weight_file_bytes": stored,

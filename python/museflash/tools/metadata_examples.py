@@ -115,14 +115,15 @@ def compressed_metadata() -> dict[str, Metadata]:
                                    placeholders)
             schemes = plan.compression.schemes
             stored = {}
-            for package in plan.packages:
-                rows = {placeholders.row_of(p) for p in modules[package.module].parameters()}
+            for assets in plan.packages().values():
+                rows = {placeholders.row_of(p) for asset in assets
+                        for p in modules[asset.module].parameters()}
                 weights = {}
                 for row in rows - {None}:
                     location = placeholders.by_row[row]
                     weights[location.key] = StoredWeight.of(location.key, location.shape,
                                                             schemes.get(location.key))
-                stored[package.role] = weights
+                stored[assets[0].role] = weights
             source = Source(checkpoint="/checkpoints/muse-glimmer-demo",
                             drafter_checkpoint="/checkpoints/demo-drafter" if drafter else None)
             examples[name] = bundle_metadata(plan, modules, source, plan.context_length,

@@ -157,7 +157,7 @@ def generate_corpus(target, prompts: list[list[int]], length: int) -> Corpus:
 # through functional_call). There is no second copy of the maths here.
 
 TARGET_CACHES = ("globalKeyCache", "globalValueCache", "slidingKeyCache", "slidingValueCache")
-DRAFTER_CACHES = ("slidingKeyCache", "slidingValueCache")
+DRAFTER_CACHES = DFlashDrafter.cache_names
 
 
 class _Method(nn.Module):
