@@ -327,3 +327,51 @@ def test_verify_on_a_dflash2_export(exported):
     parity = next(line for line in lines if line.startswith("parity dflash_drafter"))
     assert "draft_tokens max abs 0 " in parity and " OK" in parity
     assert any(line.startswith("lossless: speculative == ") for line in lines)
+
+
+def test_path_gaps_are_zero_on_the_greedy_path_and_positive_off_it(models):
+    """What verify uses to tell an fp16 near-tie of two selector scores from a wrong path."""
+    _, drafter = models
+    drafter.reset_caches()
+    with torch.no_grad():
+        _inject(drafter, torch.randn(1, 8, 64, generator=torch.Generator().manual_seed(3)))
+        ids = torch.tensor([[21, 511, 511, 511]], dtype=torch.int32)
+        positions = torch.arange(8, 12, dtype=torch.int32)
+        logits, path = drafter.draft(ids, positions)
+        assert drafter.path_gaps(ids, positions, path[0]).tolist() == [0.0, 0.0, 0.0]
+        runner_up = torch.topk(logits[0, 1], 2).indices[1]
+        other = torch.cat([runner_up.reshape(1).int(), path[0, 1:]])
+        gaps = drafter.path_gaps(ids, positions, other)
+        assert gaps[0] > 0 or int(runner_up) == int(path[0, 0])
+        outside = torch.argsort(logits[0, 1])[0].reshape(1).int()  # the least likely token
+        assert drafter.path_gaps(ids, positions, torch.cat([outside, path[0, 1:]]))[0] == float(
+            "inf")
+
+
+def test_verify_accepts_a_selector_near_tie_and_refuses_a_wrong_path(models):
+    from museflash.runtime.parity import Discrepancy, ParityReport
+    from museflash.runtime.verify import OUTPUT_TOLERANCE, _accept_selector_near_tie
+
+    _, drafter = models
+    drafter.reset_caches()
+    ids = np.array([[21, 511, 511, 511]], np.int32)
+    positions = np.arange(8, 12, dtype=np.int32)
+    with torch.no_grad():
+        _inject(drafter, torch.randn(1, 8, 64, generator=torch.Generator().manual_seed(3)))
+        logits, path = drafter.draft(torch.from_numpy(ids), torch.from_numpy(positions))
+
+    def report(tokens):
+        # As if the package's path differed from eager's by one token somewhere.
+        return ParityReport("draft", outputs={
+            "logits": Discrepancy("logits", 0.0, float(logits.abs().max())),
+            "draft_tokens": Discrepancy("draft_tokens", 1.0, 1.0, exact=True)},
+            actual={"draft_tokens": tokens})
+
+    tied = report(path.numpy())  # zero gap: what an fp16 swap of equal scores would give
+    assert _accept_selector_near_tie(tied, drafter, ids, positions) == 1
+    assert tied.outputs["draft_tokens"].within(OUTPUT_TOLERANCE)
+    wrong = path.numpy().copy()
+    wrong[0, 0] = int(torch.argsort(logits[0, 1])[0])  # not even a candidate
+    refused = report(wrong)
+    assert _accept_selector_near_tie(refused, drafter, ids, positions) == 0
+    assert not refused.outputs["draft_tokens"].within(OUTPUT_TOLERANCE)

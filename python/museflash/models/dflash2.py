@@ -215,3 +215,25 @@ class DFlash2Drafter(DFlashDrafter):
 
     def decode(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError("DFlash2 has no ring `decode`: it drafts whole blocks")
+
+    def path_gaps(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                  path: torch.Tensor) -> torch.Tensor:
+        """For another path [K-1] of the same block: at each position, how far its token's
+        selector score (after the path's own predecessor) falls below the best candidate's;
+        inf where the token is not a candidate. Zeros for the greedy path. Re-runs the block,
+        writing the same K/V the last `draft` of it wrote. Parity uses it to tell an fp16
+        near-tie from a wrong selector."""
+        hidden = self._draft_hidden(input_ids, positions)
+        logits = self._logits(hidden)
+        selector = self.candidate_selector
+        unary, candidates = selector.candidates(logits[0, 1:])
+        projected = selector.hidden_projection(hidden[0, 1:])
+        predecessors = torch.cat([input_ids.reshape(-1)[:1], path.reshape(-1)[:-1]])
+        gaps = []
+        for position, token in enumerate(path.reshape(-1).tolist()):
+            scores = selector.scores(projected[position:position + 1],
+                                     unary[position:position + 1], candidates[position],
+                                     predecessors[position:position + 1].to(torch.int32))[0]
+            hit = (candidates[position] == token).nonzero()
+            gaps.append(float(scores.max() - scores[hit[0, 0]]) if len(hit) else float("inf"))
+        return torch.tensor(gaps)

@@ -76,6 +76,7 @@ class ParityReport:
     function_name: str
     outputs: dict[str, Discrepancy] = field(default_factory=dict)
     states: dict[str, Discrepancy] = field(default_factory=dict)
+    actual: dict[str, np.ndarray] = field(default_factory=dict, repr=False)  # package outputs
 
     def failures(self, outputs: Tolerance, states: Tolerance) -> list[Discrepancy]:
         bad = [d for d in self.outputs.values() if not d.within(outputs)]
@@ -136,7 +137,7 @@ def parity_step(
             f"{interpreter.function_name}: package has outputs {interpreter.output_names} but "
             f"torch returned {len(reference)} values"
         )
-    report = ParityReport(interpreter.function_name)
+    report = ParityReport(interpreter.function_name, actual=dict(actual))
     for name, ref in zip(interpreter.output_names, reference, strict=True):
         report.outputs[name] = discrepancy(name, actual[name], ref)
     for name in interpreter.state_specs:
