@@ -80,14 +80,17 @@ def _append_blob(package, data_type, size):
     return offset
 
 
-def store_as_fp16(package, name):
+def store_as_fp16(package, name, functions=None):
     """Rewrites `package` in place so that the compressed weight `name` (a constexpr op's output)
-    is a plain fp16 `const` in every function, reading a new zero blob of the right size, as if
-    it had never been compressed. Returns how many ops were rewritten."""
+    is a plain fp16 `const` in every function (or those in `functions`: in a shared package the
+    drafter's functions may use the same name for another tensor), reading a new zero blob of
+    the right size, as if it had never been compressed. Returns how many ops were rewritten."""
     spec = _read_spec(package)
     offset = None
     rewritten = 0
-    for _, op in _ops(spec):
+    for function, op in _ops(spec):
+        if functions is not None and function not in functions:
+            continue
         if not (op.type.startswith("constexpr_") and op.outputs[0].name == name):
             continue
         tensor = op.outputs[0].type.tensorType

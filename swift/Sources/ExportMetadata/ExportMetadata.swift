@@ -1,5 +1,9 @@
-/// `metadata.json`, schema versions 1 and 2, as docs/metadata.md defines it (2 adds
-/// `compression`; a version-1 document is one without it).
+/// `metadata.json`, schema versions 1, 2 and 3, as docs/metadata.md defines it (2 adds
+/// `compression`; a version-1 document is one without it). 3 adds no key but changes the
+/// rules: assets may share a package (the fused target and the DFlash drafter are one
+/// multifunction package, every weight stored once; see `packages`), the DFlash drafter's
+/// states are `drafterKeyCache`/`drafterValueCache`, and `compression.groups[i].packages` names
+/// only package owners.
 ///
 /// Compatibility rules (shared with the Python reader, python/museflash/bundle.py):
 /// `schema_version` is the major version, and a version not in `supportedSchemaVersions` is
@@ -7,9 +11,11 @@
 /// every level, so later additive fields still decode; enumerated names (the `ContractName`
 /// enums below) are closed, so an unknown one is a decoding error naming its key path.
 public struct ExportMetadata: Codable, Equatable, Sendable {
-    public static let supportedSchemaVersions = [1, 2]
+    public static let supportedSchemaVersions = [1, 2, 3]
     /// The first schema version with `compression`.
     public static let compressionSchemaVersion = 2
+    /// The first schema version in which assets may share a package (`packages`).
+    public static let sharedPackageSchemaVersion = 3
 
     public var schemaVersion: Int
     public var generator: Generator
@@ -70,12 +76,16 @@ public struct ExportMetadata: Codable, Equatable, Sendable {
     }
 
     public struct Asset: Codable, Equatable, Sendable {
-        /// Relative to the export directory.
+        /// Relative to the export directory. From schema version 3 several assets may name the
+        /// same package (see `ExportMetadata.packages`).
         public var path: String
         public var kind: AssetKind
+        /// One of `functions`. The package's default function is its owner's.
         public var defaultFunction: FunctionName
+        /// This asset's functions only, also in a package it shares.
         public var functions: [FunctionName: Function]
-        /// Shared by every function of the package.
+        /// Shared by every function of this asset (in a shared package, not by the other
+        /// assets' functions).
         public var states: [State]
 
         enum CodingKeys: String, CodingKey {
@@ -314,7 +324,8 @@ extension ExportMetadata {
         public var bytesBefore: Int
         /// Their size as stored, each counted once.
         public var bytesAfter: Int
-        /// What each package stores of them.
+        /// What each package stores of them, keyed by the package's owner role
+        /// (`ExportMetadata.packages`): a package shared by several assets appears once.
         public var packages: [AssetRole: StoredCount]
 
         public init(rule: Int, mode: CompressionMode, bits: Int, blockSize: Int? = nil, groupSize: Int? = nil,
@@ -359,6 +370,56 @@ extension ExportMetadata {
     public var isSchemaVersionSupported: Bool {
         Self.supportedSchemaVersions.contains(schemaVersion)
     }
+
+    /// Whether assets may name the same package (schema version 3 and later).
+    public var allowsSharedPackages: Bool {
+        schemaVersion >= Self.sharedPackageSchemaVersion
+    }
+}
+
+extension ExportMetadata {
+    /// One package file of the export and the assets stored in it.
+    public struct Package: Equatable, Sendable {
+        /// `assets.<role>.path` of its assets.
+        public var path: String
+        /// Every role whose asset is stored in it, in pipeline order; the first is the owner.
+        public var roles: [AssetRole]
+
+        public init(path: String, roles: [AssetRole]) {
+            self.path = path
+            self.roles = roles
+        }
+
+        /// The first role, in pipeline order, whose asset names the package: its default
+        /// function is the package's, and `compression.groups[i].packages` counts the package
+        /// under this role.
+        public var owner: AssetRole { roles[0] }
+
+        /// Whether more than one asset is stored in it.
+        public var isShared: Bool { roles.count > 1 }
+    }
+
+    /// The distinct packages, in pipeline order of their owners. From schema version 3 the
+    /// assets naming the same `path` (the same string, as python/museflash/bundle.py
+    /// `package_owners` compares them) are one package; before, every asset is a package of its
+    /// own, whatever its path.
+    public var packages: [Package] {
+        var result: [Package] = []
+        for role in AssetRole.allCases {
+            guard let asset = assets[role] else { continue }
+            if allowsSharedPackages, let index = result.firstIndex(where: { $0.path == asset.path }) {
+                result[index].roles.append(role)
+            } else {
+                result.append(Package(path: asset.path, roles: [role]))
+            }
+        }
+        return result
+    }
+
+    /// The package `role`'s asset is stored in, or nil when `assets` has no such role.
+    public func package(of role: AssetRole) -> Package? {
+        packages.first { $0.roles.contains(role) }
+    }
 }
 
 // MARK: Closed sets of names; each raw value is the spelling in the bundle.
@@ -389,7 +450,9 @@ extension ContractName {
 }
 
 extension ExportMetadata {
-    /// Keys of `assets`, in pipeline order; the package is `<role>.mlpackage`.
+    /// Keys of `assets`, in pipeline order (which decides a shared package's owner). The package
+    /// is `<role>.mlpackage`, except that from schema version 3 the DFlash drafter shares the
+    /// fused target's `target.mlpackage`.
     public enum AssetRole: String, Codable, Sendable, CaseIterable, ContractName {
         case target
         case dflashDrafter = "dflash_drafter"
@@ -440,11 +503,34 @@ extension ExportMetadata {
     }
 
     public enum StateName: String, Codable, Sendable, CaseIterable, ContractName {
+        /// The target's full-attention layers.
         case globalKeyCache
         case globalValueCache
+        /// The target's sliding layers; the ring drafter's (and before schema version 3 the
+        /// DFlash drafter's) cache.
         case slidingKeyCache
         case slidingValueCache
+        /// The DFlash drafter's cache (schema version 3: it shares the target's package, so
+        /// its states need names of their own).
+        case drafterKeyCache
+        case drafterValueCache
         public static let meaning = "state name"
+
+        /// The kind a state of this name has (python/museflash/bundle.py `StateName.kind`).
+        public var kind: StateKind {
+            switch self {
+            case .globalKeyCache, .globalValueCache: return .globalKV
+            case .slidingKeyCache, .slidingValueCache, .drafterKeyCache, .drafterValueCache: return .slidingKV
+            }
+        }
+
+        /// The role a state of this name has.
+        public var role: StateRole {
+            switch self {
+            case .globalKeyCache, .slidingKeyCache, .drafterKeyCache: return .key
+            case .globalValueCache, .slidingValueCache, .drafterValueCache: return .value
+            }
+        }
     }
 
     public enum StateKind: String, Codable, Sendable, CaseIterable, ContractName {

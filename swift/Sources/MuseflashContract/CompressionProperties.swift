@@ -17,13 +17,18 @@ typealias CompressedGroup = ExportMetadata.CompressedGroup
 /// Without `compression`, only `<role>.compression.ops_declared` runs: it fails when a package
 /// holds any constexpr op. Blob headers of the weight file are read (64 bytes each, never the
 /// data) only when compression is declared.
+///
+/// The `<role>.compression.*` properties run once per distinct package, named by its owner
+/// role (`ExportMetadata.Package.owner`), which is also the key of its counts in
+/// `groups[i].packages`: a package the fused target and the DFlash drafter share (schema
+/// version 3) is `target`, and its counts cover every weight of both, each once.
 extension LoadedBundle {
     func compressionProperties() -> [PropertyResult] {
         guard let compression = metadata.compression else {
-            return roles.map(undeclaredCompression)
+            return owners.map(undeclaredCompression)
         }
         var results = [compressionMetadata(compression)]
-        for role in roles {
+        for role in owners {
             let analysis = Result { try CompressionAnalysis(package(role), groups: compression.groups) }
             results += [
                 compressionOpsDeclared(role, compression, analysis),
@@ -54,8 +59,10 @@ extension LoadedBundle {
 
     /// The groups are well formed and agree with the assets: a group is linear or palettize, with
     /// 4 or 8 bits, a block size only for linear and a group size for palettize; it names a rule
-    /// and listed assets; per package it stores at most what the group holds, and together the
-    /// packages store at least all of it. `compression` needs schema_version 2.
+    /// and listed assets, each the owner of its package (a role stored in a package another
+    /// role owns is counted under the owner); per package it stores at most what the group
+    /// holds, and together the packages store at least all of it. `compression` needs
+    /// schema_version 2.
     func compressionMetadata(_ compression: ExportMetadata.Compression) -> PropertyResult {
         evaluate("metadata.compression") {
             var problems = Problems()
@@ -83,6 +90,10 @@ extension LoadedBundle {
                 }
                 for (role, stored) in group.packages.sorted(by: { $0.key.rawValue < $1.key.rawValue }) {
                     problems.require(metadata.assets[role] != nil, "\(label).packages names \(role), which assets does not list")
+                    if let file = packageFile(of: role), file.owner != role {
+                        problems.add("\(label).packages names \(role), whose asset is stored in \(file.path), owned by "
+                                     + "\(file.owner): a shared package is counted once, under its owner")
+                    }
                     problems.require(stored.tensors <= group.tensors && stored.bytes <= group.bytesAfter,
                                      "\(label).packages.\(role) stores \(stored.tensors) weights in \(stored.bytes) bytes, "
                                      + "more than the group's \(group.tensors) in \(group.bytesAfter)")
@@ -236,11 +247,20 @@ extension LoadedBundle {
 
     /// Every op that rebuilds the same data blob, in any function, is the same op: type, output,
     /// data and scale or look-up table (dtype, shape and blob) alike. A weight that one function
-    /// rebuilds from a constexpr op is not a plain const in another function (matched by output
-    /// name, which the exporter keeps across the functions of a package).
+    /// rebuilds from a constexpr op is not a plain const in another function of the same asset
+    /// (matched by output name, which the exporter keeps across the functions of one model; in a
+    /// package the target and the DFlash drafter share, the two models may name different
+    /// weights alike, so the target's functions are not compared with the drafter's by name).
     func compressionFunctionsAgree(_ role: AssetRole, _ analysis: Result<CompressionAnalysis, Error>) -> PropertyResult {
         evaluate("\(role).compression.functions_agree") {
             let analysis = try analysis.get()
+            // Function name -> the asset listing it (nil: a package of its own, or no asset).
+            var assetOf: [String: AssetRole] = [:]
+            if let file = packageFile(of: role), file.isShared {
+                for member in file.roles {
+                    for name in metadata.assets[member]?.functions.keys.map(\.rawValue) ?? [] { assetOf[name] = member }
+                }
+            }
             var problems = Problems()
             var disagreements: [String] = []
             var shared = 0
@@ -256,7 +276,9 @@ extension LoadedBundle {
             var plain: [String] = []
             let compressedByName = Dictionary(grouping: analysis.uses, by: \.name)
             for const in analysis.fp16Weights {
-                guard let other = compressedByName[const.name]?.first(where: { $0.function != const.function }) else { continue }
+                guard let other = compressedByName[const.name]?.first(where: {
+                    $0.function != const.function && assetOf[$0.functionName] == assetOf[const.functionName]
+                }) else { continue }
                 plain.append("\(const.label) is a plain fp16 const but \(other.label) is \(other.opType)")
             }
             if !disagreements.isEmpty { problems.add("\(disagreements.count) ops disagree: \(capped(disagreements))") }
@@ -373,7 +395,10 @@ struct BlobTensor: Equatable {
 struct CompressionAnalysis {
     /// One constexpr op (a weight as a function rebuilds it).
     struct Use {
+        /// The function's label (its name, with the opset when it has several specializations).
         var function: String
+        /// The function's name.
+        var functionName: String
         /// The op's output name.
         var name: String
         var opType: String
@@ -440,6 +465,7 @@ struct CompressionAnalysis {
     /// A 2-D fp16 `const` weight.
     struct PlainWeight {
         var function: String
+        var functionName: String
         var name: String
         var shape: [UInt64]
         var blob: MILBlobReference
@@ -478,11 +504,12 @@ struct CompressionAnalysis {
                     : "\(function.name)[\(specialization.opset)]"
                 for operation in specialization.block.allOperations {
                     if operation.type.hasPrefix(CompressionScheme.constexprPrefix) {
-                        uses.append(Self.use(operation, function: label, groups: groups))
+                        uses.append(Self.use(operation, function: label, functionName: function.name, groups: groups))
                     } else if operation.type == "const", let value = operation.attributes["val"], value.blob != nil,
                               let tensor = value.tensorType, tensor.dataType == .float16,
                               let shape = tensor.shape, shape.count == 2 {
-                        fp16Weights.append(PlainWeight(function: label, name: operation.outputs.first?.name ?? "?",
+                        fp16Weights.append(PlainWeight(function: label, functionName: function.name,
+                                                       name: operation.outputs.first?.name ?? "?",
                                                        shape: shape, blob: value.blob!))
                     }
                 }
@@ -534,9 +561,11 @@ struct CompressionAnalysis {
         }
     }
 
-    private static func use(_ operation: MILOperation, function: String, groups: [CompressedGroup]) -> Use {
+    private static func use(_ operation: MILOperation, function: String, functionName: String,
+                            groups: [CompressedGroup]) -> Use {
         let mode = CompressionScheme.mode(ofOpType: operation.type)
-        var use = Use(function: function, name: operation.outputs.first?.name ?? "?", opType: operation.type, mode: mode)
+        var use = Use(function: function, functionName: functionName, name: operation.outputs.first?.name ?? "?",
+                      opType: operation.type, mode: mode)
         guard let mode = mode, let op = CompressionScheme.ops[mode] else {
             use.problems.append("op type \(operation.type) is not one a compression group stores "
                                 + "(\(CompressionScheme.ops.values.map(\.type).sorted().joined(separator: " or ")))")

@@ -12,6 +12,12 @@ import MLPackage
 /// is a contract violation, corruption is unreadable input. Weight files are read
 /// (blob headers only) by the compression properties, and only when metadata.json
 /// declares compression; a damaged weight file fails `<role>.compression.bytes`.
+///
+/// Each distinct package (`ExportMetadata.packages`: from schema version 3 the fused target
+/// and the DFlash drafter share one) is read once. Properties of a package as a whole
+/// (`<role>.embedded_metadata`, `<role>.compression.*`) run once per package, named by its
+/// owner's role; properties of an asset (`<role>.states`, `<role>.function_map`, the target's
+/// and drafters' signatures) look only at that asset's functions of the package.
 public struct ContractChecker {
     public typealias InterfaceLoader = (URL) throws -> PackageInterface
 
@@ -54,19 +60,21 @@ public struct ContractChecker {
         }
 
         var bundle = LoadedBundle(directory: exportDirectory, metadata: metadata, metadataJSON: metadataJSON)
-        for role in bundle.roles {
-            guard let asset = metadata.assets[role] else { continue }
-            switch bundle.locate(asset) {
+        for file in bundle.packageFiles {
+            switch bundle.locate(file.path) {
             case .absent(let reason):
-                bundle.missing[role] = reason
+                for role in file.roles { bundle.missing[role] = reason }
             case .found(let url):
+                let interface: PackageInterface
                 do {
-                    bundle.packages[role] = try loadInterface(url)
+                    interface = try loadInterface(url)
                 } catch let error as MLPackageError {
-                    throw ContractInputError.unreadablePackage(role: role, path: url.path, reason: error.description)
+                    throw ContractInputError.unreadablePackage(role: file.owner, path: url.path, reason: error.description)
                 } catch {
-                    throw ContractInputError.unreadablePackage(role: role, path: url.path, reason: String(describing: error))
+                    throw ContractInputError.unreadablePackage(role: file.owner, path: url.path,
+                                                               reason: String(describing: error))
                 }
+                for role in file.roles { bundle.packages[role] = interface }
             }
         }
 
@@ -83,12 +91,16 @@ typealias OutputName = ExportMetadata.OutputName
 typealias StateKind = ExportMetadata.StateKind
 typealias LayerType = ExportMetadata.LayerType
 typealias DrafterKind = ExportMetadata.DrafterKind
+typealias PackageFile = ExportMetadata.Package
 
 /// Everything the properties look at, after loading.
 struct LoadedBundle {
     let directory: URL
     let metadata: ExportMetadata
     let metadataJSON: JSONValue
+    /// The distinct packages, each with the roles stored in it, owners in pipeline order.
+    let packageFiles: [PackageFile]
+    /// Role -> the interface of its package; roles sharing a package share one interface.
     var packages: [AssetRole: PackageInterface] = [:]
     /// Role -> why its package is absent.
     var missing: [AssetRole: String] = [:]
@@ -97,9 +109,26 @@ struct LoadedBundle {
         self.directory = directory
         self.metadata = metadata
         self.metadataJSON = metadataJSON
+        self.packageFiles = metadata.packages
     }
 
     var roles: [AssetRole] { metadata.orderedRoles }
+
+    /// The owner role of every distinct package, in pipeline order.
+    var owners: [AssetRole] { packageFiles.map(\.owner) }
+
+    /// The package `role`'s asset is stored in.
+    func packageFile(of role: AssetRole) -> PackageFile? {
+        packageFiles.first { $0.roles.contains(role) }
+    }
+
+    /// `the dflash_drafter package` for a package of its own, `the dflash_drafter package
+    /// (target.mlpackage, shared with target)` for a shared one.
+    func packageLabel(_ role: AssetRole) -> String {
+        guard let file = packageFile(of: role), file.isShared else { return "the \(role) package" }
+        let others = file.roles.filter { $0 != role }.map(\.rawValue).joined(separator: ", ")
+        return "the \(role) package (\(file.path), shared with \(others))"
+    }
 
     enum Location {
         case found(URL)
@@ -115,25 +144,26 @@ struct LoadedBundle {
         return components.reduce(directory) { $0.appendingPathComponent(String($1)) }
     }
 
-    func locate(_ asset: ExportMetadata.Asset) -> Location {
-        guard let url = exportURL(asset.path) else {
-            return .absent("path \"\(asset.path)\" is not a relative path inside the export directory")
+    /// `path` (an asset's) in the export directory.
+    func locate(_ path: String) -> Location {
+        guard let url = exportURL(path) else {
+            return .absent("path \"\(path)\" is not a relative path inside the export directory")
         }
         var isDirectory: ObjCBool = false
         guard FileManager.default.fileExists(atPath: url.path, isDirectory: &isDirectory) else {
-            return .absent("\(asset.path) does not exist")
+            return .absent("\(path) does not exist")
         }
         guard isDirectory.boolValue else {
-            return .absent("\(asset.path) is a file, not a .mlpackage directory")
+            return .absent("\(path) is a file, not a .mlpackage directory")
         }
         return .found(url)
     }
 
-    /// The package of `role`, or a violation saying why it cannot be checked.
+    /// The package of `role` (shared or not), or a violation saying why it cannot be checked.
     func package(_ role: AssetRole) throws -> PackageInterface {
         if let package = packages[role] { return package }
         if let reason = missing[role] {
-            throw Violation(detail: "not checked: the \(role) package is missing (\(reason); see metadata.assets_exist)")
+            throw Violation(detail: "not checked: \(packageLabel(role)) is missing (\(reason); see metadata.assets_exist)")
         }
         throw Violation(detail: "not checked: metadata.json lists no \(role) asset")
     }
@@ -141,9 +171,14 @@ struct LoadedBundle {
     func function(_ name: FunctionName, of role: AssetRole) throws -> FunctionDescription {
         let package = try package(role)
         guard let function = package.function(named: name.rawValue) else {
-            throw Violation(detail: "the \(role) package has no function \(name) (it has \(package.functionNames))")
+            throw Violation(detail: "\(packageLabel(role)) has no function \(name) (it has \(package.functionNames))")
         }
         return function
+    }
+
+    /// The functions of `role`'s package that are `role`'s (`ExportMetadata.functions(of:in:)`).
+    func functions(of role: AssetRole) throws -> [FunctionDescription] {
+        metadata.functions(of: role, in: try package(role))
     }
 
     func speculativeDecoding() throws -> ExportMetadata.SpeculativeDecoding {
@@ -158,7 +193,8 @@ struct LoadedBundle {
         if let speculative = metadata.speculativeDecoding {
             results.append(drafterKindMetadata(speculative))
         }
-        results += roles.map(embeddedMetadata)
+        results += owners.map(embeddedMetadata)
+        results.append(packageFunctions())
         // Every bundle needs a target, so its properties run (and fail) even when none is listed.
         results += targetProperties()
         if metadata.assets[.dflashDrafter] != nil {
@@ -181,5 +217,24 @@ extension ExportMetadata {
     /// The roles present, in pipeline order.
     var orderedRoles: [AssetRole] {
         AssetRole.allCases.filter { assets[$0] != nil }
+    }
+
+    /// The functions of `package` (the package of `role`) that are `role`'s, in package order.
+    /// For a package of its own that is every function (as before schema version 3); in a
+    /// shared package those its asset lists, so the target's properties never judge the
+    /// drafter's functions nor the other way round. A function no asset of a shared package
+    /// lists is nobody's (`package.functions` fails for it).
+    func functions(of role: AssetRole, in package: PackageInterface) -> [FunctionDescription] {
+        guard let file = self.package(of: role), file.isShared else { return package.functions }
+        let own = Set((assets[role]?.functions.keys).map { $0.map(\.rawValue) } ?? [])
+        return package.functions.filter { own.contains($0.name) }
+    }
+
+    /// The functions of a shared `package` that none of its assets lists.
+    func unlistedFunctions(of file: Package, in package: PackageInterface) -> [FunctionDescription] {
+        let listed = file.roles.reduce(into: Set<String>()) { names, role in
+            names.formUnion((assets[role]?.functions.keys).map { $0.map(\.rawValue) } ?? [])
+        }
+        return package.functions.filter { !listed.contains($0.name) }
     }
 }

@@ -22,7 +22,8 @@ public struct ContractReport: Sendable {
     public var exportDirectory: URL
     /// Nil when metadata.json declares a schema version this checker cannot decode.
     public var metadata: ExportMetadata?
-    /// Role -> interface, for the packages that exist.
+    /// Role -> interface, for the packages that exist; roles sharing a package (schema version
+    /// 3) map to the same interface, read once.
     public var packages: [ExportMetadata.AssetRole: PackageInterface]
     public var results: [PropertyResult]
 

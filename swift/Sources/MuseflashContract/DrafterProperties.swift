@@ -14,19 +14,27 @@ extension LoadedBundle {
         [ringDrafterMainSignature()]
     }
 
+    /// The DFlash drafter asset lists exactly `inject_kv` and `draft`, and its package has both:
+    /// a package of its own before schema version 3, from 3 the one it shares with the fused
+    /// target. That the package has no function beyond those its assets list (before 3: exactly
+    /// these two) is `package.functions`.
     func drafterFunctions() -> PropertyResult {
         evaluate("drafter.functions") {
-            let names = try package(dflashRole).functionNames
+            let package = try package(dflashRole)
             let expected = [FunctionName.injectKV, .draft].map(\.rawValue)
-            guard names.sorted() == expected.sorted() else {
-                throw Violation(detail: "functions are \(names); exactly \(expected) are required")
-            }
-            return expected.joined(separator: ", ")
+            let listed = (metadata.assets[dflashRole]?.functions.keys).map { $0.map(\.rawValue) } ?? []
+            var problems = Problems()
+            problems.require(listed.sorted() == expected.sorted(),
+                             "metadata lists the \(dflashRole) functions \(listed.sorted()); exactly \(expected) are required")
+            let missing = expected.filter { package.function(named: $0) == nil }
+            problems.require(missing.isEmpty, "\(packageLabel(dflashRole)) lacks \(missing) (it has \(package.functionNames))")
+            return try problems.verdict(expected.joined(separator: ", "))
         }
     }
 
     /// The app creates one state and passes it to both functions, so they
-    /// must agree on every state exactly.
+    /// must agree on every state exactly; and the states they bind are exactly the
+    /// `dflash_drafter` asset's (in a package shared with the target, never the target's).
     func drafterSharedStates() -> PropertyResult {
         evaluate("drafter.shared_states") {
             let injectKV = try function(.injectKV, of: dflashRole)
@@ -34,9 +42,13 @@ extension LoadedBundle {
             var problems = Problems()
             let injectNames = injectKV.states.map(\.name).sorted()
             let draftNames = draft.states.map(\.name).sorted()
+            let assetNames = (metadata.assets[dflashRole]?.states ?? []).map(\.name.rawValue).sorted()
             problems.require(!injectNames.isEmpty, "\(FunctionName.injectKV) binds no states")
             problems.require(injectNames == draftNames,
                              "\(FunctionName.injectKV) binds \(injectNames) but \(FunctionName.draft) binds \(draftNames)")
+            for (function, names) in [(FunctionName.injectKV, injectNames), (.draft, draftNames)] where names != assetNames {
+                problems.add("\(function) binds \(names) but the \(dflashRole) asset's states are \(assetNames)")
+            }
             for state in injectKV.states {
                 guard let other = draft.state(named: state.name) else { continue }
                 problems.require(state.type.multiArray?.shape == other.type.multiArray?.shape,
@@ -47,7 +59,9 @@ extension LoadedBundle {
                                      "\(state.name) in \(function) is \(describe(feature.type)), not fp16")
                 }
             }
-            for (function, reason) in (try package(dflashRole)).stateCreationFailures.sorted(by: { $0.key < $1.key }) {
+            let drafterFunctions = Set([FunctionName.injectKV, .draft].map(\.rawValue))
+            for (function, reason) in (try package(dflashRole)).stateCreationFailures.sorted(by: { $0.key < $1.key })
+            where drafterFunctions.contains(function) {
                 problems.add("Core ML could not make the state of \(function): \(reason)")
             }
             return try problems.verdict(injectNames.joined(separator: ", "))

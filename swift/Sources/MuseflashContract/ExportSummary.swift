@@ -57,15 +57,26 @@ extension ContractReport {
         }
         for role in metadata.orderedRoles {
             guard let asset = metadata.assets[role] else { continue }
+            let file = metadata.package(of: role)
+            let owner = file?.owner ?? role
             lines.append("")
-            lines.append("Asset \(role) (\(asset.kind)): \(asset.path)")
+            lines.append("Asset \(role) (\(asset.kind)): \(asset.path)"
+                         + (owner == role ? "" : " (shared with \(owner), which owns it)"))
             guard let package = packages[role] else {
                 lines.append("  not read (missing)")
                 continue
             }
-            lines.append("  default function: \(package.defaultFunctionName)")
-            for function in package.functions {
-                lines.append("  function \(function.name)")
+            if owner == role {
+                lines.append("  default function: \(package.defaultFunctionName)")
+            }
+            // A shared package's functions, each under the asset it belongs to; those no asset
+            // lists under the owner.
+            var functions = metadata.functions(of: role, in: package).map { ($0, "") }
+            if let file = file, file.isShared, owner == role {
+                functions += metadata.unlistedFunctions(of: file, in: package).map { ($0, " (listed by no asset)") }
+            }
+            for (function, note) in functions {
+                lines.append("  function \(function.name)\(note)")
                 lines += function.inputs.map { "    in    \($0.name): \(describe($0.type))" }
                 lines += function.outputs.map { "    out   \($0.name): \(describe($0.type))" }
                 lines += function.states.map { "    state \($0.name): \(describe($0.type))" }

@@ -12,17 +12,32 @@ extension LoadedBundle {
         }
     }
 
+    /// Every package an asset names exists (a shared package once, naming all its roles).
+    /// Before schema version 3 every asset has a package of its own, so two naming the same
+    /// path fail.
     func assetsExist() -> PropertyResult {
         evaluate("metadata.assets_exist") {
             var problems = Problems()
             if metadata.assets.isEmpty { problems.add("metadata.json lists no assets") }
-            for role in roles {
-                if let reason = missing[role] { problems.add("\(role): \(reason)") }
+            for file in packageFiles {
+                if let reason = missing[file.owner] {
+                    problems.add("\(file.roles.map(\.rawValue).joined(separator: ", ")): \(reason)")
+                }
+            }
+            if !metadata.allowsSharedPackages {
+                let byPath = Dictionary(grouping: roles) { metadata.assets[$0]!.path }
+                for (path, sharing) in byPath.sorted(by: { $0.key < $1.key }) where sharing.count > 1 {
+                    problems.add("\(sharing.map(\.rawValue).joined(separator: " and ")) name the same package \(path), "
+                                 + "but assets share a package only from schema_version "
+                                 + "\(ExportMetadata.sharedPackageSchemaVersion) (this is \(metadata.schemaVersion))")
+                }
             }
             return try problems.verdict(roles.map { "\($0)=\(metadata.assets[$0]!.path)" }.joined(separator: ", "))
         }
     }
 
+    /// The package's user-defined metadata holds metadata.json's JSON; once per package, named
+    /// by its owner.
     func embeddedMetadata(_ role: AssetRole) -> PropertyResult {
         evaluate("\(role).embedded_metadata") {
             let package = try package(role)

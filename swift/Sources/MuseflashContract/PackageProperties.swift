@@ -37,9 +37,14 @@ extension LoadedBundle {
         }
     }
 
+    /// The asset's state entries fit the model settings and their own names (kind and role),
+    /// and every function of the asset (in a shared package: only the asset's own functions,
+    /// `ExportMetadata.functions(of:in:)`) binds exactly those states, fp16, of the listed shapes.
+    /// Assets sharing a package have states of distinct names; the later asset in pipeline
+    /// order fails when a name is taken.
     func states(_ role: AssetRole) -> PropertyResult {
         evaluate("\(role).states") {
-            let package = try package(role)
+            let functions = try functions(of: role)
             let entries = metadata.assets[role]?.states ?? []
             let expectations = stateExpectations(for: role)
             var problems = Problems()
@@ -51,9 +56,18 @@ extension LoadedBundle {
             for entry in entries {
                 checkEntry(entry, against: expectations, problems: &problems)
             }
+            if let file = packageFile(of: role), let index = file.roles.firstIndex(of: role) {
+                for earlier in file.roles[..<index] {
+                    let taken = Set((metadata.assets[earlier]?.states ?? []).map(\.name))
+                    for entry in entries where taken.contains(entry.name) {
+                        problems.add("state \(entry.name) is also the \(earlier)'s, which shares \(file.path); "
+                                     + "assets sharing a package need states of their own")
+                    }
+                }
+            }
 
             let expectedNames = entries.map(\.name.rawValue).sorted()
-            for function in package.functions {
+            for function in functions {
                 let names = function.states.map(\.name).sorted()
                 problems.require(names == expectedNames,
                                  "function \(function.name) binds states \(names) but metadata lists \(expectedNames)")
@@ -76,6 +90,10 @@ extension LoadedBundle {
 
     private func checkEntry(_ entry: ExportMetadata.State, against expected: StateExpectations, problems: inout Problems) {
         let label = "metadata state \(entry.name)"
+        problems.require(entry.kind == entry.name.kind,
+                         "\(label) has kind \(entry.kind), but a state of that name is \(entry.name.kind)")
+        problems.require(entry.role == entry.name.role,
+                         "\(label) has role \(entry.role), but a state of that name is a \(entry.name.role)")
         problems.require(entry.dtype == "float16", "\(label) has dtype \(entry.dtype), not float16")
         let dimensions = [entry.layers, entry.kvHeads, entry.capacity, entry.headDim]
         problems.require(kvDimensions(entry.shape) == dimensions,
@@ -103,13 +121,23 @@ extension LoadedBundle {
         }
     }
 
+    /// The functions the asset lists are in its package with the listed inputs and outputs; its
+    /// `default_function` is one of them, and when the asset owns its package (every asset
+    /// before schema version 3; of a shared package the first role in pipeline order) it is the
+    /// package's default function.
     func functionMap(_ role: AssetRole) -> PropertyResult {
         evaluate("\(role).function_map") {
             let package = try package(role)
             guard let asset = metadata.assets[role] else { return "no asset" }
             var problems = Problems()
-            problems.require(package.defaultFunctionName == asset.defaultFunction.rawValue,
-                             "default function is \"\(package.defaultFunctionName)\" but metadata says \"\(asset.defaultFunction)\"")
+            problems.require(asset.functions[asset.defaultFunction] != nil,
+                             "default_function \(asset.defaultFunction) is not one of the asset's functions "
+                             + "\(asset.functions.keys.map(\.rawValue).sorted())")
+            if let file = packageFile(of: role), file.owner == role {
+                problems.require(package.defaultFunctionName == asset.defaultFunction.rawValue,
+                                 "default function is \"\(package.defaultFunctionName)\" but metadata says \"\(asset.defaultFunction)\""
+                                 + (file.isShared ? " (the \(role) owns the package \(file.path), so its default is the package's)" : ""))
+            }
             for (name, expected) in asset.functions.sorted(by: { $0.key.rawValue < $1.key.rawValue }) {
                 guard let function = package.function(named: name.rawValue) else {
                     problems.add("metadata lists function \(name) but the package has \(package.functionNames)")
@@ -123,6 +151,55 @@ extension LoadedBundle {
                                  "\(name) outputs are \(outputs) but metadata says \(expected.outputs)")
             }
             return try problems.verdict(asset.functions.keys.map(\.rawValue).sorted().joined(separator: ", "))
+        }
+    }
+
+    /// `package.functions`: every package has exactly the functions its assets list, the union of
+    /// the `functions` of the assets whose `path` names it (before schema version 3 one asset's;
+    /// from 3 the fused target's `main`, `prefill` and the DFlash drafter's `inject_kv`, `draft`
+    /// in their shared package), and no two of those assets list the same function. One property
+    /// for all packages; which package default function is right is `<owner>.function_map`.
+    func packageFunctions() -> PropertyResult {
+        evaluate("package.functions") {
+            var problems = Problems()
+            var summary: [String] = []
+            for file in packageFiles {
+                let label = file.isShared
+                    ? "\(file.path) (\(file.roles.map(\.rawValue).joined(separator: ", ")))" : file.path
+                let package: PackageInterface
+                do {
+                    package = try self.package(file.owner)
+                } catch let violation as Violation {
+                    problems.add("\(label): \(violation.detail)")
+                    continue
+                }
+                var listedBy: [String: AssetRole] = [:]
+                for role in file.roles {
+                    for name in (metadata.assets[role]?.functions.keys).map(Array.init) ?? [] {
+                        if let other = listedBy[name.rawValue] {
+                            problems.add("\(label): function \(name) is listed by both \(other) and \(role)")
+                        } else {
+                            listedBy[name.rawValue] = role
+                        }
+                    }
+                }
+                let present = Set(package.functionNames)
+                for (name, role) in listedBy.sorted(by: { $0.key < $1.key }) where !present.contains(name) {
+                    problems.add("\(label) has no function \(name), which the \(role) lists "
+                                 + "(it has \(package.functionNames))")
+                }
+                let unlisted = package.functionNames.filter { listedBy[$0] == nil }
+                if !unlisted.isEmpty {
+                    problems.add("\(label) has function\(unlisted.count == 1 ? "" : "s") \(unlisted) that no asset "
+                                 + "stored in it lists")
+                }
+                let duplicates = Dictionary(grouping: package.functionNames, by: { $0 }).filter { $0.value.count > 1 }.keys
+                if !duplicates.isEmpty {
+                    problems.add("\(label) declares function\(duplicates.count == 1 ? "" : "s") \(duplicates.sorted()) more than once")
+                }
+                summary.append("\(label): \(package.functionNames.joined(separator: ", "))")
+            }
+            return try problems.verdict(summary.joined(separator: "; "))
         }
     }
 }

@@ -88,6 +88,39 @@ final class MetadataExamplesTests: XCTestCase {
         }
     }
 
+    /// The package rules as this reader applies them (schema version 3): each asset's default
+    /// function is one of its functions; assets sharing a package list distinct functions and
+    /// states; `compression.groups[i].packages` names only package owners.
+    func testValidExamplesFollowThePackageRules() throws {
+        for example in try examples().valid {
+            guard let metadata = try? ExportMetadata.decode(from: try text(of: example), path: example.name) else {
+                continue  // testValidExamplesDecodeAndRoundTrip reports it
+            }
+            for (role, asset) in metadata.assets {
+                XCTAssertNotNil(asset.functions[asset.defaultFunction],
+                                "\(example.name): \(role) default_function \(asset.defaultFunction) is not one of its functions")
+            }
+            for package in metadata.packages where package.isShared {
+                let assets = package.roles.compactMap { metadata.assets[$0] }
+                let functions = assets.flatMap(\.functions.keys)
+                XCTAssertEqual(Set(functions).count, functions.count, "\(example.name): \(package.path) functions \(functions)")
+                let states = assets.flatMap { $0.states.map(\.name) }
+                XCTAssertEqual(Set(states).count, states.count, "\(example.name): \(package.path) states \(states)")
+            }
+            let owners = Set(metadata.packages.map(\.owner))
+            for (index, group) in (metadata.compression?.groups ?? []).enumerated() {
+                XCTAssertTrue(Set(group.packages.keys).isSubset(of: owners),
+                              "\(example.name): compression.groups[\(index)].packages \(group.packages.keys) are not all owners \(owners)")
+            }
+            for asset in metadata.assets.values {
+                for state in asset.states {
+                    XCTAssertEqual(state.kind, state.name.kind, "\(example.name): state \(state.name)")
+                    XCTAssertEqual(state.role, state.name.role, "\(example.name): state \(state.name)")
+                }
+            }
+        }
+    }
+
     /// Keys a reader does not know are ignored at every level.
     func testForwardCompatibleExamplesDecodeLikeTheirBase() throws {
         let examples = try examples()

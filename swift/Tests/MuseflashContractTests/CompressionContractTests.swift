@@ -5,7 +5,9 @@ import MuseflashContract
 import TestSupport
 
 /// A compressed export (constexpr ops over blobs of weight.bin, declared in metadata.json),
-/// broken one way at a time.
+/// broken one way at a time. It is of schema version 3: the target and the DFlash drafter share
+/// `target.mlpackage`, whose compression properties are `target`'s and whose counts in
+/// `compression.groups[i].packages` are under `target`, every weight once.
 final class CompressionContractTests: XCTestCase {
     private var export = SyntheticExport.compressedFusedTargetWithDFlashDrafter()
     private let expected = ContractAssertions.compressedDFlashBundleProperties
@@ -18,8 +20,9 @@ final class CompressionContractTests: XCTestCase {
         ContractAssertions.detail(name, in: report)
     }
 
+    /// The weight.bin of the package `role`'s asset is stored in.
     private func weightFile(_ directory: URL, role: String) -> URL {
-        ContractAssertions.packageURL(directory, role: role).appendingPathComponent(PackageSpec.weightPath)
+        ContractAssertions.packageURL(directory, role: export.packageKey(role: role)).appendingPathComponent(PackageSpec.weightPath)
     }
 
     /// Overwrites `bytes` at `offset` of the role's weight.bin.
@@ -31,7 +34,7 @@ final class CompressionContractTests: XCTestCase {
     }
 
     private func offsets(_ role: String, _ weight: String) throws -> PackageSpec.BlobOffsets {
-        try XCTUnwrap(export.packages[role]?.storage().offsets[weight])
+        try XCTUnwrap(export.packages[export.packageKey(role: role)]?.storage().offsets[weight])
     }
 
     func testCompressedExportPassesEveryProperty() throws {
@@ -41,10 +44,53 @@ final class CompressionContractTests: XCTestCase {
         // rule each came from, so the two groups are counted together.
         XCTAssertTrue(detail("target.compression.stored_compressed", report)
             .contains("groups 0, 1 (linear int8 per output channel): 2"), detail("target.compression.stored_compressed", report))
-        XCTAssertTrue(detail("target.compression.ops_declared", report).contains("2 constexpr_lut_to_dense"),
+        // The target's down projection in main and prefill, the drafter's in draft.
+        XCTAssertTrue(detail("target.compression.ops_declared", report).contains("3 constexpr_lut_to_dense"),
                       detail("target.compression.ops_declared", report))
+        // Only the drafter's down projection is used by one function; the embedding and the head
+        // are stored once and used by main, prefill and draft.
+        XCTAssertTrue(detail("target.compression.functions_agree", report).contains("7 compressed weights, 6 of them used by several"),
+                      detail("target.compression.functions_agree", report))
+    }
+
+    /// Before schema version 3: a package per asset, each counted under its own role, the
+    /// embedding stored (and counted) by both.
+    func testSeparatePackagesOfSchemaVersionTwoPassEveryProperty() throws {
+        let separate = SyntheticExport.compressedFusedTargetWithSeparateDFlashDrafter()
+        let report = try ContractAssertions.check(separate)
+        ContractAssertions.assertFailing([], in: report, expected: ContractAssertions.compressedSeparateDFlashBundleProperties)
+        XCTAssertEqual(report.metadata?.compression?.groups[0].packages.keys.map(\.rawValue).sorted(), ["dflash_drafter", "target"])
         XCTAssertTrue(detail("dflash_drafter.compression.functions_agree", report).contains("1 of them used by several"),
                       detail("dflash_drafter.compression.functions_agree", report))
+    }
+
+    /// The shared package stores the embedding once and is counted once, under its owner.
+    func testSharedPackageIsCountedOnceUnderItsOwner() throws {
+        let metadata = try XCTUnwrap(try report().metadata)
+        let groups = try XCTUnwrap(metadata.compression?.groups)
+        XCTAssertEqual(Set(groups.flatMap(\.packages.keys)), [.target])
+        XCTAssertEqual(groups[0].packages[.target], .init(tensors: 1, bytes: 1152))
+        XCTAssertEqual(groups.map(\.tensors), groups.map { $0.packages[.target]?.tensors ?? 0 })
+    }
+
+    /// `packages` naming the DFlash drafter, whose asset is stored in the package `target` owns.
+    func testNonOwnerRoleInPackagesFailsMetadataCompression() throws {
+        export.editCompressionGroup(0) { group in
+            var packages = group["packages"] as! [String: [String: Int]]
+            packages["dflash_drafter"] = packages["target"]
+            group["packages"] = packages
+        }
+        let report = try report()
+        ContractAssertions.assertFailing(["metadata.compression"], in: report, expected: expected)
+        XCTAssertTrue(detail("metadata.compression", report).contains(
+            "groups[0].packages names dflash_drafter, whose asset is stored in target.mlpackage, owned by target"),
+            detail("metadata.compression", report))
+        // With the drafter in a package of its own, the same entry is right.
+        let separate = SyntheticExport.compressedFusedTargetWithSeparateDFlashDrafter()
+        XCTAssertNotNil((separate.metadata["compression"] as? [String: Any]).flatMap {
+            (($0["groups"] as? [[String: Any]])?[0]["packages"] as? [String: Any])?["dflash_drafter"]
+        })
+        XCTAssertTrue(try ContractAssertions.check(separate).allHold)
     }
 
     func testExportWithoutCompressionPassesOpsDeclared() throws {
@@ -62,7 +108,7 @@ final class CompressionContractTests: XCTestCase {
         ContractAssertions.assertFailing(["target.compression.stored_compressed", "target.compression.bytes"],
                                          in: report, expected: expected)
         XCTAssertTrue(detail("target.compression.stored_compressed", report).contains(
-            "group 3 (linear int4 block_size 8): metadata.json declares 2 target weights, the package stores 1 compressed"),
+            "group 3 (linear int4 block_size 8): metadata.json declares 3 target weights, the package stores 2 compressed"),
             detail("target.compression.stored_compressed", report))
     }
 
@@ -73,6 +119,26 @@ final class CompressionContractTests: XCTestCase {
         XCTAssertTrue(detail("target.compression.functions_agree", report).contains(
             "prefill.p_layers_0_mlp_down_proj_weight [16, 32] is a plain fp16 const but "
             + "main.p_layers_0_mlp_down_proj_weight is constexpr_lut_to_dense"), detail("target.compression.functions_agree", report))
+    }
+
+    /// Target and drafter are different models merged into one package: the drafter's op in
+    /// `draft` may have the name of an fp16 weight of the target's functions (the exporter names
+    /// both models' layers alike). That is not one weight compressed in one function only.
+    func testSameOpNameInAnotherAssetsFunctionIsAnotherWeight() throws {
+        export.editFunction(role: "dflash_drafter", "draft") {
+            $0.opNames = ["p_fc_weight": "p_layers_0_self_attn_q_proj_weight"]
+        }
+        ContractAssertions.assertFailing([], in: try report(), expected: expected)
+        // Within one asset, the same name is still the same weight.
+        export.editFunction(role: "target", "prefill") {
+            $0.opNames = ["p_layers_0_mlp_up_proj_weight": "p_layers_0_self_attn_q_proj_weight"]
+        }
+        let report = try report()
+        XCTAssertEqual(report.result(named: "target.compression.functions_agree")?.holds, false,
+                       report.verdictLines.joined(separator: "\n"))
+        XCTAssertTrue(detail("target.compression.functions_agree", report).contains(
+            "main.p_layers_0_self_attn_q_proj_weight [16, 16] is a plain fp16 const but prefill.p_layers_0_self_attn_q_proj_weight"),
+            detail("target.compression.functions_agree", report))
     }
 
     // MARK: Ops of no declared group
@@ -92,12 +158,33 @@ final class CompressionContractTests: XCTestCase {
     func testWrongBitsOrGroupSizeFailOpsDeclared() throws {
         let cases: [(String, String, WeightSpec.Storage, String)] = [
             ("target", "p_layers_0_mlp_up_proj_weight", .linear(bits: 8, blockSize: 8), "is linear int8 block_size 8"),
-            ("dflash_drafter", "p_layers_0_mlp_down_proj_weight", .palettize(bits: 4, groupSize: 8), "is palettize uint4 group_size 8"),
-            ("dflash_drafter", "p_layers_0_mlp_down_proj_weight", .palettize(bits: 8, groupSize: 4), "is palettize uint8 group_size 4"),
+            ("dflash_drafter", "p_drafter_layers_0_mlp_down_proj_weight", .palettize(bits: 4, groupSize: 8),
+             "is palettize uint4 group_size 8"),
+            ("dflash_drafter", "p_drafter_layers_0_mlp_down_proj_weight", .palettize(bits: 8, groupSize: 4),
+             "is palettize uint8 group_size 4"),
             ("target", "p_embed_tokens_weight", .linear(bits: 8, blockSize: 8), "is linear int8 block_size 8"),
         ]
         for (role, weight, storage, fragment) in cases {
             var broken = SyntheticExport.compressedFusedTargetWithDFlashDrafter()
+            broken.editWeight(role: role, weight) { $0.storage = storage }
+            let report = try ContractAssertions.check(broken)
+            let verdict = report.verdictLines.joined(separator: "\n")
+            // Either asset's weight: the shared package's property, its owner's.
+            XCTAssertEqual(report.result(named: "target.compression.ops_declared")?.holds, false, verdict)
+            XCTAssertTrue(detail("target.compression.ops_declared", report).contains(fragment), verdict)
+            XCTAssertNil(report.result(named: "dflash_drafter.compression.ops_declared"), verdict)
+        }
+    }
+
+    /// Before schema version 3 each package's weights are its own property's.
+    func testWrongBitsOrGroupSizeInSeparatePackagesFailTheirOpsDeclared() throws {
+        let cases: [(String, String, WeightSpec.Storage, String)] = [
+            ("target", "p_layers_0_mlp_up_proj_weight", .linear(bits: 8, blockSize: 8), "is linear int8 block_size 8"),
+            ("dflash_drafter", "p_layers_0_mlp_down_proj_weight", .palettize(bits: 4, groupSize: 8), "is palettize uint4 group_size 8"),
+            ("dflash_drafter", "p_layers_0_mlp_down_proj_weight", .palettize(bits: 8, groupSize: 4), "is palettize uint8 group_size 4"),
+        ]
+        for (role, weight, storage, fragment) in cases {
+            var broken = SyntheticExport.compressedFusedTargetWithSeparateDFlashDrafter()
             broken.editWeight(role: role, weight) { $0.storage = storage }
             let report = try ContractAssertions.check(broken)
             let verdict = report.verdictLines.joined(separator: "\n")
@@ -110,13 +197,21 @@ final class CompressionContractTests: XCTestCase {
 
     func testCompressionOpsWithoutDeclarationFailOpsDeclared() throws {
         export.removeMetadata(["compression"])
-        export.setMetadata(["schema_version"], to: 1)
         let report = try report()
-        ContractAssertions.assertFailing(["target.compression.ops_declared", "dflash_drafter.compression.ops_declared"],
-                                         in: report)
+        ContractAssertions.assertFailing(["target.compression.ops_declared"], in: report)
+        // main and prefill 5 each, inject_kv 1, draft 4 (the shared embedding and head among them).
         XCTAssertTrue(detail("target.compression.ops_declared", report).hasPrefix(
-            "metadata.json declares no compression, but 10 weight ops are constexpr ops: main.p_embed_tokens_weight "
+            "metadata.json declares no compression, but 15 weight ops are constexpr ops: main.p_embed_tokens_weight "
             + "(constexpr_blockwise_shift_scale)"), detail("target.compression.ops_declared", report))
+
+        var separate = SyntheticExport.compressedFusedTargetWithSeparateDFlashDrafter()
+        separate.removeMetadata(["compression"])
+        separate.setMetadata(["schema_version"], to: 1)
+        let separateReport = try ContractAssertions.check(separate)
+        ContractAssertions.assertFailing(["target.compression.ops_declared", "dflash_drafter.compression.ops_declared"],
+                                         in: separateReport, expected: ContractAssertions.separateDFlashBundleProperties)
+        XCTAssertTrue(detail("target.compression.ops_declared", separateReport).contains("10 weight ops"),
+                      detail("target.compression.ops_declared", separateReport))
     }
 
     // MARK: Bytes
@@ -132,19 +227,20 @@ final class CompressionContractTests: XCTestCase {
         let report = try report()
         ContractAssertions.assertFailing(["target.compression.bytes"], in: report, expected: expected)
         let bytes = detail("target.compression.bytes", report)
-        XCTAssertTrue(bytes.contains("group 3 (linear int4 block_size 8): metadata.json declares 832 target bytes, "
-                                     + "the blob headers give 768"), bytes)
+        // gate, up and the drafter's fc: 256 bytes of int4 data and 128 of scales each.
+        XCTAssertTrue(bytes.contains("group 3 (linear int4 block_size 8): metadata.json declares 1216 target bytes, "
+                                     + "the blob headers give 1152"), bytes)
         XCTAssertTrue(bytes.contains("in total metadata.json declares"), bytes)
     }
 
     func testLyingTensorCountFailsStoredCompressedOnly() throws {
         export.editCompressionGroup(export.compressionGroupIndex(rule: 2)) { group in
             var packages = group["packages"] as! [String: [String: Int]]
-            packages["dflash_drafter"]!["tensors"]! += 1
+            packages["target"]!["tensors"]! += 1
             group["packages"] = packages
             group["tensors"] = group["tensors"] as! Int + 1
         }
-        ContractAssertions.assertFailing(["dflash_drafter.compression.stored_compressed"], in: try report(), expected: expected)
+        ContractAssertions.assertFailing(["target.compression.stored_compressed"], in: try report(), expected: expected)
     }
 
     /// Groups the ops cannot tell apart (the embedding's and the head's, both int8 per output
@@ -181,8 +277,10 @@ final class CompressionContractTests: XCTestCase {
         let report = try report { directory in
             try self.patch(directory, role: "dflash_drafter", at: data + 4, WeightFileBuilder.little(WeightFileBuilder.uint4))
         }
-        ContractAssertions.assertFailing(["dflash_drafter.compression.bytes"], in: report, expected: expected)
-        XCTAssertTrue(detail("dflash_drafter.compression.bytes", report).contains("the blob stores UINT4, the op says INT4"))
+        ContractAssertions.assertFailing(["target.compression.bytes"], in: report, expected: expected)
+        XCTAssertTrue(detail("target.compression.bytes", report).contains("inject_kv.p_fc_weight data at offset \(data): "
+                                                                          + "the blob stores UINT4, the op says INT4"),
+                      detail("target.compression.bytes", report))
     }
 
     func testCorruptBlobHeaderIsNamedByFileAndOffset() throws {
@@ -204,8 +302,8 @@ final class CompressionContractTests: XCTestCase {
             let data = try Data(contentsOf: url)
             try data.prefix(data.count - 100).write(to: url)
         }
-        ContractAssertions.assertFailing(["dflash_drafter.compression.bytes"], in: report, expected: expected)
-        XCTAssertTrue(detail("dflash_drafter.compression.bytes", report).contains("do not lie after its header within the file"))
+        ContractAssertions.assertFailing(["target.compression.bytes"], in: report, expected: expected)
+        XCTAssertTrue(detail("target.compression.bytes", report).contains("do not lie after its header within the file"))
     }
 
     func testMissingWeightFileFailsBytes() throws {
@@ -219,9 +317,11 @@ final class CompressionContractTests: XCTestCase {
     // MARK: Metadata
 
     func testCompressionInSchemaVersionOneFailsMetadataCompression() throws {
-        export.setMetadata(["schema_version"], to: 1)
-        let report = try report()
-        ContractAssertions.assertFailing(["metadata.compression"], in: report, expected: expected)
+        var separate = SyntheticExport.compressedFusedTargetWithSeparateDFlashDrafter()
+        separate.setMetadata(["schema_version"], to: 1)
+        let report = try ContractAssertions.check(separate)
+        ContractAssertions.assertFailing(["metadata.compression"], in: report,
+                                         expected: ContractAssertions.compressedSeparateDFlashBundleProperties)
         XCTAssertTrue(detail("metadata.compression", report).contains("schema_version 1 has no compression"))
     }
 

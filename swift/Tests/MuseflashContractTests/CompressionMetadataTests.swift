@@ -3,7 +3,8 @@ import Foundation
 import ExportMetadata
 import TestSupport
 
-/// metadata.json `compression` (schema version 2) as ExportMetadata decodes and encodes it.
+/// metadata.json `compression` (schema version 2; here of version 3, counted per package under
+/// its owner) as ExportMetadata decodes and encodes it.
 final class CompressionMetadataTests: XCTestCase {
     private func data(_ edit: (inout SyntheticExport) -> Void = { _ in }) throws -> Data {
         var export = SyntheticExport.compressedFusedTargetWithDFlashDrafter()
@@ -31,7 +32,7 @@ final class CompressionMetadataTests: XCTestCase {
 
     func testCompressionDecodesEveryField() throws {
         let metadata = try ExportMetadata.decode(from: try data())
-        XCTAssertEqual(metadata.schemaVersion, 2)
+        XCTAssertEqual(metadata.schemaVersion, 3)
         XCTAssertTrue(metadata.isSchemaVersionSupported)
         let compression = try XCTUnwrap(metadata.compression)
         XCTAssertNil(compression.preset)
@@ -42,7 +43,8 @@ final class CompressionMetadataTests: XCTestCase {
         XCTAssertEqual(compression.rules[3].blockSize, 8)
         XCTAssertNil(compression.rules[0].blockSize)
         XCTAssertEqual(compression.groups.map(\.rule), [0, 1, 2, 3])
-        // The embedding is one checkpoint tensor stored by both packages.
+        // The embedding is one checkpoint tensor, stored once in the package the target and the
+        // drafter share, and counted under its owner.
         let embedding = compression.groups[0]
         XCTAssertEqual(embedding.mode, .linear)
         XCTAssertEqual(embedding.bits, 8)
@@ -50,11 +52,12 @@ final class CompressionMetadataTests: XCTestCase {
         XCTAssertEqual(embedding.tensors, 1)
         XCTAssertEqual(embedding.bytesBefore, 64 * 16 * 2)
         XCTAssertEqual(embedding.bytesAfter, 64 * 16 + 64 * 2)
-        XCTAssertEqual(embedding.packages, [.target: .init(tensors: 1, bytes: 1152), .dflashDrafter: .init(tensors: 1, bytes: 1152)])
+        XCTAssertEqual(embedding.packages, [.target: .init(tensors: 1, bytes: 1152)])
+        // The target's and the drafter's down projections.
         let palettized = compression.groups[2]
         XCTAssertEqual(palettized.groupSize, 4)
         XCTAssertEqual(palettized.tensors, 2)
-        XCTAssertEqual(palettized.packages[.target]?.bytes, 16 * 32 / 2 + 4 * 16 * 2)
+        XCTAssertEqual(palettized.packages, [.target: .init(tensors: 2, bytes: 2 * (16 * 32 / 2 + 4 * 16 * 2))])
         XCTAssertEqual(compression.fp16Tensors, 1)
         XCTAssertEqual(compression.fp16Bytes, 16 * 16 * 2)
     }

@@ -5,30 +5,41 @@ import TestSupport
 
 /// Shared by the contract test classes; holds no tests itself.
 enum ContractAssertions {
-    /// The properties of an export without compression up to the function maps; a DFlash2
-    /// bundle has the same ones.
-    private static let dflashInterfaceProperties = [
-        "metadata.schema_version", "metadata.assets_exist", "metadata.drafter_kind",
-        "target.embedded_metadata", "dflash_drafter.embedded_metadata",
-        "target.inputs", "target.outputs", "target.drafter_vocab_agree",
-        "drafter.functions", "drafter.shared_states", "drafter.inject_kv_signature", "drafter.draft_signature",
-        "drafter.draft_tokens",
-        "target.states", "dflash_drafter.states",
-        "target.function_map", "dflash_drafter.function_map",
-    ]
+    /// The properties of a DFlash export without compression up to the function maps; a DFlash2
+    /// bundle has the same ones. `owners`: the roles owning a package, which name the
+    /// per-package properties.
+    private static func dflashInterfaceProperties(owners: [String]) -> [String] {
+        ["metadata.schema_version", "metadata.assets_exist", "metadata.drafter_kind"]
+            + owners.map { "\($0).embedded_metadata" } + ["package.functions"]
+            + ["target.inputs", "target.outputs", "target.drafter_vocab_agree",
+               "drafter.functions", "drafter.shared_states", "drafter.inject_kv_signature", "drafter.draft_signature",
+               "drafter.draft_tokens",
+               "target.states", "dflash_drafter.states",
+               "target.function_map", "dflash_drafter.function_map"]
+    }
 
-    static let dflashBundleProperties = dflashInterfaceProperties
+    /// Schema version 3: the target and the DFlash drafter share `target.mlpackage`, owned by
+    /// `target`, so every per-package property runs once, as `target`'s.
+    static let dflashBundleProperties = dflashInterfaceProperties(owners: ["target"])
+        + ["target.compression.ops_declared"]
+
+    /// Before schema version 3: a package per asset.
+    static let separateDFlashBundleProperties = dflashInterfaceProperties(owners: ["target", "dflash_drafter"])
         + ["target.compression.ops_declared", "dflash_drafter.compression.ops_declared"]
 
     static let compressionProperties = ["ops_declared", "stored_compressed", "bytes", "functions_agree"]
 
     /// With `compression` in metadata.json.
-    static let compressedDFlashBundleProperties = dflashInterfaceProperties + ["metadata.compression"]
+    static let compressedDFlashBundleProperties = dflashInterfaceProperties(owners: ["target"]) + ["metadata.compression"]
+        + compressionProperties.map { "target.compression.\($0)" }
+
+    static let compressedSeparateDFlashBundleProperties = dflashInterfaceProperties(owners: ["target", "dflash_drafter"])
+        + ["metadata.compression"]
         + ["target", "dflash_drafter"].flatMap { role in compressionProperties.map { "\(role).compression.\($0)" } }
 
     static let ringBundleProperties = [
         "metadata.schema_version", "metadata.assets_exist", "metadata.drafter_kind",
-        "target.embedded_metadata", "ring_drafter.embedded_metadata",
+        "target.embedded_metadata", "ring_drafter.embedded_metadata", "package.functions",
         "target.inputs", "target.outputs", "target.drafter_vocab_agree",
         "ring_drafter.main_signature",
         "target.states", "ring_drafter.states",
@@ -80,6 +91,8 @@ enum ContractAssertions {
         report.result(named: name)?.detail ?? "<no property \(name)>"
     }
 
+    /// `<role>.mlpackage`: the package a role owns (from schema version 3 the DFlash drafter's
+    /// asset is in `target.mlpackage`).
     static func packageURL(_ directory: URL, role: String) -> URL {
         directory.appendingPathComponent(role + ".mlpackage")
     }

@@ -11,8 +11,9 @@ final class DamagedPackageTests: XCTestCase {
     private let export = SyntheticExport.fusedTargetWithDFlashDrafter()
 
     private func assertUnreadable(_ role: ExportMetadata.AssetRole, mentioning fragment: String,
+                                  in export: SyntheticExport? = nil,
                                   damage: (URL) throws -> Void, file: StaticString = #filePath, line: UInt = #line) throws {
-        let error = try ContractAssertions.inputError(export, damage: damage)
+        let error = try ContractAssertions.inputError(export ?? self.export, damage: damage)
         guard case .unreadablePackage(let failedRole, _, let reason)? = error else {
             return XCTFail("expected unreadablePackage, got \(String(describing: error))", file: file, line: line)
         }
@@ -21,9 +22,18 @@ final class DamagedPackageTests: XCTestCase {
     }
 
     func testMissingManifestIsUnreadableInput() throws {
-        try assertUnreadable(.dflashDrafter, mentioning: "Manifest.json is missing") { directory in
+        try assertUnreadable(.dflashDrafter, mentioning: "Manifest.json is missing",
+                             in: .fusedTargetWithSeparateDFlashDrafter()) { directory in
             try FileManager.default.removeItem(
                 at: ContractAssertions.packageURL(directory, role: "dflash_drafter").appendingPathComponent("Manifest.json"))
+        }
+    }
+
+    /// A shared package that cannot be read is reported once, as its owner's.
+    func testUnreadableSharedPackageIsReportedAsItsOwners() throws {
+        try assertUnreadable(.target, mentioning: "Manifest.json is missing") { directory in
+            try FileManager.default.removeItem(
+                at: ContractAssertions.packageURL(directory, role: "target").appendingPathComponent("Manifest.json"))
         }
     }
 
@@ -39,7 +49,7 @@ final class DamagedPackageTests: XCTestCase {
         let directory = try ScratchDirectory.make()
         defer { ScratchDirectory.remove(directory) }
         try export.write(to: directory)
-        let model = ContractAssertions.modelURL(directory, role: "dflash_drafter")
+        let model = ContractAssertions.modelURL(directory, role: "target")
         let bytes = try Data(contentsOf: model)
         for length in stride(from: 0, to: bytes.count, by: 13) {
             try bytes.prefix(length).write(to: model)
@@ -72,25 +82,35 @@ final class DamagedPackageTests: XCTestCase {
             try Data("not a package".utf8).write(to: package)
         }
         XCTAssertTrue(ContractAssertions.detail("metadata.assets_exist", in: report).contains("is a file"))
-        XCTAssertEqual(report.result(named: "drafter.functions")?.holds, true)
+        XCTAssertEqual(report.result(named: "drafter.functions")?.holds, false)
+        let separate = try ContractAssertions.check(.fusedTargetWithSeparateDFlashDrafter()) { directory in
+            let package = ContractAssertions.packageURL(directory, role: "target")
+            try FileManager.default.removeItem(at: package)
+            try Data("not a package".utf8).write(to: package)
+        }
+        XCTAssertTrue(ContractAssertions.detail("metadata.assets_exist", in: separate).contains("is a file"))
+        XCTAssertEqual(separate.result(named: "drafter.functions")?.holds, true)
     }
 
     func testReadingTheSpecNeverTouchesWeights() throws {
-        let replaceWeightsWithDirectory: (URL) throws -> Void = { directory in
-            for role in ["target", "dflash_drafter"] {
-                let weights = ContractAssertions.packageURL(directory, role: role).appendingPathComponent(PackageSpec.weightPath)
-                try FileManager.default.removeItem(at: weights)
-                try FileManager.default.createDirectory(at: weights, withIntermediateDirectories: false)
+        for export in [export, .fusedTargetWithSeparateDFlashDrafter()] {
+            let roles = export.packages.keys.sorted()
+            let replaceWeightsWithDirectory: (URL) throws -> Void = { directory in
+                for role in roles {
+                    let weights = ContractAssertions.packageURL(directory, role: role).appendingPathComponent(PackageSpec.weightPath)
+                    try FileManager.default.removeItem(at: weights)
+                    try FileManager.default.createDirectory(at: weights, withIntermediateDirectories: false)
+                }
             }
-        }
-        ContractAssertions.assertFailing([], in: try ContractAssertions.check(export, damage: replaceWeightsWithDirectory))
+            XCTAssertTrue(try ContractAssertions.check(export, damage: replaceWeightsWithDirectory).allHold, "\(roles)")
 
-        let deleteWeights: (URL) throws -> Void = { directory in
-            for role in ["target", "dflash_drafter"] {
-                try FileManager.default.removeItem(
-                    at: ContractAssertions.packageURL(directory, role: role).appendingPathComponent("Data/com.apple.CoreML/weights"))
+            let deleteWeights: (URL) throws -> Void = { directory in
+                for role in roles {
+                    try FileManager.default.removeItem(
+                        at: ContractAssertions.packageURL(directory, role: role).appendingPathComponent("Data/com.apple.CoreML/weights"))
+                }
             }
+            XCTAssertTrue(try ContractAssertions.check(export, damage: deleteWeights).allHold, "\(roles)")
         }
-        ContractAssertions.assertFailing([], in: try ContractAssertions.check(export, damage: deleteWeights))
     }
 }

@@ -22,8 +22,11 @@ final class ExportMetadataDecodingTests: XCTestCase {
 
     func testValidMetadataDecodesEveryField() throws {
         let metadata = try ExportMetadata.decode(from: try metadataData())
-        XCTAssertEqual(metadata.schemaVersion, 1)
-        XCTAssertEqual(ExportMetadata.supportedSchemaVersions, [1, 2])
+        XCTAssertEqual(metadata.schemaVersion, 3)
+        XCTAssertEqual(ExportMetadata.supportedSchemaVersions, [1, 2, 3])
+        XCTAssertTrue(metadata.isSchemaVersionSupported)
+        XCTAssertEqual(metadata.assets[.target]?.path, "target.mlpackage")
+        XCTAssertEqual(metadata.assets[.dflashDrafter]?.path, "target.mlpackage")
         XCTAssertEqual(metadata.generator.name, "museflash")
         XCTAssertEqual(metadata.generator.version, "0.1.0")
         XCTAssertEqual(metadata.vocabSize, 64)
@@ -43,7 +46,7 @@ final class ExportMetadataDecodingTests: XCTestCase {
         XCTAssertEqual(drafter.functions[.injectKV]?.inputs, [.features, .positionIDs])
         XCTAssertEqual(drafter.functions[.injectKV]?.outputs, [.lastInjectedPosition])
         XCTAssertEqual(drafter.functions[.draft]?.inputs, [.inputIDs, .positionIDs])
-        XCTAssertEqual(drafter.states.map(\.name), [.slidingKeyCache, .slidingValueCache])
+        XCTAssertEqual(drafter.states.map(\.name), [.drafterKeyCache, .drafterValueCache])
         XCTAssertEqual(drafter.states.map(\.kind), [.slidingKV, .slidingKV])
         XCTAssertEqual(drafter.states.map(\.role), [.key, .value])
         XCTAssertEqual(drafter.states.first?.kvHeads, 1)
@@ -55,6 +58,26 @@ final class ExportMetadataDecodingTests: XCTestCase {
         XCTAssertEqual(speculative.drafter.slidingWindow, 8)
         XCTAssertTrue(speculative.sharedEmbeddings)
         XCTAssertEqual(metadata.source.checkpoint, "builtin:demo")
+    }
+
+    /// A document of an older version (the drafter in its own package) decodes as before.
+    func testSchemaVersionTwoWithSeparatePackagesDecodes() throws {
+        let data = Data(try SyntheticExport.fusedTargetWithSeparateDFlashDrafter(schemaVersion: 2).metadataText().utf8)
+        let metadata = try ExportMetadata.decode(from: data)
+        XCTAssertEqual(metadata.schemaVersion, 2)
+        XCTAssertTrue(metadata.isSchemaVersionSupported)
+        XCTAssertFalse(metadata.allowsSharedPackages)
+        XCTAssertEqual(metadata.assets[.dflashDrafter]?.path, "dflash_drafter.mlpackage")
+        XCTAssertEqual(metadata.assets[.dflashDrafter]?.states.map(\.name), [.slidingKeyCache, .slidingValueCache])
+        XCTAssertEqual(metadata.packages.map(\.owner), [.target, .dflashDrafter])
+    }
+
+    /// A version this reader does not know decodes (when it still fits) but is not supported.
+    func testSchemaVersionFourIsNotSupported() throws {
+        let metadata = try ExportMetadata.decode(from: try metadataData { $0.setMetadata(["schema_version"], to: 4) })
+        XCTAssertEqual(metadata.schemaVersion, 4)
+        XCTAssertFalse(metadata.isSchemaVersionSupported)
+        XCTAssertEqual(try ExportMetadata.decodeSchemaVersion(from: try metadataData { $0.setMetadata(["schema_version"], to: 4) }), 4)
     }
 
     func testNullAndAbsentOptionalsDecode() throws {
@@ -150,7 +173,8 @@ final class ExportMetadataDecodingTests: XCTestCase {
     /// Encoding gives back the JSON that was decoded (nil optionals are left out).
     func testEncodingRoundTrips() throws {
         let decode = { (data: Data) in try JSONDecoder().decode(JSONValue.self, from: data) }
-        for data in [try metadataData(), try metadataData { try! $0.addTokenizer() }] {
+        let older = Data(try SyntheticExport.fusedTargetWithSeparateDFlashDrafter(schemaVersion: 2).metadataText().utf8)
+        for data in [try metadataData(), try metadataData { try! $0.addTokenizer() }, older] {
             let encoded = try JSONEncoder().encode(try ExportMetadata.decode(from: data))
             XCTAssertEqual(try decode(encoded), try decode(data))
         }

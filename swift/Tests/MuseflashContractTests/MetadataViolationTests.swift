@@ -43,14 +43,16 @@ final class MetadataViolationTests: XCTestCase {
     }
 
     func testUnsupportedSchemaVersionFailsSchemaVersion() throws {
-        export.setMetadata(["schema_version"], to: 3)
-        let report = try report()
-        ContractAssertions.assertFailing(["metadata.schema_version"], in: report)
-        XCTAssertTrue(ContractAssertions.detail("metadata.schema_version", in: report).contains("schema_version 3"))
+        for version in [4, 17] {
+            export.setMetadata(["schema_version"], to: version)
+            let report = try report()
+            ContractAssertions.assertFailing(["metadata.schema_version"], in: report)
+            XCTAssertTrue(ContractAssertions.detail("metadata.schema_version", in: report).contains("schema_version \(version)"))
+        }
     }
 
     func testFutureSchemaThatNoLongerDecodesReportsOnlyTheVersion() throws {
-        export.metadata = ["schema_version": 3, "everything": "different"]
+        export.metadata = ["schema_version": 4, "everything": "different"]
         let report = try report()
         XCTAssertEqual(report.results.map(\.name), ["metadata.schema_version"])
         XCTAssertFalse(report.allHold)
@@ -58,15 +60,43 @@ final class MetadataViolationTests: XCTestCase {
     }
 
     func testMissingAssetFailsAssetsExistAndEverythingAboutIt() throws {
-        let report = try ContractAssertions.check(export) { directory in
+        let separate = SyntheticExport.fusedTargetWithSeparateDFlashDrafter()
+        let report = try ContractAssertions.check(separate) { directory in
             try FileManager.default.removeItem(at: ContractAssertions.packageURL(directory, role: "dflash_drafter"))
         }
         ContractAssertions.assertFailing([
-            "metadata.assets_exist", "dflash_drafter.embedded_metadata", "target.drafter_vocab_agree",
+            "metadata.assets_exist", "dflash_drafter.embedded_metadata", "package.functions", "target.drafter_vocab_agree",
             "drafter.functions", "drafter.shared_states", "drafter.inject_kv_signature", "drafter.draft_signature",
             "drafter.draft_tokens", "dflash_drafter.states", "dflash_drafter.function_map", "dflash_drafter.compression.ops_declared",
-        ], in: report)
+        ], in: report, expected: ContractAssertions.separateDFlashBundleProperties)
         XCTAssertTrue(ContractAssertions.detail("drafter.functions", in: report).contains("see metadata.assets_exist"))
+    }
+
+    /// The package the target and the drafter share is missing: everything about either fails.
+    func testMissingSharedPackageFailsEverythingAboutBothAssets() throws {
+        let report = try ContractAssertions.check(export) { directory in
+            try FileManager.default.removeItem(at: ContractAssertions.packageURL(directory, role: "target"))
+        }
+        let expected = ContractAssertions.dflashBundleProperties
+        ContractAssertions.assertFailing(Set(expected).subtracting(["metadata.schema_version", "metadata.drafter_kind"]),
+                                         in: report)
+        let missing = ContractAssertions.detail("metadata.assets_exist", in: report)
+        XCTAssertTrue(missing.contains("target, dflash_drafter: target.mlpackage does not exist"), missing)
+        XCTAssertTrue(ContractAssertions.detail("drafter.functions", in: report).contains("shared with target"))
+    }
+
+    /// Before schema version 3 every asset has a package of its own.
+    func testAssetsSharingAPackageBeforeSchemaVersionThreeFailAssetsExist() throws {
+        for version in [1, 2] {
+            export.setMetadata(["schema_version"], to: version)
+            let report = try report()
+            XCTAssertEqual(report.result(named: "metadata.assets_exist")?.holds, false, report.verdictLines.joined(separator: "\n"))
+            XCTAssertTrue(ContractAssertions.detail("metadata.assets_exist", in: report)
+                .contains("target and dflash_drafter name the same package target.mlpackage"))
+            // Read as two packages, each has functions its asset does not list.
+            XCTAssertEqual(report.result(named: "package.functions")?.holds, false)
+            XCTAssertNotNil(report.result(named: "dflash_drafter.embedded_metadata"))
+        }
     }
 
     func testAssetPathLeavingTheExportDirectoryFailsAssetsExist() throws {
@@ -77,13 +107,23 @@ final class MetadataViolationTests: XCTestCase {
     }
 
     func testEmbeddedMetadataDifferingFailsOnlyThatPackage() throws {
-        var changed = export
+        var separate = SyntheticExport.fusedTargetWithSeparateDFlashDrafter()
+        var changed = separate
         changed.setMetadata(["speculative_decoding", "num_draft_tokens"], to: 2)
-        export.packages["dflash_drafter"]?.embeddedMetadata = try changed.metadataText()
-        let report = try report()
-        ContractAssertions.assertFailing(["dflash_drafter.embedded_metadata"], in: report)
+        separate.packages["dflash_drafter"]?.embeddedMetadata = try changed.metadataText()
+        let report = try ContractAssertions.check(separate)
+        ContractAssertions.assertFailing(["dflash_drafter.embedded_metadata"], in: report,
+                                         expected: ContractAssertions.separateDFlashBundleProperties)
         XCTAssertTrue(ContractAssertions.detail("dflash_drafter.embedded_metadata", in: report)
             .contains("speculative_decoding.num_draft_tokens: 3 vs 2"))
+    }
+
+    /// The shared package's embedded metadata is checked once, as its owner's.
+    func testSharedPackageEmbeddedMetadataDifferingFailsTheOwnersProperty() throws {
+        var changed = export
+        changed.setMetadata(["speculative_decoding", "num_draft_tokens"], to: 2)
+        export.packages["target"]?.embeddedMetadata = try changed.metadataText()
+        ContractAssertions.assertFailing(["target.embedded_metadata"], in: try report())
     }
 
     func testEmbeddedMetadataThatIsNotJSONFails() throws {
@@ -96,14 +136,21 @@ final class MetadataViolationTests: XCTestCase {
         ContractAssertions.assertFailing(["dflash_drafter.function_map"], in: try report())
     }
 
+    /// The target lists `main` and `verify` (a known name, of no function of the package) instead
+    /// of `main` and `prefill`: the function map misses it, and the package has a function no
+    /// asset lists.
     func testFunctionMissingFromThePackageFailsFunctionMap() throws {
-        let target = try XCTUnwrap((export.metadata["assets"] as? [String: Any])?["target"] as? [String: Any])
+        var ring = SyntheticExport.targetWithRingDrafter()
+        let target = try XCTUnwrap((ring.metadata["assets"] as? [String: Any])?["target"] as? [String: Any])
         var functions = try XCTUnwrap(target["functions"] as? [String: Any])
         functions["draft"] = functions.removeValue(forKey: "prefill")
-        export.setMetadata(["assets", "target", "functions"], to: functions)
-        let report = try report()
-        ContractAssertions.assertFailing(["target.function_map"], in: report)
+        ring.setMetadata(["assets", "target", "functions"], to: functions)
+        let report = try ContractAssertions.check(ring)
+        ContractAssertions.assertFailing(["target.function_map", "package.functions"], in: report,
+                                         expected: ContractAssertions.ringBundleProperties)
         XCTAssertTrue(ContractAssertions.detail("target.function_map", in: report).contains("metadata lists function draft"))
+        let functionsDetail = ContractAssertions.detail("package.functions", in: report)
+        XCTAssertTrue(functionsDetail.contains("prefill"), functionsDetail)
     }
 
     /// Names are closed, so an unknown one is unreadable input rather than a verdict.

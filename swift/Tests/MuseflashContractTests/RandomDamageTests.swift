@@ -35,8 +35,12 @@ final class RandomDamageTests: XCTestCase {
         case manifestTruncation
     }
 
-    private let export = SyntheticExport.fusedTargetWithDFlashDrafter()
-    private let roles: [ExportMetadata.AssetRole] = [.target, .dflashDrafter]
+    /// The export, the owner roles of its packages (which name the per-package properties) and
+    /// its properties: schema version 3 (one shared package) and 2 (a package per asset), in turn.
+    private let exports: [(export: SyntheticExport, roles: [ExportMetadata.AssetRole], properties: [String])] = [
+        (.fusedTargetWithDFlashDrafter(), [.target], ContractAssertions.dflashBundleProperties),
+        (.fusedTargetWithSeparateDFlashDrafter(), [.target, .dflashDrafter], ContractAssertions.separateDFlashBundleProperties),
+    ]
 
     private static func seed() throws -> UInt64 {
         guard let text = ProcessInfo.processInfo.environment["MUSEFLASH_RANDOM_DAMAGE_SEED"], !text.isEmpty else {
@@ -50,19 +54,24 @@ final class RandomDamageTests: XCTestCase {
         let seed = try Self.seed()
         print("RandomDamageTests seed: \(seed) (replay with MUSEFLASH_RANDOM_DAMAGE_SEED=\(seed))")
         var generator = SeededGenerator(state: seed)
-        let pristine = try ScratchDirectory.make()
-        defer { ScratchDirectory.remove(pristine) }
-        try export.write(to: pristine)
-        let embeddedText = Data(try export.metadataText().utf8)
+        var pristine: [URL] = []
+        defer { pristine.forEach(ScratchDirectory.remove) }
+        for (export, _, _) in exports {
+            pristine.append(try ScratchDirectory.make())
+            try export.write(to: pristine.last!)
+        }
 
         for round in 0..<48 {
             let scratch = try ScratchDirectory.make()
             defer { ScratchDirectory.remove(scratch) }
             let directory = scratch.appendingPathComponent("export")
-            try FileManager.default.copyItem(at: pristine, to: directory)
+            let which = round / Damage.allCases.count % exports.count
+            let (export, roles, properties) = exports[which]
+            try FileManager.default.copyItem(at: pristine[which], to: directory)
+            let embeddedText = Data(try export.metadataText().utf8)
             let damage = Damage.allCases[round % Damage.allCases.count]
             let role = roles.randomElement(using: &generator)!
-            let label = "seed \(seed) round \(round)"
+            let label = "seed \(seed) round \(round) (schema \(export.metadata["schema_version"] ?? "?"))"
 
             switch damage {
             case .metadataByte:
@@ -70,7 +79,7 @@ final class RandomDamageTests: XCTestCase {
                 let change = try replaceByte(in: url, range: nil, using: &generator) { old, generator in
                     old &+ UInt8.random(in: 1...255, using: &generator)
                 }
-                try assertMetadataDamageIsCaught(in: directory, "\(label): metadata.json \(change)")
+                try assertMetadataDamageIsCaught(in: directory, roles: roles, "\(label): metadata.json \(change)")
             case .embeddedMetadataByte:
                 let url = ContractAssertions.modelURL(directory, role: role.rawValue)
                 let spec = try Data(contentsOf: url)
@@ -82,7 +91,7 @@ final class RandomDamageTests: XCTestCase {
                 }
                 let report = try ContractChecker().check(exportDirectory: directory)
                 let verdict = "\(label): \(role) embedded metadata \(change)\n" + report.verdictLines.joined(separator: "\n")
-                XCTAssertEqual(report.results.map(\.name), ContractAssertions.dflashBundleProperties, verdict)
+                XCTAssertEqual(report.results.map(\.name), properties, verdict)
                 XCTAssertEqual(report.failures.map(\.name), ["\(role).embedded_metadata"], verdict)
             case .weightBytes:
                 let url = ContractAssertions.packageURL(directory, role: role.rawValue)
@@ -126,8 +135,9 @@ final class RandomDamageTests: XCTestCase {
     }
 
     /// metadata.json no longer equals the text every package embeds, so the checker must refuse
-    /// it as input, report only an unknown schema version, or fail every embedded_metadata.
-    private func assertMetadataDamageIsCaught(in directory: URL, _ label: String) throws {
+    /// it as input, report only an unknown schema version, or fail every embedded_metadata (one
+    /// per package, named by the owner `roles`).
+    private func assertMetadataDamageIsCaught(in directory: URL, roles: [ExportMetadata.AssetRole], _ label: String) throws {
         let report: ContractReport
         do {
             report = try ContractChecker().check(exportDirectory: directory)

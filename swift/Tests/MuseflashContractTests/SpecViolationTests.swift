@@ -11,29 +11,37 @@ final class SpecViolationTests: XCTestCase {
         try ContractAssertions.check(export)
     }
 
-    func testRenamedTargetFunctionFailsOnlyTheFunctionMap() throws {
+    func testRenamedTargetFunctionFailsOnlyTheFunctionMaps() throws {
         export.editFunction(role: "target", "prefill") { $0.name = "prefill_chunk" }
         let report = try report()
-        ContractAssertions.assertFailing(["target.function_map"], in: report)
+        ContractAssertions.assertFailing(["target.function_map", "package.functions"], in: report)
         XCTAssertTrue(ContractAssertions.detail("target.function_map", in: report).contains("metadata lists function prefill"))
+        let functions = ContractAssertions.detail("package.functions", in: report)
+        XCTAssertTrue(functions.contains("prefill_chunk"), functions)
     }
 
     func testRenamedDraftFunctionFailsEveryPropertyThatNeedsIt() throws {
         export.editFunction(role: "dflash_drafter", "draft") { $0.name = "draft_block" }
         let report = try report()
         ContractAssertions.assertFailing(["drafter.functions", "drafter.shared_states", "drafter.draft_signature",
-                                          "drafter.draft_tokens", "target.drafter_vocab_agree",
+                                          "drafter.draft_tokens", "target.drafter_vocab_agree", "package.functions",
                                           "dflash_drafter.function_map"], in: report)
         XCTAssertTrue(ContractAssertions.detail("drafter.functions", in: report).contains("draft_block"))
     }
 
-    func testExtraDrafterFunctionFailsFunctions() throws {
-        var package = try XCTUnwrap(export.packages["dflash_drafter"])
+    /// Before schema version 3, the drafter's own package has exactly its two functions.
+    func testExtraDrafterFunctionFailsPackageFunctions() throws {
+        var separate = SyntheticExport.fusedTargetWithSeparateDFlashDrafter()
+        var package = try XCTUnwrap(separate.packages["dflash_drafter"])
         var extra = package.functions[1]
         extra.name = "decode"
         package.functions.append(extra)
-        export.packages["dflash_drafter"] = package
-        ContractAssertions.assertFailing(["drafter.functions"], in: try report())
+        separate.packages["dflash_drafter"] = package
+        let report = try ContractAssertions.check(separate)
+        ContractAssertions.assertFailing(["package.functions"], in: report,
+                                         expected: ContractAssertions.separateDFlashBundleProperties)
+        let functions = ContractAssertions.detail("package.functions", in: report)
+        XCTAssertTrue(functions.contains("dflash_drafter.mlpackage") && functions.contains("decode"), functions)
     }
 
     func testTargetStateShapeDisagreeingWithMetadataFailsTargetStates() throws {
@@ -47,7 +55,7 @@ final class SpecViolationTests: XCTestCase {
         export.editFunction(role: "dflash_drafter", "draft") { $0.states[0].shape = [2, 1, 24, 8] }
         let report = try report()
         ContractAssertions.assertFailing(["drafter.shared_states", "dflash_drafter.states"], in: report)
-        XCTAssertTrue(ContractAssertions.detail("drafter.shared_states", in: report).contains("slidingKeyCache"))
+        XCTAssertTrue(ContractAssertions.detail("drafter.shared_states", in: report).contains("drafterKeyCache"))
     }
 
     func testFloat32StateFailsSharedStatesAndStates() throws {

@@ -5,45 +5,105 @@ import MuseflashContract
 import TestSupport
 
 final class ValidBundleTests: XCTestCase {
+    /// Schema version 3: the fused target and the DFlash drafter in one package, read once.
     func testFusedTargetWithDFlashDrafterPassesEveryProperty() throws {
         let report = try ContractAssertions.check(.fusedTargetWithDFlashDrafter())
         ContractAssertions.assertFailing([], in: report)
         XCTAssertTrue(report.allHold)
         XCTAssertEqual(report.passedCount, ContractAssertions.dflashBundleProperties.count)
         XCTAssertEqual(report.failedCount, 0)
+        XCTAssertEqual(report.metadata?.schemaVersion, 3)
+        let shared = try XCTUnwrap(report.packages[.target])
+        XCTAssertEqual(report.packages[.dflashDrafter], shared)
+        XCTAssertEqual(shared.functionNames, ["main", "prefill", "inject_kv", "draft"])
+        XCTAssertEqual(shared.defaultFunctionName, "main")
+        XCTAssertEqual(report.metadata?.packages, [ExportMetadata.Package(path: "target.mlpackage",
+                                                                          roles: [.target, .dflashDrafter])])
+    }
+
+    /// Before schema version 3 the DFlash drafter has a package of its own, with `sliding*` states.
+    func testSeparateDFlashDrafterOfSchemaVersionsOneAndTwoPassesEveryProperty() throws {
+        for version in [1, 2] {
+            let report = try ContractAssertions.check(.fusedTargetWithSeparateDFlashDrafter(schemaVersion: version))
+            ContractAssertions.assertFailing([], in: report, expected: ContractAssertions.separateDFlashBundleProperties)
+            XCTAssertEqual(report.metadata?.schemaVersion, version)
+            XCTAssertEqual(report.packages[.dflashDrafter]?.functionNames, ["inject_kv", "draft"])
+            XCTAssertEqual(report.packages[.dflashDrafter]?.defaultFunctionName, "draft")
+            XCTAssertEqual(report.metadata?.assets[.dflashDrafter]?.states.map(\.name), [.slidingKeyCache, .slidingValueCache])
+        }
+    }
+
+    /// Version 3 lets assets share a package; it does not require it.
+    func testSeparateDFlashDrafterOfSchemaVersionThreePassesEveryProperty() throws {
+        let report = try ContractAssertions.check(.fusedTargetWithSeparateDFlashDrafter(schemaVersion: 3))
+        ContractAssertions.assertFailing([], in: report, expected: ContractAssertions.separateDFlashBundleProperties)
     }
 
     func testTargetWithSingleFunctionRingDrafterPassesEveryProperty() throws {
-        let report = try ContractAssertions.check(.targetWithRingDrafter())
-        ContractAssertions.assertFailing([], in: report, expected: ContractAssertions.ringBundleProperties)
-        XCTAssertEqual(report.packages[.ringDrafter]?.functionNames, [ExportMetadata.FunctionName.main.rawValue])
-        XCTAssertEqual(report.packages[.ringDrafter]?.defaultFunctionName, ExportMetadata.FunctionName.main.rawValue)
+        for version in [1, 2, 3] {
+            let report = try ContractAssertions.check(.targetWithRingDrafter(schemaVersion: version))
+            ContractAssertions.assertFailing([], in: report, expected: ContractAssertions.ringBundleProperties)
+            XCTAssertEqual(report.packages[.ringDrafter]?.functionNames, [ExportMetadata.FunctionName.main.rawValue])
+            XCTAssertEqual(report.packages[.ringDrafter]?.defaultFunctionName, ExportMetadata.FunctionName.main.rawValue)
+        }
+    }
+
+    /// Each distinct package is read once, however many assets it holds.
+    func testEachPackageIsReadOnce() throws {
+        let directory = try ScratchDirectory.make()
+        defer { ScratchDirectory.remove(directory) }
+        try SyntheticExport.fusedTargetWithDFlashDrafter().write(to: directory)
+        let loaded = LoadLog()
+        let checker = ContractChecker { url in
+            loaded.urls.append(url.lastPathComponent)
+            return try PackageInterface.fromSpecification(at: url)
+        }
+        XCTAssertTrue(try checker.check(exportDirectory: directory).allHold)
+        XCTAssertEqual(loaded.urls, ["target.mlpackage"])
+
+        let separate = directory.appendingPathComponent("separate")
+        try SyntheticExport.fusedTargetWithSeparateDFlashDrafter().write(to: separate)
+        loaded.urls = []
+        XCTAssertTrue(try checker.check(exportDirectory: separate).allHold)
+        XCTAssertEqual(loaded.urls, ["target.mlpackage", "dflash_drafter.mlpackage"])
+    }
+
+    private final class LoadLog: @unchecked Sendable {
+        var urls: [String] = []
     }
 
     func testSummaryShowsInterfacesAndKeyValues() throws {
         let summary = try ContractAssertions.check(.fusedTargetWithDFlashDrafter()).summaryLines.joined(separator: "\n")
         for fragment in [
-            "Model: muse-glimmer-demo (schema 1, museflash 0.1.0)",
+            "Model: muse-glimmer-demo (schema 3, museflash 0.1.0)",
             "vocab_size 64, context_length 32",
             "speculative decoding: dflash, block_size 4",
-            "Asset dflash_drafter (dflash_drafter): dflash_drafter.mlpackage",
+            "Asset dflash_drafter (dflash_drafter): target.mlpackage (shared with target",
             "function inject_kv",
             "in    features: fp16 [1, 8, 16]",
             "out   logits: fp16 [1, 4, 64]",
             "state globalKeyCache: state fp16 [1, 1, 32, 8]",
+            "state drafterKeyCache: state fp16 [2, 1, 16, 8]",
         ] {
             XCTAssertTrue(summary.contains(fragment), "missing \"\(fragment)\" in\n\(summary)")
         }
+        // Each function of the shared package is shown once, under the asset it belongs to.
+        XCTAssertEqual(summary.components(separatedBy: "function draft\n").count - 1, 1, summary)
+        XCTAssertEqual(summary.components(separatedBy: "function main\n").count - 1, 1, summary)
+        XCTAssertEqual(summary.components(separatedBy: "default function:").count - 1, 1, summary)
     }
 
     func testEmbeddedMetadataIsComparedAsJSONNotAsText() throws {
-        var export = SyntheticExport.fusedTargetWithDFlashDrafter()
-        let text = try export.metadataText()
-        let reformatted = try JSONSerialization.data(
-            withJSONObject: try JSONSerialization.jsonObject(with: Data(text.utf8)), options: [.prettyPrinted])
-        export.packages["dflash_drafter"]?.embeddedMetadata = String(decoding: reformatted, as: UTF8.self)
-        XCTAssertNotEqual(export.packages["dflash_drafter"]?.embeddedMetadata, text)
-        ContractAssertions.assertFailing([], in: try ContractAssertions.check(export))
+        for var export in [SyntheticExport.fusedTargetWithDFlashDrafter(), .fusedTargetWithSeparateDFlashDrafter()] {
+            let role = export.packages.keys.sorted().last!
+            let text = try export.metadataText()
+            let reformatted = try JSONSerialization.data(
+                withJSONObject: try JSONSerialization.jsonObject(with: Data(text.utf8)), options: [.prettyPrinted])
+            export.packages[role]?.embeddedMetadata = String(decoding: reformatted, as: UTF8.self)
+            XCTAssertNotEqual(export.packages[role]?.embeddedMetadata, text)
+            let report = try ContractAssertions.check(export)
+            XCTAssertTrue(report.allHold, report.verdictLines.joined(separator: "\n"))
+        }
     }
 
     func testUnknownMetadataKeysAreTolerated() throws {

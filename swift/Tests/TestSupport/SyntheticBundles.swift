@@ -33,46 +33,74 @@ extension SyntheticExport {
             + kvStates(prefix: "sliding", layers: Size.slidingLayers, capacity: Size.ringCapacity)
     }
 
-    private static var drafterStates: [TensorSpec] {
-        kvStates(prefix: "sliding", layers: Size.drafterLayers, capacity: Size.ringCapacity)
+    /// The DFlash drafter's states from schema version 3 (`drafterKeyCache`, `drafterValueCache`),
+    /// or before 3 and for the ring drafter `slidingKeyCache`, `slidingValueCache`.
+    private static func drafterStates(prefix: String) -> [TensorSpec] {
+        kvStates(prefix: prefix, layers: Size.drafterLayers, capacity: Size.ringCapacity)
     }
+
+    /// The states of the target's functions, for tests that make a function bind them.
+    public static var targetStateSpecs: [TensorSpec] { targetStates }
 
     private static func tokenInputs(_ length: Int64) -> [TensorSpec] {
         [T("input_ids", [1, length], T.int32), T("position_ids", [length], T.int32)]
     }
 
-    private static func target(fused: Bool) -> PackageSpec {
+    private static func targetFunctions(fused: Bool) -> [FunctionSpec] {
         var mainOutputs = [T("logits", [1, Size.blockSize, Size.vocab], T.float16)]
         if fused { mainOutputs.append(T("drafter_features", [1, Size.blockSize, Size.drafterHidden], T.float16)) }
         let main = FunctionSpec(name: "main", inputs: tokenInputs(Size.blockSize), outputs: mainOutputs, states: targetStates)
         let prefill = FunctionSpec(name: "prefill", inputs: tokenInputs(Size.prefillChunk),
                                    outputs: [T("logits", [1, 1, Size.vocab], T.float16)], states: targetStates)
-        return PackageSpec(path: "target.mlpackage", functions: [main, prefill], isMultiFunction: true, defaultFunction: "main")
+        return [main, prefill]
     }
 
-    /// `draft` of a DFlash2 drafter also outputs `draft_tokens`, int32 [1, block - 1].
-    private static func dflashDrafter(draftTokens: Bool) -> PackageSpec {
+    private static func target(fused: Bool) -> PackageSpec {
+        PackageSpec(path: "target.mlpackage", functions: targetFunctions(fused: fused), isMultiFunction: true,
+                    defaultFunction: "main")
+    }
+
+    /// `inject_kv` and `draft`; `draft` of a DFlash2 drafter also outputs `draft_tokens`, int32 [1, block - 1].
+    private static func dflashDrafterFunctions(draftTokens: Bool, states: [TensorSpec]) -> [FunctionSpec] {
         let injectKV = FunctionSpec(
             name: "inject_kv",
             inputs: [T("features", [1, Size.prefillChunk, Size.drafterHidden], T.float16),
                      T("position_ids", [Size.prefillChunk], T.int32)],
-            outputs: [T("last_injected_position", [1], T.int32)], states: drafterStates)
+            outputs: [T("last_injected_position", [1], T.int32)], states: states)
         var draftOutputs = [T("logits", [1, Size.blockSize, Size.vocab], T.float16)]
         if draftTokens { draftOutputs.append(T("draft_tokens", [1, Size.blockSize - 1], T.int32)) }
-        let draft = FunctionSpec(name: "draft", inputs: tokenInputs(Size.blockSize), outputs: draftOutputs,
-                                 states: drafterStates)
-        return PackageSpec(path: "dflash_drafter.mlpackage", functions: [injectKV, draft], isMultiFunction: true,
-                           defaultFunction: "draft")
+        let draft = FunctionSpec(name: "draft", inputs: tokenInputs(Size.blockSize), outputs: draftOutputs, states: states)
+        return [injectKV, draft]
+    }
+
+    /// Before schema version 3: the DFlash drafter's own package, states `sliding*`.
+    private static func separateDFlashDrafter(draftTokens: Bool) -> PackageSpec {
+        PackageSpec(path: "dflash_drafter.mlpackage",
+                    functions: dflashDrafterFunctions(draftTokens: draftTokens, states: drafterStates(prefix: "sliding")),
+                    isMultiFunction: true, defaultFunction: "draft")
+    }
+
+    /// Schema version 3: one multifunction `target.mlpackage` with the fused target's `main` and
+    /// `prefill` (default `main`, the owner's) and the DFlash drafter's `inject_kv` and `draft`
+    /// over states of their own (`drafter*`).
+    private static func sharedTargetAndDFlashDrafter(draftTokens: Bool) -> PackageSpec {
+        PackageSpec(path: "target.mlpackage",
+                    functions: targetFunctions(fused: true)
+                        + dflashDrafterFunctions(draftTokens: draftTokens, states: drafterStates(prefix: "drafter")),
+                    isMultiFunction: true, defaultFunction: "main")
     }
 
     private static var ringDrafter: PackageSpec {
         let main = FunctionSpec(name: "main", inputs: tokenInputs(Size.blockSize),
-                                outputs: [T("logits", [1, Size.blockSize, Size.vocab], T.float16)], states: drafterStates)
+                                outputs: [T("logits", [1, Size.blockSize, Size.vocab], T.float16)],
+                                states: drafterStates(prefix: "sliding"))
         return PackageSpec(path: "ring_drafter.mlpackage", functions: [main], isMultiFunction: false, defaultFunction: "main")
     }
 
     // MARK: metadata.json
 
+    /// Kind and role follow the name, as python/museflash/bundle.py `StateName` derives them:
+    /// `global*` caches are global, the others (`sliding*`, `drafter*`) sliding rings.
     private static func stateEntries(_ states: [TensorSpec]) -> [[String: Any]] {
         states.map { state in
             [
@@ -89,10 +117,13 @@ extension SyntheticExport {
         }
     }
 
-    private static func assetEntry(_ package: PackageSpec, kind: String, roles: [String: String]) -> [String: Any] {
-        var functions: [String: Any] = [:]
-        for function in package.functions {
-            functions[function.name] = [
+    /// One asset: `functions` (the asset's own, in a shared package a subset of its functions)
+    /// stored in the package at `path`.
+    private static func assetEntry(path: String, functions: [FunctionSpec], defaultFunction: String, kind: String,
+                                   roles: [String: String]) -> [String: Any] {
+        var entries: [String: Any] = [:]
+        for function in functions {
+            entries[function.name] = [
                 "role": roles[function.name] ?? "decode",
                 "query_length": Int(function.inputs.first?.shape.dropFirst().first ?? function.inputs.first?.shape.first ?? 1),
                 "inputs": function.inputs.map(\.name),
@@ -100,12 +131,17 @@ extension SyntheticExport {
             ]
         }
         return [
-            "path": package.path,
+            "path": path,
             "kind": kind,
-            "default_function": package.defaultFunction,
-            "functions": functions,
-            "states": stateEntries(package.functions.first?.states ?? []),
+            "default_function": defaultFunction,
+            "functions": entries,
+            "states": stateEntries(functions.first?.states ?? []),
         ]
+    }
+
+    private static func assetEntry(_ package: PackageSpec, kind: String, roles: [String: String]) -> [String: Any] {
+        assetEntry(path: package.path, functions: package.functions, defaultFunction: package.defaultFunction,
+                   kind: kind, roles: roles)
     }
 
     /// `speculative_decoding.dflash2` of the DFlash2 bundle: every number distinct and inside its
@@ -122,9 +158,10 @@ extension SyntheticExport {
         ]
     }
 
-    private static func metadata(targetKind: String, drafterRole: String, drafterKind: String, drafter: PackageSpec,
-                                 target: PackageSpec) -> [String: Any] {
-        let drafterRoles = ["inject_kv": "inject_kv", "draft": "draft", "main": "decode"]
+    private static let targetFunctionRoles = ["main": "decode", "prefill": "prefill"]
+    private static let drafterFunctionRoles = ["inject_kv": "inject_kv", "draft": "draft", "main": "decode"]
+
+    private static func metadata(schemaVersion: Int, drafterKind: String, assets: [String: Any]) -> [String: Any] {
         var speculative: [String: Any] = [
             "drafter_kind": drafterKind,
             "block_size": Int(Size.blockSize),
@@ -143,8 +180,7 @@ extension SyntheticExport {
         ]
         if drafterKind == "dflash2" { speculative["dflash2"] = dflash2Settings }
         return [
-            // dflash2 is new in schema version 2; the others keep the oldest version they fit.
-            "schema_version": drafterKind == "dflash2" ? 2 : 1,
+            "schema_version": schemaVersion,
             "generator": ["name": "museflash", "version": "0.1.0"],
             "model_name": "muse-glimmer-demo",
             "vocab_size": Int(Size.vocab),
@@ -160,45 +196,63 @@ extension SyntheticExport {
                 "layer_types": ["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"],
                 "final_logit_softcapping": 30.0,
             ] as [String: Any],
-            "assets": [
-                "target": assetEntry(target, kind: targetKind, roles: ["main": "decode", "prefill": "prefill"]),
-                drafterRole: assetEntry(drafter, kind: drafterRole, roles: drafterRoles),
-            ],
+            "assets": assets,
             "speculative_decoding": speculative,
             "source": ["checkpoint": "builtin:demo", "drafter_checkpoint": "builtin:demo"],
         ]
     }
 
-    /// A fused target (main + prefill, global and sliding caches) with a
-    /// DFlash drafter (inject_kv + draft sharing its sliding caches).
+    /// Schema version 3: the fused target and the DFlash (or DFlash2) drafter in one package.
+    private static func sharedDFlashExport(drafterKind: String) -> SyntheticExport {
+        let package = sharedTargetAndDFlashDrafter(draftTokens: drafterKind == "dflash2")
+        let target = package.functions.filter { ["main", "prefill"].contains($0.name) }
+        let drafter = package.functions.filter { ["inject_kv", "draft"].contains($0.name) }
+        let assets: [String: Any] = [
+            "target": assetEntry(path: package.path, functions: target, defaultFunction: "main", kind: "fused_target",
+                                 roles: targetFunctionRoles),
+            "dflash_drafter": assetEntry(path: package.path, functions: drafter, defaultFunction: "draft",
+                                         kind: "dflash_drafter", roles: drafterFunctionRoles),
+        ]
+        return SyntheticExport(metadata: metadata(schemaVersion: 3, drafterKind: drafterKind, assets: assets),
+                               packages: ["target": package])
+    }
+
+    /// A fused target (main + prefill, global and sliding caches) and a DFlash drafter
+    /// (inject_kv + draft sharing the drafter caches) in one package, schema version 3.
     public static func fusedTargetWithDFlashDrafter() -> SyntheticExport {
-        let target = target(fused: true)
-        let drafter = dflashDrafter(draftTokens: false)
-        return SyntheticExport(
-            metadata: metadata(targetKind: "fused_target", drafterRole: "dflash_drafter", drafterKind: "dflash",
-                               drafter: drafter, target: target),
-            packages: ["target": target, "dflash_drafter": drafter])
+        sharedDFlashExport(drafterKind: "dflash")
     }
 
     /// Like `fusedTargetWithDFlashDrafter`, with a DFlash2 drafter: `speculative_decoding.dflash2`
     /// set and `draft` also outputting `draft_tokens`.
     public static func fusedTargetWithDFlash2Drafter() -> SyntheticExport {
-        let target = target(fused: true)
-        let drafter = dflashDrafter(draftTokens: true)
-        return SyntheticExport(
-            metadata: metadata(targetKind: "fused_target", drafterRole: "dflash_drafter", drafterKind: "dflash2",
-                               drafter: drafter, target: target),
-            packages: ["target": target, "dflash_drafter": drafter])
+        sharedDFlashExport(drafterKind: "dflash2")
     }
 
-    /// A plain target with a single-function ring drafter.
-    public static func targetWithRingDrafter() -> SyntheticExport {
+    /// The layout before schema version 3 (default 2; 1 also fits): the DFlash drafter in a
+    /// package of its own, `dflash_drafter.mlpackage`, its states named `sliding*`.
+    public static func fusedTargetWithSeparateDFlashDrafter(schemaVersion: Int = 2) -> SyntheticExport {
+        let target = target(fused: true)
+        let drafter = separateDFlashDrafter(draftTokens: false)
+        let assets: [String: Any] = [
+            "target": assetEntry(target, kind: "fused_target", roles: targetFunctionRoles),
+            "dflash_drafter": assetEntry(drafter, kind: "dflash_drafter", roles: drafterFunctionRoles),
+        ]
+        return SyntheticExport(metadata: metadata(schemaVersion: schemaVersion, drafterKind: "dflash", assets: assets),
+                               packages: ["target": target, "dflash_drafter": drafter])
+    }
+
+    /// A plain target with a single-function ring drafter, each in its package (every schema
+    /// version; 1 is the oldest it fits).
+    public static func targetWithRingDrafter(schemaVersion: Int = 1) -> SyntheticExport {
         let target = target(fused: false)
         let drafter = ringDrafter
-        return SyntheticExport(
-            metadata: metadata(targetKind: "target", drafterRole: "ring_drafter", drafterKind: "ring",
-                               drafter: drafter, target: target),
-            packages: ["target": target, "ring_drafter": drafter])
+        let assets: [String: Any] = [
+            "target": assetEntry(target, kind: "target", roles: targetFunctionRoles),
+            "ring_drafter": assetEntry(drafter, kind: "ring_drafter", roles: drafterFunctionRoles),
+        ]
+        return SyntheticExport(metadata: metadata(schemaVersion: schemaVersion, drafterKind: "ring", assets: assets),
+                               packages: ["target": target, "ring_drafter": drafter])
     }
 }
 

@@ -234,7 +234,8 @@ extension PackageSpec {
             ]
             for weight in used {
                 let blobs = offsets[weight.name]!
-                let output = MILBytes.namedValueType(weight.name, MILBytes.float16, weight.shape)
+                let opName = function.opNames[weight.name] ?? weight.name
+                let output = MILBytes.namedValueType(opName, MILBytes.float16, weight.shape)
                 if let type = weight.opType, !function.plainWeights.contains(weight.name),
                    let dataType = weight.dataType, let side = weight.sideShape {
                     let names = weight.inputNames
@@ -248,8 +249,8 @@ extension PackageSpec {
                     ]))
                 }
                 operations.append(MILBytes.operation("matmul", inputs: [
-                    ("x", [.name(function.inputs.first?.name ?? "x")]), ("y", [.name(weight.name)]),
-                ], outputs: [MILBytes.namedValueType(weight.name + "_product", MILBytes.float16, [1, weight.shape[0]])]))
+                    ("x", [.name(function.inputs.first?.name ?? "x")]), ("y", [.name(opName)]),
+                ], outputs: [MILBytes.namedValueType(opName + "_product", MILBytes.float16, [1, weight.shape[0]])]))
             }
             let inputs = function.inputs.map { MILBytes.namedValueType($0.name, MILBytes.int32, $0.shape) }
             let block = MILBytes.block(operations: operations, outputs: function.outputs.map(\.name))
@@ -287,8 +288,8 @@ extension SyntheticExport {
         ]
     }
 
-    /// The drafter shares the target's embedding (the same checkpoint key); `inject_kv` uses
-    /// only `p_fc_weight`.
+    /// The separate drafter package's weights (before schema version 3): it stores its own copy
+    /// of the target's embedding (the same checkpoint key); `inject_kv` uses only `p_fc_weight`.
     public static var compressedDrafterWeights: [WeightSpec] {
         [
             WeightSpec("p_embed_tokens_weight", key: "embed_tokens.weight", [Size.vocab, hidden], .linear(bits: 8, blockSize: nil), rule: 0),
@@ -298,20 +299,50 @@ extension SyntheticExport {
         ]
     }
 
-    /// `fusedTargetWithDFlashDrafter` with its weights stored as `compressionRules` say, and
-    /// metadata.json (schema 2) declaring them.
+    /// The weights only the drafter has, which the package it shares with the target (schema
+    /// version 3) stores besides the target's; the embedding and the head are the target's,
+    /// stored once.
+    public static var compressedDrafterOwnWeights: [WeightSpec] {
+        [
+            WeightSpec("p_fc_weight", key: "drafter/fc.weight", [hidden, 2 * hidden], .linear(bits: 4, blockSize: 8), rule: 3),
+            WeightSpec("p_drafter_layers_0_mlp_down_proj_weight", key: "drafter/layers.0.mlp.down_proj.weight",
+                       [hidden, 2 * hidden], .palettize(bits: 4, groupSize: 4), rule: 2),
+        ]
+    }
+
+    /// `fusedTargetWithDFlashDrafter` (schema 3: one package) with its weights stored as
+    /// `compressionRules` say, and metadata.json declaring them under the owner `target`. `main`
+    /// and `prefill` use the target's weights, `inject_kv` only `p_fc_weight`, `draft` the
+    /// target's embedding and head and the drafter's own weights.
     public static func compressedFusedTargetWithDFlashDrafter() -> SyntheticExport {
         var export = fusedTargetWithDFlashDrafter()
+        let targetNames = compressedTargetWeights.map(\.name)
+        export.packages["target"]?.weights = compressedTargetWeights + compressedDrafterOwnWeights
+        for name in ["main", "prefill"] {
+            export.editFunction(role: "target", name) { $0.weightNames = targetNames }
+        }
+        export.editFunction(role: "dflash_drafter", "inject_kv") { $0.weightNames = ["p_fc_weight"] }
+        export.editFunction(role: "dflash_drafter", "draft") {
+            $0.weightNames = ["p_embed_tokens_weight", "p_lm_head_weight"] + compressedDrafterOwnWeights.map(\.name)
+        }
+        export.declareCompression()
+        return export
+    }
+
+    /// `fusedTargetWithSeparateDFlashDrafter` (schema 2: a package per asset) with its weights
+    /// stored as `compressionRules` say: the embedding is stored by both packages.
+    public static func compressedFusedTargetWithSeparateDFlashDrafter() -> SyntheticExport {
+        var export = fusedTargetWithSeparateDFlashDrafter(schemaVersion: 2)
         export.packages["target"]?.weights = compressedTargetWeights
         export.packages["dflash_drafter"]?.weights = compressedDrafterWeights
         export.editFunction(role: "dflash_drafter", "inject_kv") { $0.weightNames = ["p_fc_weight"] }
-        export.setMetadata(["schema_version"], to: 2)
         export.declareCompression()
         return export
     }
 
     /// Sets metadata.json's `compression` to what the packages' weights are (as the exporter
-    /// counts them: per group of rule and scheme, distinct checkpoint keys).
+    /// counts them: per group of rule and scheme, distinct checkpoint keys; per package under
+    /// its key in `packages`, the owner role).
     public mutating func declareCompression(preset: String? = nil) {
         struct Group {
             var rule: Int
@@ -383,11 +414,13 @@ extension SyntheticExport {
         return groups.firstIndex { $0["rule"] as? Int == rule }!
     }
 
+    /// Edits weight `name` of the package `role`'s asset is stored in.
     public mutating func editWeight(role: String, _ name: String, _ edit: (inout WeightSpec) -> Void) {
-        guard var package = packages[role], let index = package.weights.firstIndex(where: { $0.name == name }) else {
+        let key = packageKey(role: role)
+        guard var package = packages[key], let index = package.weights.firstIndex(where: { $0.name == name }) else {
             preconditionFailure("no weight \(name) in \(role)")
         }
         edit(&package.weights[index])
-        packages[role] = package
+        packages[key] = package
     }
 }

@@ -6,7 +6,8 @@ import Foundation
 /// Codable model under test.
 public struct SyntheticExport {
     public var metadata: [String: Any]
-    /// Role -> package.
+    /// Owner role -> package: a package several assets share (schema version 3) is under the
+    /// first of their roles in pipeline order (`target`); `packageKey(role:)` finds any role's.
     public var packages: [String: PackageSpec]
     /// Other files (tokenizer files), path relative to the export directory -> contents.
     public var files: [String: Data]
@@ -57,12 +58,25 @@ public struct SyntheticExport {
         return copy
     }
 
+    /// The key in `packages` of the package `role`'s asset is stored in: `role` itself, or the
+    /// key of the package whose path `assets.<role>.path` names.
+    public func packageKey(role: String) -> String {
+        if packages[role] != nil { return role }
+        let path = ((metadata["assets"] as? [String: Any])?[role] as? [String: Any])?["path"] as? String
+        guard let key = packages.first(where: { $0.value.path == path })?.key else {
+            preconditionFailure("no package for \(role)")
+        }
+        return key
+    }
+
+    /// Edits function `name` of the package `role`'s asset is stored in.
     public mutating func editFunction(role: String, _ name: String, _ edit: (inout FunctionSpec) -> Void) {
-        guard var package = packages[role], let index = package.functions.firstIndex(where: { $0.name == name }) else {
+        let key = packageKey(role: role)
+        guard var package = packages[key], let index = package.functions.firstIndex(where: { $0.name == name }) else {
             preconditionFailure("no function \(name) in \(role)")
         }
         edit(&package.functions[index])
-        packages[role] = package
+        packages[key] = package
     }
 }
 
@@ -101,6 +115,9 @@ public struct FunctionSpec {
     /// Weights this function stores as a plain fp16 const whatever their storage, with a blob
     /// of their own (damage: compressed in one function only).
     public var plainWeights: Set<String> = []
+    /// Weight name -> the output name of its op in this function (default: the weight's name),
+    /// as when two models merged into one package name different weights alike.
+    public var opNames: [String: String] = [:]
 
     public init(name: String, inputs: [TensorSpec], outputs: [TensorSpec], states: [TensorSpec],
                 weightNames: [String]? = nil) {
