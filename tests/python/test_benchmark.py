@@ -21,6 +21,16 @@ def test_synthetic_configs_scale_depth_and_width():
     assert small_drafter["hidden_size"] == small["hidden_size"]
 
 
+def test_muse_30b_geometry_keeps_the_layer_and_grows_the_depth():
+    rows = [benchmark.synthetic_configs(size, "muse-30b")[0]["text_config"]
+            for size in (2e9, 8e9)]
+    assert {r["hidden_size"] for r in rows} == {6656}
+    assert {r["intermediate_size"] for r in rows} == {19968}
+    assert rows[1]["num_hidden_layers"] == 2 * rows[0]["num_hidden_layers"]
+    with pytest.raises(ValueError, match="unknown geometry"):
+        benchmark.synthetic_configs(2e9, "muse-7b")
+
+
 def test_tiny_benchmark_writes_records_and_files(tmp_path, monkeypatch):
     compared = []
     compare = benchmark.compare_exports

@@ -601,6 +601,16 @@ def test_conversion_keeps_placeholders_unmaterialised(tmp_path):
             materialised.append((op.outputs[0].name, value.dtype.name))
     assert kept >= 8
     assert materialised == []
+    # The part package stores each placeholder as its one row, not the weight's full size.
+    from pathlib import Path
+
+    from museflash.bundle import PACKAGE_WEIGHT_FILE
+
+    full = sum(2 * location.shape[0] * location.shape[1]
+               for location in placeholders.by_row.values())
+    part = (Path(model.package_path) / PACKAGE_WEIGHT_FILE).stat().st_size
+    print(f"part weight file {part} bytes; placeholders in full {full}")
+    assert part < full / 4  # in full it would be more than `full`
 
 
 def test_context_defaults_to_the_trained_positions_and_refuses_more(tmp_path):

@@ -3,6 +3,7 @@ placeholders become the real weights or the merge fails loudly."""
 
 import shutil
 
+import numpy as np
 import pytest
 import torch
 
@@ -100,7 +101,7 @@ def _first_placeholder_blob(part, placeholders):
     raise AssertionError(f"no placeholder blob in {part}")
 
 
-def test_a_placeholder_changed_past_its_first_row_is_refused(parts, tmp_path):
+def test_parts_store_each_placeholder_as_its_row_and_a_changed_row_is_refused(parts, tmp_path):
     functions, placeholders, rows = parts["placeholders"]
     damaged = []
     for name, part in functions:
@@ -108,16 +109,35 @@ def test_a_placeholder_changed_past_its_first_row_is_refused(parts, tmp_path):
         shutil.copytree(part, copy)
         damaged.append((name, copy))
     start, size = _first_placeholder_blob(damaged[0][1], placeholders)
+    assert size < 4096  # one row (a 64-wide fp16 row here), not the whole weight
     with (damaged[0][1] / PACKAGE_WEIGHT_FILE).open("r+b") as handle:
         handle.seek(start + size - 2)
         last = handle.read(2)
         handle.seek(start + size - 2)
         handle.write(bytes([last[0] ^ 0x01, last[1]]))
     destination = tmp_path / "merged.mlpackage"
-    with pytest.raises(MergeError, match="differs further on; conversion changed the weight"):
+    with pytest.raises(MergeError, match="stored as one row, which no placeholder has"):
         merge_packages(damaged, destination, "main", placeholders, rows)
     assert not destination.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for _, p in damaged)
+
+
+def test_a_placeholder_written_whole_is_checked_row_by_row(tmp_path):
+    """A part converted without compact broadcasts holds placeholders whole; a change past the
+    first row means conversion transformed the weight."""
+    from museflash.export.merge import _WeightFile
+
+    row = np.arange(64, dtype=np.float16).tobytes()
+    weights = tmp_path / "part.mlpackage" / PACKAGE_WEIGHT_FILE
+    weights.parent.mkdir(parents=True)
+    weights.write_bytes(row * 9 + row[:-2] + bytes([1, 2]))
+    source = _WeightFile(tmp_path / "part.mlpackage")
+    try:
+        source.verify_repeated_row(0, 9 * len(row), row, "w", "key")
+        with pytest.raises(MergeError, match="differs further on"):
+            source.verify_repeated_row(0, 10 * len(row), row, "w", "key")
+    finally:
+        source.close()
 
 
 def test_a_weight_missing_from_the_parts_is_refused(parts, tmp_path):

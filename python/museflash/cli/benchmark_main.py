@@ -22,6 +22,10 @@ flags.DEFINE_list("paths", ["naive", "streaming"],
                   "Which export paths to run: naive, streaming, streaming-8bit, "
                   "streaming-4bit, streaming-palettize4.")
 
+flags.DEFINE_enum("geometry", "scaled", ["scaled", "muse-30b"],
+                  "Synthetic checkpoints: 'scaled' (width and depth grow with the size) or "
+                  "'muse-30b' (Muse Glimmer 30B's layers, depth from the size).")
+
 FLAGS = flags.FLAGS
 
 
@@ -36,7 +40,8 @@ def main(argv: list[str]) -> int:
         print(f"benchmark: --sizes must be numbers, got {FLAGS.sizes}", file=sys.stderr)
         return 2
     run_benchmark(sizes, resolve_user_path(FLAGS["output-dir"].value),
-                  resolve_user_path(FLAGS["work-dir"].value), tuple(FLAGS.paths))
+                  resolve_user_path(FLAGS["work-dir"].value), tuple(FLAGS.paths),
+                  geometry=FLAGS.geometry)
     return 0
 
 

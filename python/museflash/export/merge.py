@@ -330,6 +330,10 @@ class _MergedWeights:
         location, row = _placeholder_location(source, blob, start, size, self.placeholders)
         if location is not None:
             sample = np.frombuffer(row, dtype=np.float16)
+        elif compact_placeholder(blob, size):
+            raise MergeError(f"{source.path}: const {blob.name} is stored as one row, which no "
+                             "placeholder has: the part was damaged or conversion changed the "
+                             "weight")
         else:
             if size != np.dtype(kind.numpy).itemsize * int(np.prod(blob.shape)):
                 raise MergeError(f"{source.path}: const {blob.name} of shape "
@@ -357,13 +361,23 @@ class _MergedWeights:
         return unique.placed
 
 
+def compact_placeholder(blob: _Blob, size: int) -> bool:
+    """A 2-D fp16 blob of exactly one row for a larger shape: how a part package stores a
+    placeholder, its row alone (`export.convert.placeholders_written_compactly`)."""
+    from coremltools.proto import MIL_pb2
+
+    return (len(blob.shape) == 2 and blob.shape[0] > 1 and size == 2 * blob.shape[1]
+            and blob.data_type == MIL_pb2.DataType.FLOAT16)
+
+
 def _placeholder_location(
     source: _WeightFile, blob: _Blob, start: int, size: int,
     placeholders: PlaceholderWeights | None,
 ) -> tuple[WeightLocation, bytes] | tuple[None, None]:
     """(the checkpoint tensor whose placeholder this blob holds, the placeholder row), or
     (None, None) for a real constant. A blob that starts with a placeholder's row must be that
-    placeholder, whole."""
+    placeholder, whole: written compactly (the row alone, for the shape the op declares) or in
+    full (every row checked)."""
     if placeholders is None or len(blob.shape) != 2:
         return None, None
     from coremltools.proto import MIL_pb2
@@ -374,11 +388,14 @@ def _placeholder_location(
     location = placeholders.by_row.get(row)
     if location is None:
         return None, None
-    if blob.shape != location.shape or size != 2 * blob.shape[0] * blob.shape[1]:
+    compact = compact_placeholder(blob, size)
+    if blob.shape != location.shape or not (compact
+                                            or size == 2 * blob.shape[0] * blob.shape[1]):
         raise MergeError(f"{source.path}: const {blob.name} holds the placeholder of "
                          f"{location.key} {list(location.shape)} with shape {list(blob.shape)}; "
                          "conversion changed the weight")
-    source.verify_repeated_row(start, size, row, blob.name, location.key)
+    if not compact:
+        source.verify_repeated_row(start, size, row, blob.name, location.key)
     return location, row
 
 

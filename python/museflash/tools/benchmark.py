@@ -51,11 +51,22 @@ _S, _G = "sliding_attention", "full_attention"
 PACKAGES = (AssetRole.TARGET.package,)
 
 
-def synthetic_configs(weight_bytes: float) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Target and drafter configs whose fp16 weights total about `weight_bytes`.
+# Geometries of the synthetic checkpoints (--geometry):
+#   scaled     width grows with the cube root of the size and depth takes the rest, so both
+#              scale (the claim under test is that memory stops growing with depth);
+#   muse-30b   the layers of Muse Glimmer 30B (hidden 6656, intermediate 19968, 32 query heads
+#              of 128, 8 KV heads: the public drafter config's, whose hidden size the target
+#              shares), about 0.93 GB of fp16 each; size sets the depth. The vocabulary stays
+#              8192, so the rows measure the layers, which are what the 30B is made of.
+GEOMETRIES = ("scaled", "muse-30b")
+MUSE_30B_LAYER = {"hidden": 6656, "intermediate": 19968, "heads": 32, "kv_heads": 8}
 
-    Width grows with the cube root of the size and depth takes the rest, so both scale (the
-    claim under test is that memory stops growing with depth)."""
+
+def synthetic_configs(weight_bytes: float,
+                      geometry: str = "scaled") -> tuple[dict[str, Any], dict[str, Any]]:
+    """Target and drafter configs whose fp16 weights total about `weight_bytes` (GEOMETRIES)."""
+    if geometry not in GEOMETRIES:
+        raise ValueError(f"unknown geometry {geometry!r}; choose one of {list(GEOMETRIES)}")
     head_dim = 64 if weight_bytes < 0.05 * GB else 128
     heads = max(2, 2 * round(3 * (max(weight_bytes, 1) / (0.25 * GB)) ** (1 / 3)))
     if weight_bytes < 0.05 * GB:
@@ -63,7 +74,12 @@ def synthetic_configs(weight_bytes: float) -> tuple[dict[str, Any], dict[str, An
     hidden = heads * head_dim
     vocab = 8192 if weight_bytes >= 0.05 * GB else 2048
     intermediate = 4 * hidden
-    per_layer = 2 * (hidden * heads * head_dim * 3 + 2 * hidden * 2 * head_dim
+    kv_heads = 2
+    if geometry == "muse-30b":
+        head_dim, vocab = 128, 8192
+        hidden, intermediate = MUSE_30B_LAYER["hidden"], MUSE_30B_LAYER["intermediate"]
+        heads, kv_heads = MUSE_30B_LAYER["heads"], MUSE_30B_LAYER["kv_heads"]
+    per_layer = 2 * (hidden * heads * head_dim * 3 + 2 * hidden * kv_heads * head_dim
                      + 3 * hidden * intermediate + 4 * hidden)
     drafter_layers = 1
     fixed = 2 * (2 * vocab * hidden + 3 * hidden * hidden + hidden)
@@ -77,7 +93,7 @@ def synthetic_configs(weight_bytes: float) -> tuple[dict[str, Any], dict[str, An
         "intermediate_size": intermediate,
         "num_hidden_layers": layers,
         "num_attention_heads": heads,
-        "num_key_value_heads": 2,
+        "num_key_value_heads": kv_heads,
         "head_dim": head_dim,
         "layer_types": [_S, _S, _S, _G] * groups,
         "layer_rope_theta": [10000.0, 10000.0, 10000.0, 0.0] * groups,
@@ -90,7 +106,7 @@ def synthetic_configs(weight_bytes: float) -> tuple[dict[str, Any], dict[str, An
         "hidden_size": hidden,
         "num_hidden_layers": drafter_layers,
         "num_attention_heads": heads,
-        "num_key_value_heads": 2,
+        "num_key_value_heads": kv_heads,
         "head_dim": head_dim,
         "intermediate_size": intermediate,
         "mask_token_id": vocab - 1,
@@ -112,7 +128,8 @@ def _synthetic_tensor(name: str, shape: tuple[int, ...], generator: torch.Genera
 
 
 def write_synthetic_checkpoints(directory: Path, weight_bytes: float, seed: int = 0,
-                                max_shard_bytes: int = 500_000_000) -> tuple[Path, Path]:
+                                max_shard_bytes: int = 500_000_000,
+                                geometry: str = "scaled") -> tuple[Path, Path]:
     """Writes directory/target and directory/drafter (bf16, sharded); returns both paths."""
     from museflash.checkpoint import (
         DRAFTER_BORROWED,
@@ -123,7 +140,7 @@ def write_synthetic_checkpoints(directory: Path, weight_bytes: float, seed: int 
     from museflash.models.dflash import DFlashConfig, DFlashDrafter
     from museflash.models.muse_glimmer import MuseGlimmerConfig, MuseGlimmerWithDrafterFeatures
 
-    target_config, drafter_config = synthetic_configs(weight_bytes)
+    target_config, drafter_config = synthetic_configs(weight_bytes, geometry)
     drafter_cfg = DFlashConfig.from_dict(drafter_config)
     with torch.device("meta"):
         target = MuseGlimmerWithDrafterFeatures(MuseGlimmerConfig.from_dict(target_config),
@@ -181,7 +198,7 @@ def naive_export(checkpoints: Path, output: Path) -> None:
                                               function.example_args)
                 model = convert(program.run_decompositions({}), function.inputs,
                                 function.outputs, module, asset.states,
-                                validate_every_pass=True)
+                                validate_every_pass=True, compact_placeholders=False)
                 part = output / f"{function.name}.part.mlpackage"
                 model.save(str(part))
                 descriptor.add_function(str(part), src_function_name="main",
@@ -459,7 +476,8 @@ def _const_values(package: Path, spec) -> dict[str, bytes]:
 
 
 def run_benchmark(sizes_gb: list[float], output_dir: Path, work_dir: Path | None = None,
-                  paths: tuple[str, ...] = PATHS, echo=print) -> list[Record]:
+                  paths: tuple[str, ...] = PATHS, echo=print,
+                  geometry: str = "scaled") -> list[Record]:
     output_dir.mkdir(parents=True, exist_ok=True)
     work = Path(work_dir) if work_dir else output_dir / "work"
     baseline = baseline_rss()
@@ -470,7 +488,7 @@ def run_benchmark(sizes_gb: list[float], output_dir: Path, work_dir: Path | None
     for size in sizes_gb:
         checkpoints = work / f"checkpoints-{size:g}gb"
         shutil.rmtree(checkpoints, ignore_errors=True)
-        write_synthetic_checkpoints(checkpoints, size * GB)
+        write_synthetic_checkpoints(checkpoints, size * GB, geometry=geometry)
         weight_bytes = checkpoint_weight_bytes(checkpoints)
         text = json.loads((checkpoints / "target" / "config.json").read_text())["text_config"]
         outputs = {}
