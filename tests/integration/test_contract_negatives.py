@@ -25,11 +25,16 @@ CHECKER = Path(os.environ.get("MUSEFLASH_CHECK_CONTRACT", "swift/check-contract"
 SPEC = Path("Data") / "com.apple.CoreML" / "model.mlmodel"
 
 
+def interface_copy(source, destination):
+    """A writable copy of an exported bundle without its weight files (the checker reads them
+    only for a compressed bundle)."""
+    shutil.copytree(source, destination, ignore=shutil.ignore_patterns("weights"))
+    return destination
+
+
 @pytest.fixture
 def bundle(tmp_path):
-    copy = tmp_path / "bundle"
-    shutil.copytree(BUNDLE, copy, ignore=shutil.ignore_patterns("weights"))
-    return copy
+    return interface_copy(BUNDLE, tmp_path / "bundle")
 
 
 def check(bundle):
@@ -240,9 +245,7 @@ def test_compressed_weights_without_declaration(compressed):
 
 @pytest.fixture
 def dflash2(tmp_path):
-    copy = tmp_path / "dflash2"
-    shutil.copytree(DFLASH2, copy, ignore=shutil.ignore_patterns("weights"))
-    return copy
+    return interface_copy(DFLASH2, tmp_path / "dflash2")
 
 
 def draft_tokens(spec):
