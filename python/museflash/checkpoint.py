@@ -399,8 +399,10 @@ def _build_rotary_tables(model: nn.Module, dtype: torch.dtype) -> None:
             module.build(dtype)
 
 
-def _parse_config(directory: Path, parse) -> tuple[dict[str, Any], Any]:
-    raw = read_config(directory)
+def _parse_config(directory: Path, parse, raw: dict[str, Any] | None = None
+                  ) -> tuple[dict[str, Any], Any]:
+    """(config.json, parse(config.json)); `raw` when the caller has read it already."""
+    raw = read_config(directory) if raw is None else raw
     try:
         return raw, parse(raw)
     except (ValueError, KeyError, TypeError) as error:
@@ -499,6 +501,12 @@ DRAFTER_MODELS = {DrafterKind.DFLASH: (DFlashConfig, DFlashDrafter),
 _NEUTRAL_DRAFT_SETTINGS = {"output_multiplier": 1.0, "input_embedding_scale": 1.0}
 
 
+def drafter_kind(config: DFlashConfig) -> DrafterKind:
+    """The family of a parsed drafter config (the key of its DRAFTER_MODELS entry)."""
+    return next(kind for kind, (config_class, _) in DRAFTER_MODELS.items()
+                if type(config) is config_class)
+
+
 def drafter_architecture(path: Path, raw: dict[str, Any]) -> DrafterKind:
     """The drafter family `architectures` names (DFlash v1 when the config names none)."""
     names = raw.get("architectures") or []
@@ -516,11 +524,10 @@ def drafter_architecture(path: Path, raw: dict[str, Any]) -> DrafterKind:
     return kinds.pop() if kinds else DrafterKind.DFLASH
 
 
-def check_drafter_architecture(path: Path, raw: dict[str, Any],
-                               target_cfg: MuseGlimmerConfig) -> DrafterKind:
-    """The drafter's `architectures` names one this exporter implements, and the settings it
-    states are ones that implementation honours (else a one-line error naming them)."""
-    kind = drafter_architecture(path, raw)
+def check_drafter_architecture(path: Path, raw: dict[str, Any], kind: DrafterKind,
+                               target_cfg: MuseGlimmerConfig) -> None:
+    """The settings the drafter's config states are ones the implementation of its family
+    `kind` (drafter_architecture) honours (else a one-line error naming them)."""
     settings = {**raw, **(raw.get("dflash_config") or {})}
     for name, neutral in _NEUTRAL_DRAFT_SETTINGS.items():
         if kind == DrafterKind.DFLASH2 and name == "output_multiplier":
@@ -558,7 +565,6 @@ def check_drafter_architecture(path: Path, raw: dict[str, Any],
         raise CheckpointError(
             f"{path}: num_target_layers {stated} but the target has "
             f"{target_cfg.num_hidden_layers} layers: the drafter was trained for another target")
-    return kind
 
 
 def check_drafter_against_target(
@@ -568,10 +574,11 @@ def check_drafter_against_target(
     settings agree, the tapped layers exist, the encoder's width fits, every stated token id
     indexes the target's vocabulary. Reads only the config and the safetensors header."""
     drafter_dir = Path(drafter_dir)
-    kind = drafter_architecture(drafter_dir / CONFIG_FILE, read_config(drafter_dir))
+    raw = read_config(drafter_dir)
+    kind = drafter_architecture(drafter_dir / CONFIG_FILE, raw)
     config_class, _ = DRAFTER_MODELS[kind]
-    raw, drafter_cfg = _parse_config(drafter_dir, config_class.from_dict)
-    check_drafter_architecture(drafter_dir / CONFIG_FILE, raw, target_cfg)
+    _, drafter_cfg = _parse_config(drafter_dir, config_class.from_dict, raw)
+    check_drafter_architecture(drafter_dir / CONFIG_FILE, raw, kind, target_cfg)
     where = f"drafter {drafter_dir / CONFIG_FILE} vs target {target_label / CONFIG_FILE}"
     try:
         validate_drafter_against_target(raw, target_cfg)
@@ -719,8 +726,7 @@ def load_drafter(
     target_label = Path(target_dir) if target_dir is not None else Path("<target>")
     _, drafter_cfg = check_drafter_against_target(drafter_dir, target.config, target_label)
     reader = SafetensorsReader(drafter_dir)
-    _, cls = DRAFTER_MODELS[DrafterKind.DFLASH2 if isinstance(drafter_cfg, DFlash2Config)
-                            else DrafterKind.DFLASH]
+    _, cls = DRAFTER_MODELS[drafter_kind(drafter_cfg)]
     if ring and cls is not DFlashDrafter:
         raise CheckpointError(f"{drafter_dir / CONFIG_FILE}: a DFlash2 drafter drafts whole "
                               "blocks and has no ring form; export it with --dflash-drafter")

@@ -95,6 +95,14 @@ def part_path(parts_dir: Path, asset: AssetPlan, function: FunctionPlan) -> Path
     return Path(parts_dir) / asset.role / f"{function.name}.mlpackage"
 
 
+def placeholder_rows(assets: list[AssetPlan], modules: dict[str, torch.nn.Module],
+                     placeholders: PlaceholderWeights) -> set[bytes]:
+    """The placeholder rows of every weight the assets of one package use: the real weights
+    its merge must write."""
+    return {placeholders.row_of(p) for asset in assets
+            for p in modules[asset.module].parameters()} - {None}
+
+
 def save_package(assets: list[AssetPlan], parts_dir: Path, destination: Path,
                  modules: dict[str, torch.nn.Module], placeholders: PlaceholderWeights,
                  progress: Progress,
@@ -107,8 +115,7 @@ def save_package(assets: list[AssetPlan], parts_dir: Path, destination: Path,
     when `schemes` names them. The first asset owns the package (its default function is the
     package's). Returns the real weights written, by checkpoint key."""
     with progress.stage("save", destination.name) as info:
-        expected = {placeholders.row_of(p) for asset in assets
-                    for p in modules[asset.module].parameters()} - {None}
+        expected = placeholder_rows(assets, modules, placeholders)
         parts = [(f.name, part_path(parts_dir, asset, f))
                  for asset in assets for f in asset.functions]
         stored: dict[str, StoredWeight] = {}

@@ -35,6 +35,7 @@ from museflash.checkpoint import (
     SafetensorsReader,
     check_configs,
     compressed_weights,
+    drafter_kind,
     load_drafter,
     load_target,
     read_config,
@@ -139,7 +140,7 @@ def plan_export(options: ExportOptions, target_dir: Path, drafter_dir: Path | No
     spec = None
     if options.dflash_drafter or options.with_drafter:
         kind = DrafterKind.RING if options.with_drafter else DrafterKind.DFLASH
-        if isinstance(configs.drafter, DFlash2Config):
+        if drafter_kind(configs.drafter) == DrafterKind.DFLASH2:
             if options.with_drafter:
                 raise ExportError("--with-drafter: a DFlash2 drafter drafts whole blocks and "
                                   "has no ring form; export it with --dflash-drafter")

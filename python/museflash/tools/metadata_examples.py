@@ -95,6 +95,7 @@ def compressed_metadata() -> dict[str, Metadata]:
     from museflash.export.describe import bundle_metadata
     from museflash.export.merge import StoredWeight
     from museflash.export.options import ExportOptions
+    from museflash.export.pipeline import placeholder_rows
     from museflash.export.plan import load_modules, plan_export
     from museflash.export.progress import Progress
 
@@ -116,10 +117,8 @@ def compressed_metadata() -> dict[str, Metadata]:
             schemes = plan.compression.schemes
             stored = {}
             for assets in plan.packages().values():
-                rows = {placeholders.row_of(p) for asset in assets
-                        for p in modules[asset.module].parameters()}
                 weights = {}
-                for row in rows - {None}:
+                for row in placeholder_rows(assets, modules, placeholders):
                     location = placeholders.by_row[row]
                     weights[location.key] = StoredWeight.of(location.key, location.shape,
                                                             schemes.get(location.key))
