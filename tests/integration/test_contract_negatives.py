@@ -270,26 +270,23 @@ def test_dflash2_draft_without_draft_tokens(dflash2):
     assert "drafter.draft_signature" in passed
 
 
-@pytest.mark.parametrize("shape", [[1, 4], [3], [1, 3, 1]])
-def test_dflash2_draft_tokens_of_the_wrong_shape(dflash2, shape):
-    def reshape(spec):
-        array = draft_tokens(spec).type.multiArrayType
+def _reshaped(shape):
+    def edit(array):
         assert list(array.shape) == [1, 3]  # block_size 4
         del array.shape[:]
         array.shape.extend(shape)
-
-    edit_spec(dflash2 / "target.mlpackage", reshape)
-    result, failed, _ = check(dflash2)
-    assert result.returncode == 1
-    assert failed == {"drafter.draft_tokens"}
+    return edit
 
 
-def test_dflash2_draft_tokens_as_floats(dflash2):
-    def to_float(spec):
-        array = draft_tokens(spec).type.multiArrayType
-        array.dataType = Model_pb2.ArrayFeatureType.FLOAT16
+def _as_float16(array):
+    array.dataType = Model_pb2.ArrayFeatureType.FLOAT16
 
-    edit_spec(dflash2 / "target.mlpackage", to_float)
+
+@pytest.mark.parametrize("edit", [_reshaped([1, 4]), _reshaped([3]), _reshaped([1, 3, 1]),
+                                  _as_float16], ids=["1x4", "3", "1x3x1", "float16"])
+def test_dflash2_draft_tokens_of_the_wrong_shape_or_type(dflash2, edit):
+    edit_spec(dflash2 / "target.mlpackage",
+              lambda spec: edit(draft_tokens(spec).type.multiArrayType))
     result, failed, _ = check(dflash2)
     assert result.returncode == 1
     assert failed == {"drafter.draft_tokens"}

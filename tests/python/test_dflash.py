@@ -6,6 +6,7 @@ import dataclasses
 import pytest
 import torch
 import torch.nn.functional as F
+from reference_drafter import attention_kv, rms
 from reference_rope import rotate
 
 from museflash.demo_checkpoint import DEMO_DRAFTER_CONFIG, DEMO_TARGET_CONFIG, build_demo_models
@@ -28,18 +29,8 @@ def models():
     return build_demo_models(seed=11, cache_dtype=torch.float32, max_context=128)
 
 
-def _rms(x, weight, eps):
-    return x * (x.pow(2).mean(-1, keepdim=True) + eps).rsqrt() * weight
-
-
 def _layer_kv(drafter, layer, inputs, positions):
-    cfg = drafter.config
-    attn = drafter.layers[layer].self_attn
-    k = (inputs @ attn.k_proj.weight.T).view(len(positions), cfg.num_key_value_heads, -1)
-    k = rotate(_rms(k, attn.k_norm.weight, cfg.rms_norm_eps).transpose(0, 1), positions,
-                cfg.rope_theta)
-    v = (inputs @ attn.v_proj.weight.T).view(len(positions), cfg.num_key_value_heads, -1)
-    return k, v.transpose(0, 1)
+    return attention_kv(drafter.layers[layer].self_attn, drafter.config, inputs, positions)
 
 
 def reference_drafter(drafter, tokens, positions, context=None, context_positions=None,
@@ -54,7 +45,7 @@ def reference_drafter(drafter, tokens, positions, context=None, context_position
     n = len(tokens)
     for layer in range(cfg.num_hidden_layers):
         block = drafter.layers[layer]
-        h = _rms(x, block.input_layernorm.weight, cfg.rms_norm_eps)
+        h = rms(x, block.input_layernorm.weight, cfg.rms_norm_eps)
         k, v = _layer_kv(drafter, layer, h, positions)
         key_positions = positions
         if context is not None:
@@ -69,17 +60,17 @@ def reference_drafter(drafter, tokens, positions, context=None, context_position
         if causal:
             allowed &= key_positions[None, :] <= positions[:, None]
         q = (h @ block.self_attn.q_proj.weight.T).view(n, cfg.num_attention_heads, -1)
-        q = rotate(_rms(q, block.self_attn.q_norm.weight, cfg.rms_norm_eps).transpose(0, 1),
+        q = rotate(rms(q, block.self_attn.q_norm.weight, cfg.rms_norm_eps).transpose(0, 1),
                     positions, cfg.rope_theta)
         group = cfg.num_attention_heads // cfg.num_key_value_heads
         out = F.scaled_dot_product_attention(
             q, k.repeat_interleave(group, 0), v.repeat_interleave(group, 0), attn_mask=allowed
         ).transpose(0, 1).reshape(n, -1)
         x = x + out @ block.self_attn.o_proj.weight.T
-        h = _rms(x, block.post_attention_layernorm.weight, cfg.rms_norm_eps)
+        h = rms(x, block.post_attention_layernorm.weight, cfg.rms_norm_eps)
         x = x + (F.silu(h @ block.mlp.gate_proj.weight.T) * (h @ block.mlp.up_proj.weight.T)) \
             @ block.mlp.down_proj.weight.T
-    logits = _rms(x, drafter.norm.weight, cfg.rms_norm_eps) @ drafter.lm_head.weight.T
+    logits = rms(x, drafter.norm.weight, cfg.rms_norm_eps) @ drafter.lm_head.weight.T
     cap = drafter.final_logit_softcapping
     return torch.tanh(logits / cap) * cap if cap else logits
 

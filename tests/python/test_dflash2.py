@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from reference_drafter import attention_kv, rms
 from reference_rope import rotate
 
 from museflash.bundle import DrafterKind, FunctionName, Metadata, OutputName
@@ -50,10 +51,6 @@ def models():
 # --- An independent reference, from z-lab's description -------------------------------------
 
 
-def _rms(x, weight, eps):
-    return x * (x.pow(2).mean(-1, keepdim=True) + eps).rsqrt() * weight
-
-
 def _convolve(conv, x, part, dynamic):
     """out[t] = sum over offsets o <= t of (base[part][o] + d[t, part, o, g]) * x[t - o], the
     dynamic weight d[t, part, o, g] at row (part * kernel + o) * groups + g of the
@@ -71,14 +68,6 @@ def _convolve(conv, x, part, dynamic):
     return out
 
 
-def _kv(attn, cfg, inputs, positions):
-    k = (inputs @ attn.k_proj.weight.T).view(len(positions), cfg.num_key_value_heads, -1)
-    k = rotate(_rms(k, attn.k_norm.weight, cfg.rms_norm_eps).transpose(0, 1), positions,
-               cfg.rope_theta)
-    v = (inputs @ attn.v_proj.weight.T).view(len(positions), cfg.num_key_value_heads, -1)
-    return k, v.transpose(0, 1)
-
-
 def reference_draft(drafter, tokens, positions, context, context_positions):
     """(logits [K, vocab], greedy selector path [K-1]) of one block, with every key of the
     context and the block visible to a query within the window on either side."""
@@ -90,28 +79,28 @@ def reference_draft(drafter, tokens, positions, context, context_positions):
     group = cfg.num_attention_heads // cfg.num_key_value_heads
     for layer in drafter.layers:
         attn = layer.self_attn
-        h = _rms(x, layer.input_layernorm.weight, cfg.rms_norm_eps)
+        h = rms(x, layer.input_layernorm.weight, cfg.rms_norm_eps)
         d_attn = h @ layer.attention_conv.kernel_projection.weight.T
         h = _convolve(layer.attention_conv, h, 0, d_attn)
-        ck, cv = _kv(attn, cfg, context, context_positions)
-        bk, bv = _kv(attn, cfg, h, positions)
+        ck, cv = attention_kv(attn, cfg, context, context_positions)
+        bk, bv = attention_kv(attn, cfg, h, positions)
         k, v = torch.cat([ck, bk], dim=1), torch.cat([cv, bv], dim=1)
         q = (h @ attn.q_proj.weight.T).view(n, cfg.num_attention_heads, -1)
-        q = rotate(_rms(q, attn.q_norm.weight, cfg.rms_norm_eps).transpose(0, 1), positions,
+        q = rotate(rms(q, attn.q_norm.weight, cfg.rms_norm_eps).transpose(0, 1), positions,
                    cfg.rope_theta)
         scores = q @ k.repeat_interleave(group, 0).transpose(1, 2) / cfg.head_dim ** 0.5
         weights = scores.masked_fill(~visible, float("-inf")).softmax(-1)
         out = (weights @ v.repeat_interleave(group, 0)).transpose(0, 1).reshape(n, -1)
         out = _convolve(layer.attention_conv, out @ attn.o_proj.weight.T, 1, d_attn)
         x = x + out
-        h = _rms(x, layer.post_attention_layernorm.weight, cfg.rms_norm_eps)
+        h = rms(x, layer.post_attention_layernorm.weight, cfg.rms_norm_eps)
         d_mlp = h @ layer.mlp_conv.kernel_projection.weight.T
         h = _convolve(layer.mlp_conv, h, 0, d_mlp)
         mlp = layer.mlp
         out = (torch.nn.functional.silu(h @ mlp.gate_proj.weight.T) * (h @ mlp.up_proj.weight.T)
                ) @ mlp.down_proj.weight.T
         x = x + _convolve(layer.mlp_conv, out, 1, d_mlp)
-    hidden = _rms(x, drafter.norm.weight, cfg.rms_norm_eps)
+    hidden = rms(x, drafter.norm.weight, cfg.rms_norm_eps)
     logits = hidden @ drafter.lm_head.weight.T * cfg.output_multiplier
     cap = cfg.final_logit_softcapping
     logits = torch.tanh(logits / cap) * cap
