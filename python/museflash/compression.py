@@ -30,7 +30,8 @@ biases, RoPE tables, small projections) stays fp16.
 Ranges follow coremltools' `linear_symmetric` (coremltools.optimize._utils.get_quant_range):
 int8 data in [-127, 127], int4 in [-7, 7], dequantized as data * scale.
 
-This module imports nothing from the rest of museflash (and no torch or coremltools).
+This module imports nothing from the rest of museflash but its compiled loops
+(`compression_kernels`, numba), and no torch or coremltools.
 """
 
 from __future__ import annotations
@@ -65,13 +66,11 @@ CLIP_REFINE = (1 / 16, 1 / 32, 1 / 64)
 KMEANS_ITERATIONS = 50
 KMEANS_INIT_BINS = 256
 _RULE_KEYS = ("match", "mode", "bits", "block_size", "group_size")
-# Elements of one working chunk: small enough that the search's temporaries stay in cache.
-_CHUNK_ELEMENTS = 1 << 16
+# Elements quantized per kernel call: its float32 copy is 4 MB.
+_CHUNK_ELEMENTS = 1 << 20
 # Values of the groups palettized together (their histograms take 2 MB per group).
 _PALETTIZE_BATCH_VALUES = 1 << 21
 _FP16_TINY = np.float32(2.0**-24)  # the smallest positive fp16 (subnormal)
-_FP16_MIN_NORMAL = np.float32(2.0**-14)
-_FP16_MAX = np.float32(65504)
 
 
 @dataclass(frozen=True)
@@ -352,93 +351,36 @@ def quantize_linear(weight: np.ndarray, bits: int, block_size: int | None,
     reconstruction, with the fp16-rounded scale, has the least squared error among those the
     search tries (CLIP_COARSE, CLIP_REFINE; never worse than r = 1, ties keep the larger r).
     data = clip(round_half_even(weight / scale)). An all-zero block gets scale 1 and data 0.
-    Works on chunks of ~_CHUNK_ELEMENTS elements: memory beyond the outputs stays small."""
+    The search runs compiled (`compression_kernels`), on chunks of about _CHUNK_ELEMENTS
+    elements: memory beyond the outputs stays small, and the GIL is released while it runs."""
     weight = _as_matrix(weight, "quantize_linear")
     if bits not in BITS:
         raise CompressionError(f"quantize_linear: bits {bits!r} is not 4 or 8")
     if clip not in ("mse", "absmax"):
         raise CompressionError(f"quantize_linear: clip {clip!r} is not 'mse' or 'absmax'")
+    # numba: compiled when first imported
+    from museflash.compression_kernels import block_absmax, quantize_blocks
+
     rows, columns = weight.shape
     block = columns if block_size is None else block_size
     _check_divides(block, columns, "block_size", "input", weight.shape)
     blocks = columns // block
-    qmax = quant_max(bits)
+    qmax = np.float32(quant_max(bits))
     data = np.empty((rows, columns), np.int8)
     scale = np.empty((rows, blocks), np.float16)
-    # Blocks lie along axis 0 of the working array when short (many blocks side by side keep
-    # numpy's inner loops long and contiguous), along axis 1 when long.
-    along = 0 if block <= 128 else 1
     step = max(1, _CHUNK_ELEMENTS // columns)
-    search = _ClipSearch(step * columns, qmax) if clip == "mse" else None
     for start in range(0, rows, step):
         stop = min(rows, start + step)
-        x = weight[start:stop].astype(np.float32).reshape(-1, block)
-        if along == 0:
-            x = np.ascontiguousarray(x.T)
-        s = _block_scales(x, along, qmax, search)
-        q = np.divide(x, s)
-        np.rint(q, out=q)
-        np.clip(q, -qmax, qmax, out=q)
-        if along == 0:
-            q, s = q.T, s.T
-        data[start:stop] = q.reshape(stop - start, columns)
-        scale[start:stop] = s.reshape(stop - start, blocks)
+        x = np.ascontiguousarray(weight[start:stop], dtype=np.float32).reshape(-1)
+        absmax = np.empty((stop - start) * blocks, np.float32)
+        block_absmax(x, block, absmax)
+        _check_finite(absmax, "quantize_linear")
+        base = absmax / qmax
+        chosen = np.empty_like(base)
+        quantize_blocks(x, block, qmax, base, _fp16_scale(base), clip == "mse",
+                                data[start:stop].reshape(-1), chosen)
+        scale[start:stop] = chosen.reshape(stop - start, blocks)
     return data, scale
-
-
-class _ClipSearch:
-    """Scratch arrays of the mse clipping search, allocated once per weight."""
-
-    def __init__(self, size: int, qmax: int):
-        self.work = np.empty(size, np.float32)
-        self.rounded = np.empty(size, np.float32)
-        self.limit = np.full(size, qmax, np.float32)
-
-    def error(self, a: np.ndarray, scale: np.ndarray, along: int, clipped: bool) -> np.ndarray:
-        """Each block's squared error sum((min(rint(a / s), quant_max) * s - a)^2), a = |x|."""
-        work = self.work[:a.size].reshape(a.shape)
-        rounded = self.rounded[:a.size].reshape(a.shape)
-        np.multiply(a, 1 / scale, out=work)
-        if clipped:
-            np.minimum(work, self.limit[:a.size].reshape(a.shape), out=rounded)
-            np.rint(rounded, out=rounded)
-        else:
-            np.rint(work, out=rounded)
-        np.subtract(rounded, work, out=rounded)
-        error = (np.einsum("ij,ij->j", rounded, rounded) if along == 0
-                 else np.einsum("ij,ij->i", rounded, rounded))
-        return error.reshape(scale.shape) * (scale * scale)
-
-
-def _block_scales(x: np.ndarray, along: int, qmax: int,
-                  search: _ClipSearch | None) -> np.ndarray:
-    """The fp16-representable float32 scale of each block of `x` (blocks along `along`)."""
-    a = np.abs(x)
-    absmax = a.max(axis=along, keepdims=True)
-    _check_finite(absmax, "quantize_linear")
-    base = absmax / np.float32(qmax)
-    best = _fp16_scale(base)
-    if search is None:
-        return best
-    # At r = 1 nothing exceeds quant_max + 1/2 (rounding a normal fp16 scale moves it by less
-    # than 2^-11), so the error needs no clipping unless a scale is subnormal.
-    best_error = search.error(a, best, along,
-                              clipped=bool((base < _FP16_MIN_NORMAL).any()))
-    best_ratio = np.ones_like(base)
-
-    def consider(ratio: np.ndarray | np.float32) -> None:
-        error = search.error(a, _fp16_candidate(base * ratio), along, clipped=True)
-        np.copyto(best_ratio, ratio, where=error < best_error)
-        np.minimum(best_error, error, out=best_error)
-
-    for ratio in CLIP_COARSE:
-        consider(np.float32(ratio))
-    for step in CLIP_REFINE:
-        centre = best_ratio.copy()
-        for ratio in (centre - np.float32(step), centre + np.float32(step)):
-            consider(np.minimum(np.maximum(ratio, 0.5, out=ratio), 1, out=ratio))
-    # The candidates are a function of the ratio: recompute the winners'.
-    return np.where(best_ratio == 1, best, _fp16_candidate(base * best_ratio))
 
 
 def _fp16_scale(values: np.ndarray) -> np.ndarray:
@@ -451,15 +393,6 @@ def _fp16_scale(values: np.ndarray) -> np.ndarray:
     scale[values == 0] = 1
     np.maximum(scale, _FP16_TINY, out=scale)
     return scale
-
-
-def _fp16_candidate(values: np.ndarray) -> np.ndarray:
-    """`values` (>= 0) rounded to 11 significant bits and kept within fp16's normal range: always
-    an fp16 number (a faster stand-in for the round trip through fp16, which it matches except
-    perhaps at ties, and below 2^-14 where it gives 2^-14)."""
-    split = values * np.float32(8193)  # Veltkamp: 2^(24 - 11) + 1
-    rounded = split - (split - values)
-    return np.clip(rounded, _FP16_MIN_NORMAL, _FP16_MAX, out=rounded)
 
 
 def dequantize_linear(data: np.ndarray, scale: np.ndarray) -> np.ndarray:
