@@ -1,0 +1,122 @@
+"""A writer of Core ML's weight file format (MIL blob storage, version 2) in plain Python.
+
+coremltools' own writer (`libmilstoragepython._BlobStorageWriter`) holds the GIL for the whole
+of each write, so a thread writing gigabytes of weights through it would stop the conversion
+running beside it. File writes from Python release the GIL; this writer makes the same bytes
+(tests/python/test_blobfile.py compares the two for every dtype the export writes).
+
+The format: a 64-byte header (blob count uint32, version uint32 = 2, zeros), then per blob a
+64-byte metadata record at a 64-byte aligned offset (sentinel 0xDEADBEEF uint32, dtype uint32,
+payload bytes uint64, payload offset uint64 = the record's offset + 64, padding bits uint64 for
+sub-byte dtypes, zeros) followed by the payload; zeros fill up to the next record. A const op
+refers to a blob by its metadata record's offset. Sub-byte values are packed two per byte, the
+first in the low nibble.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from pathlib import Path
+
+import numpy as np
+
+ALIGNMENT = 64
+SENTINEL = 0xDEADBEEF
+VERSION = 2
+_HEADER = struct.Struct("<II56x")  # count, version
+_METADATA = struct.Struct("<IIQQQ32x")  # sentinel, dtype, payload bytes, payload offset, padding
+
+# Blob dtype codes (fp16 is handed over as uint16; 4-bit values one per byte, as int8/uint8).
+FLOAT16, FLOAT32, UINT8, INT8, INT16, UINT16, INT4, UINT4, INT32, UINT32 = (
+    1, 2, 3, 4, 6, 7, 8, 11, 14, 15)
+_ELEMENT_BYTES = {FLOAT16: 2, FLOAT32: 4, UINT8: 1, INT8: 1, INT16: 2, UINT16: 2, INT32: 4,
+                  UINT32: 4}
+_NIBBLES = {INT4, UINT4}
+
+
+class BlobFileWriter:
+    """Appends blobs to a weight file; `close` writes the blob count into the header.
+
+    `BlobFileWriter(path)` starts a new file; `BlobFileWriter(path, append=True)` continues an
+    existing one (as coremltools' writer does without truncate_file)."""
+
+    def __init__(self, path: str | Path, append: bool = False):
+        self.path = Path(path)
+        if append:
+            self.file = self.path.open("r+b", buffering=0)
+            count, version = _HEADER.unpack(self.file.read(_HEADER.size))
+            if version != VERSION:
+                raise ValueError(f"{self.path}: weight file version {version}, expected {VERSION}")
+            self.count = count
+            self.end = self.file.seek(0, os.SEEK_END)
+        else:
+            self.file = self.path.open("w+b", buffering=0)
+            self.count = 0
+            self.end = self._write_at(0, _HEADER.pack(0, VERSION))
+
+    def write(self, dtype: int, values: np.ndarray) -> int:
+        """Appends one blob of `values` and returns its offset, the one a const op's
+        BlobFileValue names."""
+        values = np.ascontiguousarray(values).reshape(-1)
+        padding = 0
+        if dtype in _NIBBLES:
+            nibbles = (values.view(np.uint8) & 0x0F).astype(np.uint8)
+            if nibbles.size % 2:
+                nibbles = np.append(nibbles, np.uint8(0))
+                padding = 4
+            payload = memoryview(nibbles[0::2] | (nibbles[1::2] << 4))
+        elif dtype in _ELEMENT_BYTES:
+            if values.dtype.itemsize != _ELEMENT_BYTES[dtype]:
+                raise ValueError(f"blob dtype {dtype} takes {_ELEMENT_BYTES[dtype]}-byte "
+                                 f"elements, got {values.dtype}")
+            payload = memoryview(values).cast("B")
+        else:
+            raise ValueError(f"blob dtype {dtype} is not one this writer handles")
+        offset = self._record(dtype, payload.nbytes, padding)
+        self.end = self._write_at(offset + _METADATA.size, payload)
+        return offset
+
+    def _record(self, dtype: int, nbytes: int, padding: int) -> int:
+        """Pads to the next aligned offset and writes a blob's metadata record there."""
+        offset = -(-self.end // ALIGNMENT) * ALIGNMENT
+        if offset > self.end:
+            self._write_at(self.end, bytes(offset - self.end))
+        self._write_at(offset, _METADATA.pack(SENTINEL, dtype, nbytes, offset + _METADATA.size,
+                                              padding))
+        self.count += 1
+        return offset
+
+    def write_pieces(self, dtype: int, nbytes: int, pieces) -> int:
+        """Appends one blob of a byte-sized dtype whose `nbytes` of payload arrive as an iterable
+        of arrays (so a large weight need not be in memory whole); returns its offset."""
+        if dtype not in _ELEMENT_BYTES:
+            raise ValueError(f"blob dtype {dtype} cannot be written in pieces")
+        offset = self._record(dtype, nbytes, 0)
+        position = offset + _METADATA.size
+        for piece in pieces:
+            position = self._write_at(position, memoryview(np.ascontiguousarray(piece)).cast("B"))
+        if position != offset + _METADATA.size + nbytes:
+            raise ValueError(f"blob pieces hold {position - offset - _METADATA.size} bytes, "
+                             f"not the {nbytes} announced")
+        self.end = position
+        return offset
+
+    def close(self) -> None:
+        if self.file.closed:
+            return
+        try:
+            self._write_at(0, _HEADER.pack(self.count, VERSION))
+        finally:
+            self.file.close()
+
+    def _write_at(self, position: int, data) -> int:
+        """Writes all of `data` at `position` (the GIL is released while the OS writes);
+        returns the position after it."""
+        self.file.seek(position)
+        view = memoryview(data).cast("B")
+        while view.nbytes:
+            written = self.file.write(view)
+            view = view[written:]
+            position += written
+        return position

@@ -1,0 +1,89 @@
+"""export.blobfile writes the weight files coremltools' own writer writes, byte for byte."""
+
+import numpy as np
+import pytest
+
+from museflash.export import blobfile
+from museflash.export.blobfile import BlobFileWriter
+
+ct = pytest.importorskip("coremltools")
+
+
+def blobs():
+    rng = np.random.default_rng(0)
+    return [
+        (blobfile.FLOAT16, "write_fp16_data", rng.integers(0, 2**16, 77, dtype=np.uint16)),
+        (blobfile.FLOAT32, "write_float_data", rng.standard_normal(5).astype(np.float32)),
+        (blobfile.INT8, "write_int8_data", rng.integers(-128, 128, 130, dtype=np.int8)),
+        (blobfile.UINT8, "write_uint8_data", rng.integers(0, 256, 64, dtype=np.uint8)),
+        (blobfile.INT4, "write_int4_data", rng.integers(-8, 8, 33, dtype=np.int8)),  # odd
+        (blobfile.INT4, "write_int4_data", rng.integers(-8, 8, 64, dtype=np.int8)),
+        (blobfile.UINT4, "write_uint4_data", rng.integers(0, 16, 7, dtype=np.uint8)),
+        (blobfile.INT16, "write_int16_data", rng.integers(-9, 9, 3, dtype=np.int16)),
+        (blobfile.UINT16, "write_uint16_data", rng.integers(0, 9, 3, dtype=np.uint16)),
+        (blobfile.INT32, "write_int32_data", rng.integers(-9, 9, 3, dtype=np.int32)),
+        (blobfile.UINT32, "write_uint32_data", rng.integers(0, 9, 3, dtype=np.uint32)),
+    ]
+
+
+def test_every_dtype_as_coremltools_writes_it_also_when_appending(tmp_path):
+    from coremltools.libmilstoragepython import _BlobStorageWriter
+
+    theirs, ours = tmp_path / "theirs.bin", tmp_path / "ours.bin"
+    items = blobs()
+    for appending, half in ((False, items[:5]), (True, items[5:])):
+        # the second half appends to the file the first half left
+        reference = _BlobStorageWriter(str(theirs), truncate_file=not appending)
+        expected = [getattr(reference, method)(values) for _, method, values in half]
+        del reference
+        writer = BlobFileWriter(ours, append=appending)
+        try:
+            offsets = [writer.write(dtype, values) for dtype, _, values in half]
+        finally:
+            writer.close()
+        assert offsets == expected
+    assert ours.read_bytes() == theirs.read_bytes()
+
+
+def test_what_it_writes_reads_back_through_coremltools(tmp_path):
+    from coremltools.libmilstoragepython import _BlobStorageReader
+
+    path = tmp_path / "weights.bin"
+    writer = BlobFileWriter(path)
+    values = np.arange(-8, 8, dtype=np.int8)
+    halves = np.arange(6, dtype=np.float16)
+    offsets = (writer.write(blobfile.INT8, values), writer.write(blobfile.FLOAT16,
+                                                                 halves.view(np.uint16)))
+    writer.close()
+    reader = _BlobStorageReader(str(path))
+    np.testing.assert_array_equal(reader.read_int8_data(offsets[0]), values)
+    np.testing.assert_array_equal(np.asarray(reader.read_fp16_data(offsets[1])).view(np.float16),
+                                  halves)
+
+
+def test_a_wrong_element_size_or_dtype_is_refused(tmp_path):
+    writer = BlobFileWriter(tmp_path / "weights.bin")
+    try:
+        with pytest.raises(ValueError, match="2-byte elements"):
+            writer.write(blobfile.FLOAT16, np.zeros(4, np.float32))
+        with pytest.raises(ValueError, match="not one this writer handles"):
+            writer.write(99, np.zeros(4, np.uint8))
+    finally:
+        writer.close()
+
+
+def test_a_blob_written_in_pieces_is_the_blob_written_whole(tmp_path):
+    values = np.arange(1000, dtype=np.uint16)
+    files = {name: BlobFileWriter(tmp_path / f"{name}.bin")
+             for name in ("whole", "pieces", "short")}
+    try:
+        for writer in files.values():
+            writer.write(blobfile.INT4, np.array([1, -2, 3], np.int8))  # leaves the end unaligned
+        assert files["whole"].write(blobfile.FLOAT16, values) == files["pieces"].write_pieces(
+            blobfile.FLOAT16, 2000, (values[:333], values[333:]))
+        with pytest.raises(ValueError, match="hold 20 bytes, not the 2000 announced"):
+            files["short"].write_pieces(blobfile.FLOAT16, 2000, [values[:10]])
+    finally:
+        for writer in files.values():
+            writer.close()
+    assert (tmp_path / "whole.bin").read_bytes() == (tmp_path / "pieces.bin").read_bytes()
