@@ -21,6 +21,8 @@ from museflash.export.merge import (
 from museflash.export.options import ExportOptions
 from museflash.export.plan import load_modules, plan_export
 from museflash.export.progress import Progress
+from museflash.export.weights import write_weights
+from museflash.tools.benchmark import _const_values as const_values
 from museflash.tools.benchmark import _without_state_op_debug_names as without_labels
 
 ct = pytest.importorskip("coremltools")
@@ -90,6 +92,23 @@ def test_placeholders_become_the_real_weights(parts, tmp_path):
     written = merge_packages(functions, streamed, "main", placeholders, rows)
     assert written == len(rows) >= 8
     assert _weights(streamed) == _weights(real)
+
+
+def test_weights_written_ahead_are_pointed_at_not_written_again(parts, tmp_path):
+    """The export's route: the real weights go to the weight file while the parts convert
+    (weights.write_weights); the merge appends the other constants and points each placeholder
+    const at its blob. Every const then holds the real merge's bytes, in a file of equal size."""
+    real = tmp_path / "real.mlpackage"
+    merge_packages(parts["real"][0], real, "main")
+    functions, placeholders, rows = parts["placeholders"]
+    locations = [placeholders.by_row[row] for row in sorted(rows)]
+    written = write_weights(tmp_path / "ahead.weights", locations, {})
+    streamed = tmp_path / "streamed.mlpackage"
+    assert merge_packages(functions, streamed, "main", placeholders, rows,
+                          written=written) == len(rows)
+    assert const_values(streamed, read_spec(streamed)) == const_values(real, read_spec(real))
+    assert len(_weights(streamed)) == len(_weights(real))
+    assert not (tmp_path / "ahead.weights").exists()  # it became the package's weight file
 
 
 def _first_placeholder_blob(part, placeholders):

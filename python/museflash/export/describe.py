@@ -35,9 +35,9 @@ from museflash.bundle import (
     schema_errors,
 )
 from museflash.compression import first_matching_rule
-from museflash.export.merge import StoredWeight
 from museflash.export.options import ExportError
 from museflash.export.plan import AssetPlan, CompressionPlan, ExportPlan
+from museflash.export.weights import StoredWeight
 from museflash.models.muse_glimmer import MuseGlimmerConfig
 
 

@@ -8,6 +8,10 @@ result is the package `save_multifunction` writes for the same parts (the same w
 for byte; in the spec, the parts' debug labels of state ops are kept where save_multifunction
 renumbers them), with one difference on purpose: a blob that holds a placeholder
 (`checkpoint.PlaceholderWeights`) is written with the real weight, read from the checkpoint.
+The export has those written before the merge, while the parts convert (`weights.WeightsAhead`):
+the merge then continues that file, so the real weights come first in it and each placeholder
+const is pointed at its weight's blob. The file is written by `blobfile.BlobFileWriter`, which
+makes coremltools' bytes without holding the GIL.
 
 Which blobs are shared follows coremltools' cross-function deduplication exactly: constants are
 grouped by dtype, shape and a hash of their first elements, and within a group are the same when
@@ -27,11 +31,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 
-from museflash.bundle import COMPRESSION_OPS, PACKAGE_SPEC, PACKAGE_WEIGHT_FILE, CompressionMode
+from museflash.bundle import PACKAGE_SPEC, PACKAGE_WEIGHT_FILE
 from museflash.checkpoint import PlaceholderWeights, WeightLocation
-from museflash.compression import Scheme, compress
+from museflash.compression import Scheme
+from museflash.export import blobfile
+from museflash.export.weights import (
+    CompressedWeight,
+    StoredWeight,
+    WrittenWeights,
+    write_compressed,
+    write_real,
+)
 
 IOS18_SPECIFICATION_VERSION = 9
 
@@ -47,7 +58,7 @@ class MergeError(ValueError):
 @dataclass(frozen=True)
 class _BlobType:
     numpy: type
-    writer: str  # BlobWriter method
+    blob_dtype: int  # the weight file's dtype code (blobfile)
     atol: float  # coremltools' const_deduplication tolerance for the dtype
 
 
@@ -61,14 +72,14 @@ def _blob_types() -> dict[int, _BlobType]:
     atol = const_deduplication.DTYPE2ATOL
     kinds = MIL_pb2.DataType
     return {
-        kinds.FLOAT16: _BlobType(np.float16, "write_fp16_data", atol.get(types.fp16, 1e-12)),
-        kinds.FLOAT32: _BlobType(np.float32, "write_float_data", atol.get(types.fp32, 1e-12)),
-        kinds.INT8: _BlobType(np.int8, "write_int8_data", 1e-12),
-        kinds.UINT8: _BlobType(np.uint8, "write_uint8_data", 1e-12),
-        kinds.INT16: _BlobType(np.int16, "write_int16_data", 1e-12),
-        kinds.UINT16: _BlobType(np.uint16, "write_uint16_data", 1e-12),
-        kinds.INT32: _BlobType(np.int32, "write_int32_data", 1e-12),
-        kinds.UINT32: _BlobType(np.uint32, "write_uint32_data", 1e-12),
+        kinds.FLOAT16: _BlobType(np.float16, blobfile.FLOAT16, atol.get(types.fp16, 1e-12)),
+        kinds.FLOAT32: _BlobType(np.float32, blobfile.FLOAT32, atol.get(types.fp32, 1e-12)),
+        kinds.INT8: _BlobType(np.int8, blobfile.INT8, 1e-12),
+        kinds.UINT8: _BlobType(np.uint8, blobfile.UINT8, 1e-12),
+        kinds.INT16: _BlobType(np.int16, blobfile.INT16, 1e-12),
+        kinds.UINT16: _BlobType(np.uint16, blobfile.UINT16, 1e-12),
+        kinds.INT32: _BlobType(np.int32, blobfile.INT32, 1e-12),
+        kinds.UINT32: _BlobType(np.uint32, blobfile.UINT32, 1e-12),
     }
 
 
@@ -166,44 +177,6 @@ class _Unique:
     placeholder: bool
 
 
-@dataclass(frozen=True)
-class StoredWeight:
-    """A checkpoint weight as the merged weight file holds it."""
-    key: str
-    shape: tuple[int, ...]
-    scheme: Scheme | None  # None: fp16
-    bytes: int  # its blobs' payload bytes (the data, and the scales or look-up table)
-
-    @classmethod
-    def of(cls, key: str, shape: tuple[int, ...], scheme: Scheme | None) -> StoredWeight:
-        size = 2 * int(np.prod(shape)) if scheme is None else scheme.stored_bytes(shape)
-        return cls(key, tuple(shape), scheme, size)
-
-
-@dataclass(frozen=True)
-class CompressedWeight:
-    """A weight written compressed: the iOS18 constexpr op that rebuilds it on device, and
-    that op's inputs (each a blob of the merged weight file: offset, MIL dtype, shape)."""
-    op_type: str
-    inputs: tuple[tuple[str, int, int, tuple[int, ...]], ...]  # (input, offset, dtype, shape)
-
-    def rewrite(self, op) -> None:
-        """Turns the `const` op that held the placeholder into the constexpr op; its output
-        (name, fp16 type and shape) and so every use of it stay as they are."""
-        file_name = op.attributes["val"].blobFileValue.fileName
-        op.type = self.op_type
-        del op.attributes["val"]
-        for name, offset, data_type, shape in self.inputs:
-            value = op.inputs[name].arguments.add().value
-            tensor = value.type.tensorType
-            tensor.dataType = data_type
-            tensor.rank = len(shape)
-            for size in shape:
-                tensor.dimensions.add().constant.size = size
-            value.blobFileValue.fileName = file_name
-            value.blobFileValue.offset = offset
-
-
 def _hash_key(blob: _Blob, sample: np.ndarray, placeholder: bool, count: int) -> tuple:
     flat = (np.broadcast_to(sample, blob.shape) if placeholder else sample).reshape(-1)
     digest = hashlib.sha1(np.ascontiguousarray(flat[:count])).hexdigest()
@@ -228,13 +201,17 @@ def merge_packages(
     expected_rows: set[bytes] | None = None,
     compression: Mapping[str, Scheme] | None = None,
     stored: dict[str, StoredWeight] | None = None,
+    written: WrittenWeights | None = None,
 ) -> int:
     """Writes `destination` (a new .mlpackage) with one function per (name, part package), in
     that order. Placeholder blobs are written with the real weights; every row in
     `expected_rows` must be found. A placeholder whose checkpoint key `compression` names is
     written compressed instead (`compression.py`, a slice of rows at a time) and its const ops
-    become the scheme's constexpr op. `stored`, when given, receives each real weight written.
-    Returns the number of real weights written."""
+    become the scheme's constexpr op. `written`: a weight file that already holds real weights
+    (`weights.WeightsAhead`, written while the parts converted); it becomes the merged file,
+    the other constants appended to it, and a placeholder it holds is pointed at its blob
+    instead of being written again. `stored`, when given, receives each real weight in the
+    merged file. Returns the number of real weights written."""
     from coremltools.models.utils import _create_mlpackage
     from coremltools.proto import Model_pb2
 
@@ -250,8 +227,10 @@ def merge_packages(
         merged.mlProgram.version = 1
         functions = []
         version = IOS18_SPECIFICATION_VERSION
+        if written is not None:
+            os.replace(written.path, scratch / PACKAGE_WEIGHT_FILE.name)
         weights = _MergedWeights(scratch / PACKAGE_WEIGHT_FILE.name, placeholders,
-                                 compression or {})
+                                 compression or {}, written)
         for name, package in parts:
             spec = read_spec(package)
             if spec.WhichOneof("Type") != "mlProgram" or list(spec.mlProgram.functions) != ["main"]:
@@ -301,13 +280,13 @@ class _MergedWeights:
     blob that coremltools' cross-function deduplication would merge it with."""
 
     def __init__(self, path: Path, placeholders: PlaceholderWeights | None,
-                 compression: Mapping[str, Scheme]):
+                 compression: Mapping[str, Scheme], written: WrittenWeights | None = None):
         from coremltools.converters.mil.mil.passes.defs.cleanup.const_deduplication import (
             const_deduplication,
         )
-        from coremltools.libmilstoragepython import _BlobStorageWriter
 
-        self.writer = _BlobStorageWriter(str(path), truncate_file=True)
+        self.writer = blobfile.BlobFileWriter(path, append=written is not None)
+        self.written = written.placed if written is not None else {}
         self.placeholders = placeholders
         self.blob_types = _blob_types()
         self.hash_length = const_deduplication.LENGTH_OF_HASHKEY
@@ -317,7 +296,7 @@ class _MergedWeights:
         self.stored: dict[str, StoredWeight] = {}
 
     def close(self) -> None:
-        del self.writer  # flushes and closes the file
+        self.writer.close()
 
     def place(self, blob: _Blob, source: _WeightFile) -> int | CompressedWeight:
         """The merged file's offset for `blob` of `source` (or, for a weight to compress, its
@@ -348,14 +327,15 @@ class _MergedWeights:
             return match.placed
         if location is not None:
             scheme = self.compression.get(location.key)
-            unique.placed = (_write_real(self.writer, location) if scheme is None
-                             else _write_compressed(self.writer, location, scheme))
+            unique.placed = self.written.get(location.key)
+            if unique.placed is None:
+                unique.placed = (write_real(self.writer, location) if scheme is None
+                                 else write_compressed(self.writer, location, scheme))
             self.stored[location.key] = StoredWeight.of(location.key, location.shape, scheme)
             self.seen_rows.add(row)
         else:
-            unique.placed = getattr(self.writer, kind.writer)(
-                np.ascontiguousarray(sample.reshape(-1)).view(
-                    np.uint16 if kind.numpy is np.float16 else kind.numpy))
+            unique.placed = self.writer.write(kind.blob_dtype, sample.view(
+                np.uint16 if kind.numpy is np.float16 else kind.numpy))
         if not blob.nested:
             self.groups.setdefault(key, []).append(unique)
         return unique.placed
@@ -397,43 +377,3 @@ def _placeholder_location(
     if not compact:
         source.verify_repeated_row(start, size, row, blob.name, location.key)
     return location, row
-
-
-def _write_real(writer, location: WeightLocation) -> int:
-    real = location.read(torch.float16).contiguous()
-    offset = writer.write_fp16_data(real.numpy().reshape(-1).view(np.uint16))
-    del real
-    return offset
-
-
-# Core ML stores sub-byte data packed; the writer takes it one element per byte.
-_DATA_WRITERS = {("linear", 4): ("INT4", "write_int4_data"),
-                 ("linear", 8): ("INT8", "write_int8_data"),
-                 ("palettize", 4): ("UINT4", "write_uint4_data"),
-                 ("palettize", 8): ("UINT8", "write_uint8_data")}
-_ROWS_BYTES = 64 << 20  # fp32 bytes of checkpoint rows compressed at a time
-
-
-def _write_compressed(writer, location: WeightLocation, scheme: Scheme) -> CompressedWeight:
-    """Reads the weight a slice of rows at a time (fp32, from the checkpoint's own dtype),
-    compresses each slice and writes the data and its scales or look-up table as two blobs.
-    Memory: the data at one byte per element plus one slice, below the fp16 weight's size."""
-    from coremltools.proto import MIL_pb2
-
-    rows, columns = location.shape
-    # A look-up table serves group_size rows, so palettized slices hold whole groups.
-    unit = scheme.group_size if scheme.mode == "palettize" else 1
-    step = max(unit, _ROWS_BYTES // (4 * columns) // unit * unit)
-    data = np.empty((rows, columns), np.int8 if scheme.mode == "linear" else np.uint8)
-    side = np.empty(scheme.scale_shape(location.shape), np.float16)
-    for start in range(0, rows, step):
-        stop = min(rows, start + step)
-        data[start:stop], side[start // unit:stop // unit] = compress(
-            location.read_rows(start, stop, torch.float32).numpy(), scheme)
-    data_type, write = _DATA_WRITERS[(scheme.mode, scheme.bits)]
-    data_offset = getattr(writer, write)(data.reshape(-1))
-    side_offset = writer.write_fp16_data(side.reshape(-1).view(np.uint16))
-    op_type, data_input, side_input = COMPRESSION_OPS[CompressionMode(scheme.mode)]
-    return CompressedWeight(op_type, (
-        (data_input, data_offset, getattr(MIL_pb2.DataType, data_type), tuple(data.shape)),
-        (side_input, side_offset, MIL_pb2.DataType.FLOAT16, tuple(side.shape))))

@@ -21,16 +21,17 @@ from pathlib import Path
 import torch
 
 from museflash.bundle import BUILTIN_PREFIX, METADATA_FILE, Source
-from museflash.checkpoint import PlaceholderWeights
+from museflash.checkpoint import PlaceholderWeights, WeightLocation
 from museflash.compression import Scheme
 from museflash.export.convert import convert_function
 from museflash.export.describe import bundle_metadata, embed_metadata
-from museflash.export.merge import MergeError, StoredWeight, merge_packages
+from museflash.export.merge import MergeError, merge_packages
 from museflash.export.options import ExportError, ExportOptions, check_flag_rules
 from museflash.export.parallel import conversion_helpers, run_conversions
 from museflash.export.plan import AssetPlan, FunctionPlan, load_modules, plan_export
 from museflash.export.progress import Progress, human_bytes, tree_bytes
 from museflash.export.publish import check_destination, publish_directory
+from museflash.export.weights import StoredWeight, WeightsAhead, WrittenWeights
 
 
 def export_bundle(options: ExportOptions, progress: Progress | None = None) -> Path:
@@ -42,26 +43,33 @@ def export_bundle(options: ExportOptions, progress: Progress | None = None) -> P
         plan = plan_export(options, target_dir, drafter_dir)
         with publish_directory(options.output_dir, options.overwrite) as staging:
             parts_dir = staging / ".parts"
-            with conversion_helpers(options, plan, progress) as helpers:
-                # The large weights stay on disk until the packages are written (see
-                # docs/export-memory.md); only their stand-ins are traced and converted.
-                placeholders = PlaceholderWeights()
-                modules = load_modules(options, plan, progress, placeholders)
-                jobs = [(asset, function, part_path(parts_dir, asset, function))
-                        for asset in plan.assets for function in asset.functions]
-                for asset in plan.assets:
-                    (parts_dir / asset.role).mkdir(parents=True)
-
-                def convert_here(job) -> None:
-                    asset, function, part = job
-                    convert_function(modules[asset.module], asset, function, part, progress)
-
-                run_conversions(jobs, convert_here, helpers)
             schemes = plan.compression.schemes if plan.compression else {}
-            # Per package, under its owner's role: what its merge wrote.
-            stored = {assets[0].role: save_package(assets, parts_dir, staging / path, modules,
-                                                   placeholders, progress, schemes)
-                      for path, assets in plan.packages().items()}
+            with WeightsAhead(schemes, progress) as ahead:
+                with conversion_helpers(options, plan, progress) as helpers:
+                    # The large weights stay on disk until the packages are written (see
+                    # docs/export-memory.md); only their stand-ins are traced and converted,
+                    # while a thread writes the real ones into each package's weight file.
+                    placeholders = PlaceholderWeights()
+                    modules = load_modules(options, plan, progress, placeholders)
+                    for asset in plan.assets:
+                        (parts_dir / asset.role).mkdir(parents=True)
+                    ahead.start({path: (parts_dir / f"{path}.weights",
+                                        list(package_placeholders(assets, modules,
+                                                                  placeholders).values()))
+                                 for path, assets in plan.packages().items()})
+                    jobs = [(asset, function, part_path(parts_dir, asset, function))
+                            for asset in plan.assets for function in asset.functions]
+
+                    def convert_here(job) -> None:
+                        asset, function, part = job
+                        convert_function(modules[asset.module], asset, function, part, progress)
+
+                    run_conversions(jobs, convert_here, helpers)
+                # Per package, under its owner's role: what its merge wrote.
+                stored = {assets[0].role: save_package(assets, parts_dir, staging / path,
+                                                       modules, placeholders, progress, schemes,
+                                                       ahead.result(path))
+                          for path, assets in plan.packages().items()}
             shutil.rmtree(parts_dir)
             metadata = bundle_metadata(plan, modules, source, plan.context_length,
                                        options.model_name, stored)
@@ -95,33 +103,35 @@ def part_path(parts_dir: Path, asset: AssetPlan, function: FunctionPlan) -> Path
     return Path(parts_dir) / asset.role / f"{function.name}.mlpackage"
 
 
-def placeholder_rows(assets: list[AssetPlan], modules: dict[str, torch.nn.Module],
-                     placeholders: PlaceholderWeights) -> set[bytes]:
-    """The placeholder rows of every weight the assets of one package use: the real weights
-    its merge must write."""
-    return {placeholders.row_of(p) for asset in assets
-            for p in modules[asset.module].parameters()} - {None}
+def package_placeholders(assets: list[AssetPlan], modules: dict[str, torch.nn.Module],
+                         placeholders: PlaceholderWeights) -> dict[bytes, WeightLocation]:
+    """The real weights one package must hold: every placeholder its assets' modules use, by
+    placeholder row, in the order of the modules' parameters (a weight two modules share, as
+    the DFlash drafter borrows the target's embedding, once)."""
+    rows = (placeholders.row_of(p) for asset in assets for p in modules[asset.module].parameters())
+    return {row: placeholders.by_row[row] for row in rows if row is not None}
 
 
 def save_package(assets: list[AssetPlan], parts_dir: Path, destination: Path,
                  modules: dict[str, torch.nn.Module], placeholders: PlaceholderWeights,
-                 progress: Progress,
-                 schemes: Mapping[str, Scheme] | None = None) -> dict[str, StoredWeight]:
+                 progress: Progress, schemes: Mapping[str, Scheme] | None = None,
+                 written: WrittenWeights | None = None) -> dict[str, StoredWeight]:
     """Merges the converted functions of every asset sharing the package `destination` into
     one multifunction package (`merge.merge_packages`: identical weights are stored once, as
     save_multifunction stores them, without loading any weight back; the target's embedding
     and lm_head, which the DFlash drafter borrows, are among them); the placeholders' real
     values are read from the checkpoint into its weight file one tensor at a time, compressed
-    when `schemes` names them. The first asset owns the package (its default function is the
-    package's). Returns the real weights written, by checkpoint key."""
+    when `schemes` names them (or already written there: `written`). The first asset owns the
+    package (its default function is the package's). Returns the real weights written, by
+    checkpoint key."""
     with progress.stage("save", destination.name) as info:
-        expected = placeholder_rows(assets, modules, placeholders)
+        expected = set(package_placeholders(assets, modules, placeholders))
         parts = [(f.name, part_path(parts_dir, asset, f))
                  for asset in assets for f in asset.functions]
         stored: dict[str, StoredWeight] = {}
         try:
             merge_packages(parts, destination, assets[0].default_function, placeholders,
-                           expected, schemes, stored)
+                           expected, schemes, stored, written)
         except MergeError as error:
             raise ExportError(str(error)) from error
         info["bytes"] = tree_bytes(destination)

@@ -42,7 +42,7 @@ from museflash.checkpoint import (
 )
 from museflash.compression import Scheme, preset_rules
 from museflash.demo_checkpoint import builtin_checkpoints
-from museflash.export.merge import StoredWeight
+from museflash.export.weights import StoredWeight
 from museflash.paths import resolve_user_path
 
 # name -> (preset, clipping of linear schemes)

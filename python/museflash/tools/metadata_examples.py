@@ -93,11 +93,11 @@ def compressed_metadata() -> dict[str, Metadata]:
     from museflash.checkpoint import PlaceholderWeights
     from museflash.demo_checkpoint import builtin_checkpoints
     from museflash.export.describe import bundle_metadata
-    from museflash.export.merge import StoredWeight
     from museflash.export.options import ExportOptions
-    from museflash.export.pipeline import placeholder_rows
+    from museflash.export.pipeline import package_placeholders
     from museflash.export.plan import load_modules, plan_export
     from museflash.export.progress import Progress
+    from museflash.export.weights import StoredWeight
 
     examples = {}
     with tempfile.TemporaryDirectory(prefix="museflash-examples-") as scratch, \
@@ -118,8 +118,7 @@ def compressed_metadata() -> dict[str, Metadata]:
             stored = {}
             for assets in plan.packages().values():
                 weights = {}
-                for row in placeholder_rows(assets, modules, placeholders):
-                    location = placeholders.by_row[row]
+                for location in package_placeholders(assets, modules, placeholders).values():
                     weights[location.key] = StoredWeight.of(location.key, location.shape,
                                                             schemes.get(location.key))
                 stored[assets[0].role] = weights

@@ -1,0 +1,208 @@
+"""Each package's real weights, written to its weight file while the functions convert.
+
+The large weights are placeholders during conversion (`checkpoint.PlaceholderWeights`); which
+ones a package holds is known as soon as the modules are loaded. `WeightsAhead` then starts one
+thread that reads them from the checkpoint a tensor at a time, compresses those the plan's
+schemes name (`compression.compress`, a slice of rows at a time, on two threads) and appends
+them to each package's weight file (`blobfile.BlobFileWriter`), package after package. The
+conversion runs meanwhile: file reads and writes, torch's dtype conversion and the compiled
+quantizer all release the GIL. The merge (`merge.merge_packages`) then appends the functions'
+other constants to the same file and points each placeholder const at its weight's blob.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from museflash.bundle import COMPRESSION_OPS, CompressionMode
+from museflash.checkpoint import WeightLocation
+from museflash.compression import Scheme, compress
+from museflash.export import blobfile
+from museflash.export.progress import Progress
+
+# Core ML stores sub-byte data packed; the writer takes it one element per byte.
+_BLOB_DTYPES = {("linear", 4): ("INT4", blobfile.INT4),
+                ("linear", 8): ("INT8", blobfile.INT8),
+                ("palettize", 4): ("UINT4", blobfile.UINT4),
+                ("palettize", 8): ("UINT8", blobfile.UINT8)}
+_ROWS_BYTES = 16 << 20  # bytes of checkpoint rows read (and compressed) at a time, per thread
+COMPRESSING_THREADS = 2
+
+
+@dataclass(frozen=True)
+class StoredWeight:
+    """A checkpoint weight as the merged weight file holds it."""
+    key: str
+    shape: tuple[int, ...]
+    scheme: Scheme | None  # None: fp16
+    bytes: int  # its blobs' payload bytes (the data, and the scales or look-up table)
+
+    @classmethod
+    def of(cls, key: str, shape: tuple[int, ...], scheme: Scheme | None) -> StoredWeight:
+        size = 2 * int(np.prod(shape)) if scheme is None else scheme.stored_bytes(shape)
+        return cls(key, tuple(shape), scheme, size)
+
+
+@dataclass(frozen=True)
+class CompressedWeight:
+    """A weight written compressed: the iOS18 constexpr op that rebuilds it on device, and
+    that op's inputs (each a blob of the merged weight file: offset, MIL dtype, shape)."""
+    op_type: str
+    inputs: tuple[tuple[str, int, int, tuple[int, ...]], ...]  # (input, offset, dtype, shape)
+
+    def rewrite(self, op) -> None:
+        """Turns the `const` op that held the placeholder into the constexpr op; its output
+        (name, fp16 type and shape) and so every use of it stay as they are."""
+        file_name = op.attributes["val"].blobFileValue.fileName
+        op.type = self.op_type
+        del op.attributes["val"]
+        for name, offset, data_type, shape in self.inputs:
+            value = op.inputs[name].arguments.add().value
+            tensor = value.type.tensorType
+            tensor.dataType = data_type
+            tensor.rank = len(shape)
+            for size in shape:
+                tensor.dimensions.add().constant.size = size
+            value.blobFileValue.fileName = file_name
+            value.blobFileValue.offset = offset
+
+
+class Stopped(Exception):
+    """The export stopped (another stage failed) before these weights were written."""
+
+
+@dataclass
+class WrittenWeights:
+    """One package's weight file with its real weights in it, and where each one is."""
+    path: Path
+    placed: dict[str, int | CompressedWeight] = field(default_factory=dict)  # by checkpoint key
+
+
+def write_weights(path: Path, locations: list[WeightLocation], schemes: Mapping[str, Scheme],
+                  stop: threading.Event | None = None) -> WrittenWeights:
+    """Writes a new weight file holding `locations`' tensors, compressed where `schemes` names
+    them, fp16 otherwise."""
+    written = WrittenWeights(Path(path))
+    writer = blobfile.BlobFileWriter(path)
+    try:
+        with ThreadPoolExecutor(COMPRESSING_THREADS) as pool:
+            for location in locations:
+                if stop is not None and stop.is_set():
+                    raise Stopped()
+                scheme = schemes.get(location.key)
+                written.placed[location.key] = (
+                    write_real(writer, location) if scheme is None
+                    else write_compressed(writer, location, scheme, pool))
+    finally:
+        writer.close()
+    return written
+
+
+def write_real(writer: blobfile.BlobFileWriter, location: WeightLocation) -> int:
+    """Appends the weight as fp16, read and written a slice of rows at a time; returns its
+    blob's offset."""
+    rows, columns = location.shape
+    step = max(1, _ROWS_BYTES // (2 * columns))
+    pieces = (location.read_rows(start, min(rows, start + step), torch.float16).numpy()
+              for start in range(0, rows, step))
+    return writer.write_pieces(blobfile.FLOAT16, 2 * rows * columns, pieces)
+
+
+def write_compressed(writer: blobfile.BlobFileWriter, location: WeightLocation, scheme: Scheme,
+                     pool: ThreadPoolExecutor | None = None) -> CompressedWeight:
+    """Reads the weight a slice of rows at a time (fp32, from the checkpoint's own dtype),
+    compresses the slices (on the pool's threads, if one is given) and writes the data and its
+    scales or look-up table as two blobs. Memory: the data at one byte per element plus a slice
+    per thread."""
+    from coremltools.proto import MIL_pb2
+
+    rows, columns = location.shape
+    # A look-up table serves group_size rows, so palettized slices hold whole groups.
+    unit = scheme.group_size if scheme.mode == "palettize" else 1
+    step = max(unit, _ROWS_BYTES // (4 * columns) // unit * unit)
+    data = np.empty((rows, columns), np.int8 if scheme.mode == "linear" else np.uint8)
+    side = np.empty(scheme.scale_shape(location.shape), np.float16)
+
+    def one_slice(start: int) -> None:
+        stop = min(rows, start + step)
+        data[start:stop], side[start // unit:stop // unit] = compress(
+            location.read_rows(start, stop, torch.float32).numpy(), scheme)
+
+    for _ in (pool.map if pool else map)(one_slice, range(0, rows, step)):
+        pass
+    data_type, blob_dtype = _BLOB_DTYPES[(scheme.mode, scheme.bits)]
+    data_offset = writer.write(blob_dtype, data.reshape(-1))
+    side_offset = writer.write(blobfile.FLOAT16, side.reshape(-1).view(np.uint16))
+    op_type, data_input, side_input = COMPRESSION_OPS[CompressionMode(scheme.mode)]
+    return CompressedWeight(op_type, (
+        (data_input, data_offset, getattr(MIL_pb2.DataType, data_type), tuple(data.shape)),
+        (side_input, side_offset, MIL_pb2.DataType.FLOAT16, tuple(side.shape))))
+
+
+class WeightsAhead:
+    """Writes each package's weights (`write_weights`) on a background thread, in the order
+    given to `start`; `result(package)` waits for that package's file and raises what writing
+    it raised. Leaving the context stops the thread after the tensor in hand (the files are
+    the caller's to remove)."""
+
+    def __init__(self, schemes: Mapping[str, Scheme], progress: Progress | None = None):
+        self.schemes = schemes
+        self.progress = progress
+        self.stop = threading.Event()
+        self.done: dict[str, threading.Event] = {}
+        self.results: dict[str, WrittenWeights | BaseException] = {}
+        self.thread: threading.Thread | None = None
+
+    def __enter__(self) -> WeightsAhead:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop.set()
+        if self.thread is not None:
+            self.thread.join()
+
+    def start(self, jobs: Mapping[str, tuple[Path, list[WeightLocation]]]) -> None:
+        """jobs: package -> (its new weight file, the checkpoint tensors to write into it)."""
+        if any(scheme.mode == "linear" for scheme in self.schemes.values()):
+            # Compile the quantizer here, before the thread starts: compiled on the thread while
+            # this one traced a function, numba once saw `max` as a functools.partial.
+            import museflash.compression_kernels  # noqa: F401
+        self.done = {package: threading.Event() for package in jobs}
+        self.thread = threading.Thread(target=self._run, args=(dict(jobs),),
+                                       name="museflash-weights", daemon=True)
+        self.thread.start()
+
+    def _run(self, jobs: dict[str, tuple[Path, list[WeightLocation]]]) -> None:
+        failed: BaseException | None = None
+        for package, (path, locations) in jobs.items():
+            try:
+                if failed is not None:
+                    raise failed
+                with self._stage(package) as info:
+                    self.results[package] = write_weights(path, locations, self.schemes,
+                                                          self.stop)
+                    info["bytes"] = path.stat().st_size
+            except BaseException as error:  # noqa: BLE001 - handed to the caller by result()
+                failed = failed or error
+                self.results[package] = error
+            finally:
+                self.done[package].set()
+
+    def _stage(self, package: str):
+        return (self.progress.stage("weights", package) if self.progress is not None
+                else nullcontext({}))
+
+    def result(self, package: str) -> WrittenWeights:
+        self.done[package].wait()
+        outcome = self.results[package]
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
