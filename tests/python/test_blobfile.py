@@ -73,16 +73,20 @@ def test_a_wrong_element_size_or_dtype_is_refused(tmp_path):
 
 
 def test_a_blob_written_in_pieces_is_the_blob_written_whole(tmp_path):
-    values = np.arange(1000, dtype=np.uint16)
+    halves = np.arange(1000, dtype=np.uint16)
+    nibbles = np.random.default_rng(1).integers(-8, 8, 41, dtype=np.int8)  # odd: padded
     files = {name: BlobFileWriter(tmp_path / f"{name}.bin")
              for name in ("whole", "pieces", "short")}
     try:
         for writer in files.values():
             writer.write(blobfile.INT4, np.array([1, -2, 3], np.int8))  # leaves the end unaligned
-        assert files["whole"].write(blobfile.FLOAT16, values) == files["pieces"].write_pieces(
-            blobfile.FLOAT16, 2000, (values[:333], values[333:]))
+        whole, pieces = files["whole"], files["pieces"]
+        assert whole.write(blobfile.FLOAT16, halves) == pieces.write_pieces(
+            blobfile.FLOAT16, 1000, (halves[:333], halves[333:]))
+        assert whole.write(blobfile.INT4, nibbles) == pieces.write_pieces(
+            blobfile.INT4, 41, (nibbles[:10], nibbles[10:30], nibbles[30:]))
         with pytest.raises(ValueError, match="hold 20 bytes, not the 2000 announced"):
-            files["short"].write_pieces(blobfile.FLOAT16, 2000, [values[:10]])
+            files["short"].write_pieces(blobfile.FLOAT16, 1000, [halves[:10]])
     finally:
         for writer in files.values():
             writer.close()

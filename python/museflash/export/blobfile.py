@@ -59,23 +59,46 @@ class BlobFileWriter:
         """Appends one blob of `values` and returns its offset, the one a const op's
         BlobFileValue names."""
         values = np.ascontiguousarray(values).reshape(-1)
-        padding = 0
+        payload = self._payload(dtype, values)  # checked before anything is written
+        return self._write_blob(dtype, values.size, [payload])
+
+    def write_pieces(self, dtype: int, count: int, pieces) -> int:
+        """Appends one blob of `count` values that arrive as an iterable of arrays (so a large
+        weight need not be in memory whole); returns its offset. For 4-bit dtypes every piece
+        but the last holds an even number of values."""
+        return self._write_blob(dtype, count, (self._payload(dtype, piece) for piece in pieces))
+
+    def _write_blob(self, dtype: int, count: int, payloads) -> int:
         if dtype in _NIBBLES:
-            nibbles = (values.view(np.uint8) & 0x0F).astype(np.uint8)
-            if nibbles.size % 2:
-                nibbles = np.append(nibbles, np.uint8(0))
-                padding = 4
-            payload = memoryview(nibbles[0::2] | (nibbles[1::2] << 4))
+            nbytes, padding = (count + 1) // 2, 4 * (count % 2)
         elif dtype in _ELEMENT_BYTES:
-            if values.dtype.itemsize != _ELEMENT_BYTES[dtype]:
-                raise ValueError(f"blob dtype {dtype} takes {_ELEMENT_BYTES[dtype]}-byte "
-                                 f"elements, got {values.dtype}")
-            payload = memoryview(values).cast("B")
+            nbytes, padding = count * _ELEMENT_BYTES[dtype], 0
         else:
             raise ValueError(f"blob dtype {dtype} is not one this writer handles")
-        offset = self._record(dtype, payload.nbytes, padding)
-        self.end = self._write_at(offset + _METADATA.size, payload)
+        offset = self._record(dtype, nbytes, padding)
+        position = start = offset + _METADATA.size
+        for payload in payloads:
+            position = self._write_at(position, payload)
+        if position - start != nbytes:
+            raise ValueError(f"blob pieces hold {position - start} bytes, not the {nbytes} "
+                             f"announced")
+        self.end = position
         return offset
+
+    @staticmethod
+    def _payload(dtype: int, values: np.ndarray) -> memoryview:
+        values = np.ascontiguousarray(values).reshape(-1)
+        if dtype not in _NIBBLES and dtype not in _ELEMENT_BYTES:
+            raise ValueError(f"blob dtype {dtype} is not one this writer handles")
+        if dtype in _NIBBLES:
+            nibbles = values.view(np.uint8) & np.uint8(0x0F)
+            if nibbles.size % 2:
+                nibbles = np.append(nibbles, np.uint8(0))
+            return memoryview(nibbles[0::2] | (nibbles[1::2] << 4))
+        if values.dtype.itemsize != _ELEMENT_BYTES[dtype]:
+            raise ValueError(f"blob dtype {dtype} takes {_ELEMENT_BYTES[dtype]}-byte elements, "
+                             f"got {values.dtype}")
+        return memoryview(values).cast("B")
 
     def _record(self, dtype: int, nbytes: int, padding: int) -> int:
         """Pads to the next aligned offset and writes a blob's metadata record there."""
@@ -85,21 +108,6 @@ class BlobFileWriter:
         self._write_at(offset, _METADATA.pack(SENTINEL, dtype, nbytes, offset + _METADATA.size,
                                               padding))
         self.count += 1
-        return offset
-
-    def write_pieces(self, dtype: int, nbytes: int, pieces) -> int:
-        """Appends one blob of a byte-sized dtype whose `nbytes` of payload arrive as an iterable
-        of arrays (so a large weight need not be in memory whole); returns its offset."""
-        if dtype not in _ELEMENT_BYTES:
-            raise ValueError(f"blob dtype {dtype} cannot be written in pieces")
-        offset = self._record(dtype, nbytes, 0)
-        position = offset + _METADATA.size
-        for piece in pieces:
-            position = self._write_at(position, memoryview(np.ascontiguousarray(piece)).cast("B"))
-        if position != offset + _METADATA.size + nbytes:
-            raise ValueError(f"blob pieces hold {position - offset - _METADATA.size} bytes, "
-                             f"not the {nbytes} announced")
-        self.end = position
         return offset
 
     def close(self) -> None:

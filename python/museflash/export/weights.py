@@ -13,6 +13,7 @@ other constants to the same file and points each placeholder const at its weight
 from __future__ import annotations
 
 import threading
+from collections import deque
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
@@ -113,38 +114,55 @@ def write_real(writer: blobfile.BlobFileWriter, location: WeightLocation) -> int
     step = max(1, _ROWS_BYTES // (2 * columns))
     pieces = (location.read_rows(start, min(rows, start + step), torch.float16).numpy()
               for start in range(0, rows, step))
-    return writer.write_pieces(blobfile.FLOAT16, 2 * rows * columns, pieces)
+    return writer.write_pieces(blobfile.FLOAT16, rows * columns, pieces)
 
 
 def write_compressed(writer: blobfile.BlobFileWriter, location: WeightLocation, scheme: Scheme,
                      pool: ThreadPoolExecutor | None = None) -> CompressedWeight:
     """Reads the weight a slice of rows at a time (fp32, from the checkpoint's own dtype),
-    compresses the slices (on the pool's threads, if one is given) and writes the data and its
-    scales or look-up table as two blobs. Memory: the data at one byte per element plus a slice
-    per thread."""
+    compresses the slices (on the pool's threads, if one is given, a few slices ahead) and
+    writes the data blob slice by slice as they come, then the scales or look-up table. Memory:
+    a few slices, and the scales or tables (1/16 of the fp16 weight or less)."""
     from coremltools.proto import MIL_pb2
 
     rows, columns = location.shape
-    # A look-up table serves group_size rows, so palettized slices hold whole groups.
+    # A look-up table serves group_size rows, so palettized slices hold whole groups; 4-bit
+    # slices are packed two values to a byte on their own, so they hold an even count.
     unit = scheme.group_size if scheme.mode == "palettize" else 1
     step = max(unit, _ROWS_BYTES // (4 * columns) // unit * unit)
-    data = np.empty((rows, columns), np.int8 if scheme.mode == "linear" else np.uint8)
+    if columns % 2 and step % 2:
+        step += unit
     side = np.empty(scheme.scale_shape(location.shape), np.float16)
 
-    def one_slice(start: int) -> None:
+    def one_slice(start: int) -> np.ndarray:
         stop = min(rows, start + step)
-        data[start:stop], side[start // unit:stop // unit] = compress(
+        data, side[start // unit:stop // unit] = compress(
             location.read_rows(start, stop, torch.float32).numpy(), scheme)
+        return data
 
-    for _ in (pool.map if pool else map)(one_slice, range(0, rows, step)):
-        pass
     data_type, blob_dtype = _BLOB_DTYPES[(scheme.mode, scheme.bits)]
-    data_offset = writer.write(blob_dtype, data.reshape(-1))
+    data_offset = writer.write_pieces(blob_dtype, rows * columns,
+                                      _in_order(pool, one_slice, range(0, rows, step)))
     side_offset = writer.write(blobfile.FLOAT16, side.reshape(-1).view(np.uint16))
     op_type, data_input, side_input = COMPRESSION_OPS[CompressionMode(scheme.mode)]
     return CompressedWeight(op_type, (
-        (data_input, data_offset, getattr(MIL_pb2.DataType, data_type), tuple(data.shape)),
+        (data_input, data_offset, getattr(MIL_pb2.DataType, data_type), (rows, columns)),
         (side_input, side_offset, MIL_pb2.DataType.FLOAT16, tuple(side.shape))))
+
+
+def _in_order(pool: ThreadPoolExecutor | None, function, items):
+    """function(item) for each item, in order; with a pool, computed on its threads at most
+    COMPRESSING_THREADS + 1 items ahead of the consumer (so results cannot pile up)."""
+    if pool is None:
+        yield from map(function, items)
+        return
+    pending: deque = deque()
+    for item in items:
+        pending.append(pool.submit(function, item))
+        if len(pending) > COMPRESSING_THREADS:
+            yield pending.popleft().result()
+    while pending:
+        yield pending.popleft().result()
 
 
 class WeightsAhead:
