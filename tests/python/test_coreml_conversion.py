@@ -83,3 +83,41 @@ def test_drafter_converts(models, tmp_path, entry_point):
             ct.TensorType(name="position_ids", shape=(4,), dtype=np.int32),
         ]
     _convert(module, args, inputs, DRAFTER_STATES, tmp_path, entry_point)
+
+
+def test_constants_deduplicate_as_coremltools_groups_them_with_placeholders_read_by_row():
+    """export.convert._find_constants against coremltools' own find_constants on consts that
+    are broadcast rows (as placeholders are): equal rows, a slightly moved row, another row,
+    and a materialised copy of the first."""
+    from coremltools.converters.mil import Builder as mb
+    from coremltools.converters.mil.mil import types
+    from coremltools.converters.mil.mil.passes.defs.cleanup.const_deduplication import (
+        const_deduplication,
+    )
+
+    from museflash.export.convert import _broadcast_row, _find_constants
+
+    row = np.linspace(-1, 1, 64).astype(np.float16)
+    values = [np.broadcast_to(row, (32, 64)), np.broadcast_to(row.copy(), (32, 64)),
+              np.broadcast_to(row + np.float16(1e-4), (32, 64)),
+              np.broadcast_to(row + np.float16(0.5), (32, 64)),
+              np.ascontiguousarray(np.broadcast_to(row, (32, 64)))]
+
+    @mb.program(input_specs=[mb.TensorSpec(shape=(1, 64), dtype=types.fp16)],
+                opset_version=ct.target.iOS18)
+    def program(x):
+        return mb.concat(values=[mb.matmul(x=x, y=mb.const(val=v), transpose_y=True)
+                                 for v in values], axis=-1)
+
+    blocks = [program.functions["main"]]
+    consts = [op.outputs[0] for op in blocks[0].operations if op.op_type == "const"]
+    assert sum(_broadcast_row(var.val) for var in consts) == 4  # the rows reach the pass as such
+
+    def named(groups):
+        return {key.name: [var.name for var in found] for key, found in groups.items()}
+
+    ours = named(_find_constants(blocks))
+    assert ours == named(const_deduplication.find_constants(blocks))
+    # The equal rows and the materialised copy are one constant; a row moved by 1e-4 hashes
+    # apart (the key is its first values) before tolerance is consulted.
+    assert sorted(len(found) for found in ours.values()) == [0, 0, 2]
