@@ -270,8 +270,8 @@ class PlaceholderWeights:
     weight's file and key alone, so every process that loads the same checkpoint makes the same
     row for the same weight, whatever order it loads in. Rows differ between weights, so
     constant deduplication still merges exactly the uses of the same weight, and the row
-    identifies the weight again in the converted package's weight file, where the real values
-    are then written (`export.merge.merge_packages`)."""
+    identifies the weight again in the converted package's weight file, so the merge can point
+    its const at the real values (written by `export.weights`; `export.merge`)."""
 
     MIN_ELEMENTS = 4096  # smaller tensors are loaded for real (inline or cheap either way)
     MIN_COLUMNS = 16  # a row this long is unique among the weights with near certainty

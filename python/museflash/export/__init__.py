@@ -5,7 +5,9 @@ plan     -> configs read and cross-checked once, every package and function deci
 load     -> the modules to trace, with placeholders standing in for the large weights
 convert  -> trace + convert one function into a single-function package
 parallel -> the same conversions in helper processes
-merge    -> functions merged into one multifunction package, real weights streamed in
+weights  -> meanwhile, the real weights (fp16 or compressed) written into each package's
+            weight file on a thread (through blobfile, Core ML's weight file format)
+merge    -> functions merged into one multifunction package, consts pointed at the weights
 describe -> metadata.json (museflash.bundle types) and its embedded copies
 publish  -> the staging directory swapped in atomically
 """

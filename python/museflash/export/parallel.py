@@ -3,7 +3,7 @@
 Tracing and conversion are single-threaded Python and take the export's time (about 35 s per
 12-layer target function); functions are independent until they are merged. So the export
 process converts some functions itself while helper processes convert others, each writing a
-single-function package that the export then merges (`multifunction.merge_packages`).
+single-function package that the export then merges (`merge.merge_packages`).
 
 A helper is this module run as a program. It reads one JSON request from stdin (the options and
 the checkpoint directories), plans and loads the modules exactly as the export does (the same

@@ -4,8 +4,10 @@
 options (flags checked) -> plan (configs read and cross-checked once, every package and function
 decided) -> load (safetensors, large weights replaced by placeholders) -> convert, per function,
 possibly in a helper process (parallel): trace one small entry-point view with torch.export and
-convert it (coremltools, ML program, iOS18, fp16 states) into a single-function package ->
-merge (the functions of a package into one multifunction package, real weights streamed in) ->
+convert it (coremltools, ML program, iOS18, fp16 states) into a single-function package, while
+a thread writes the real weights, fp16 or compressed, into each package's weight file
+(weights) -> merge (the functions of a package into one multifunction package, its consts
+pointed at the real weights) ->
 describe (metadata.json, embedded in every package; the checkpoint's tokenizer files copied
 beside it) -> publish (the staging directory replaces
 the destination only at the end; nothing is half-written).
@@ -120,8 +122,9 @@ def save_package(assets: list[AssetPlan], parts_dir: Path, destination: Path,
     one multifunction package (`merge.merge_packages`: identical weights are stored once, as
     save_multifunction stores them, without loading any weight back; the target's embedding
     and lm_head, which the DFlash drafter borrows, are among them); the placeholders' real
-    values are read from the checkpoint into its weight file one tensor at a time, compressed
-    when `schemes` names them (or already written there: `written`). The first asset owns the
+    values are those `written` holds (`weights.WeightsAhead`), or without it are read from the
+    checkpoint into its weight file one tensor at a time, compressed when `schemes` names them.
+    The first asset owns the
     package (its default function is the package's). Returns the real weights written, by
     checkpoint key."""
     with progress.stage("save", destination.name) as info:
