@@ -94,3 +94,37 @@ def test_published_files_are_readable_by_others(tmp_path):
         os.chmod(secret.parent, 0o700)
     assert stat.S_IMODE((dest / "pkg" / "weight.bin").stat().st_mode) & 0o044 == 0o044
     assert stat.S_IMODE((dest / "pkg").stat().st_mode) & 0o055 == 0o055
+
+
+def test_everything_is_flushed_to_disk_before_the_swap(tmp_path, monkeypatch):
+    """Each staged file, then each directory (deepest first), is fsync'd before the rename
+    publishes them; then the parent, whose entry the rename changed."""
+    from museflash.export import publish
+
+    events = []
+    real_fsync, real_open = os.fsync, os.open
+    opened = {}
+
+    def tracking_open(path, flags, *args):
+        descriptor = real_open(path, flags, *args)
+        opened[descriptor] = os.path.relpath(path, tmp_path)
+        return descriptor
+
+    def tracking_fsync(descriptor):
+        events.append(("fsync", opened.get(descriptor)))
+        real_fsync(descriptor)
+
+    real_swap = publish._swap_in
+    monkeypatch.setattr(publish.os, "open", tracking_open)
+    monkeypatch.setattr(publish.os, "fsync", tracking_fsync)
+    monkeypatch.setattr(publish, "_swap_in", lambda *a: (events.append(("swap",)), real_swap(*a)))
+    dest = tmp_path / "out"
+    with publish_directory(dest) as staging:
+        (staging / "pkg" / "Data").mkdir(parents=True)
+        (staging / "pkg" / "Data" / "weight.bin").write_bytes(b"w")
+        (staging / "metadata.json").write_text("{}")
+    name = staging.name
+    assert sorted(events[:2]) == [("fsync", f"{name}/metadata.json"),
+                                  ("fsync", f"{name}/pkg/Data/weight.bin")]
+    assert events[2:] == [("fsync", f"{name}/pkg/Data"), ("fsync", f"{name}/pkg"),
+                          ("fsync", name), ("swap",), ("fsync", ".")]

@@ -2,7 +2,9 @@
 
 Exports take minutes and write several packages. A crash, an exception or Ctrl-C half-way must
 leave the destination exactly as it was, so everything is built in a staging directory beside
-the destination (same filesystem, so the final rename is atomic) and swapped in at the end.
+the destination (same filesystem, so the final rename is atomic) and swapped in at the end,
+after every file and directory in it has been flushed to disk (`sync_tree`): a crash after the
+swap cannot leave a bundle whose name is published but whose weights are not on disk.
 """
 
 from __future__ import annotations
@@ -57,6 +59,23 @@ def make_readable_by_all(root: Path) -> None:
         path.chmod(mode | extra)
 
 
+def sync_tree(root: Path) -> None:
+    """fsync every file and directory under `root` (directories last, so their entries are
+    flushed after what they name)."""
+    paths = [p for p in Path(root).rglob("*") if not p.is_symlink()]
+    for path in [p for p in paths if p.is_file()] + sorted(
+            [p for p in paths if p.is_dir()] + [Path(root)], key=lambda p: -len(p.parts)):
+        _sync(path)
+
+
+def _sync(path: Path) -> None:
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
 @contextlib.contextmanager
 def publish_directory(destination: Path, overwrite: bool = False) -> Iterator[Path]:
     """Yields an empty staging directory; on normal exit it replaces `destination`.
@@ -70,7 +89,9 @@ def publish_directory(destination: Path, overwrite: bool = False) -> Iterator[Pa
     try:
         yield staging
         make_readable_by_all(staging)
+        sync_tree(staging)
         _swap_in(staging, destination, overwrite)
+        _sync(destination.parent)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
