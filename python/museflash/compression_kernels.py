@@ -38,11 +38,11 @@ def block_absmax(x, block, out):
     """out[b] = max |x[b * block:(b + 1) * block]|, or NaN when the block holds a NaN or an
     infinity. x: 1-D float32."""
     for b in range(out.shape[0]):
-        src = x[b * block:(b + 1) * block]
+        start = b * block
         peak = np.float32(0)
         check = np.float32(0)  # stays 0 unless a value is inf or NaN (inf - inf is NaN)
-        for i in range(block):
-            value = abs(src[i])
+        for i in range(start, start + block):
+            value = abs(x[i])
             peak = max(peak, value)
             check += value - value
         out[b] = peak if check == 0 else np.float32(np.nan)
@@ -60,20 +60,28 @@ def _candidates(base, ratio, count, out):
 
 
 @njit(nogil=True, boundscheck=False, inline="always")
-def _errors(a, block, stride, count, scale, inverse, qmax, out):
-    """Each block's squared error sum((min(rint(a / s), qmax) * s - a)^2) for the scales s,
-    a = |x| transposed: a[i * stride + j] is element i of block j."""
+def _errors(a, block, stride, count, scales, inverse, qmax, out):
+    """Each block's squared error sum((min(rint(a / s), qmax) * s - a)^2) for two candidate
+    scales s at once (scales[0], scales[1]; one pass over the blocks for both), a = |x|
+    transposed: a[i * stride + j] is element i of block j."""
     for j in range(count):
-        inverse[j] = _ONE / scale[j]
-        out[j] = 0
+        inverse[0, j] = _ONE / scales[0, j]
+        inverse[1, j] = _ONE / scales[1, j]
+        out[0, j] = 0
+        out[1, j] = 0
     for i in range(block):
         row = a[i * stride:i * stride + count]
         for j in range(count):
-            work = row[j] * inverse[j]
-            difference = np.rint(min(work, qmax)) - work
-            out[j] += difference * difference
+            value = row[j]
+            first = value * inverse[0, j]
+            second = value * inverse[1, j]
+            difference = np.rint(min(first, qmax)) - first
+            out[0, j] += difference * difference
+            difference = np.rint(min(second, qmax)) - second
+            out[1, j] += difference * difference
     for j in range(count):
-        out[j] *= scale[j] * scale[j]
+        out[0, j] *= scales[0, j] * scales[0, j]
+        out[1, j] *= scales[1, j] * scales[1, j]
 
 
 @njit(nogil=True, boundscheck=False, inline="always")
@@ -82,6 +90,17 @@ def _keep_better(error, ratio, count, best_error, best_ratio):
         if error[j] < best_error[j]:
             best_ratio[j] = ratio[j]
             best_error[j] = error[j]
+
+
+@njit(nogil=True, boundscheck=False, inline="always")
+def _evaluate(a, block, stride, count, base, ratios, candidates, inverse, qmax, errors,
+              best_error, best_ratio):
+    """The errors of the two ratios' candidates; each kept if better, the first first."""
+    _candidates(base, ratios[0], count, candidates[0])
+    _candidates(base, ratios[1], count, candidates[1])
+    _errors(a, block, stride, count, candidates, inverse, qmax, errors)
+    _keep_better(errors[0], ratios[0], count, best_error, best_ratio)
+    _keep_better(errors[1], ratios[1], count, best_error, best_ratio)
 
 
 @njit("void(float32[::1], int64, float32, float32[::1], float32[::1], boolean, int8[::1], "
@@ -98,11 +117,10 @@ def quantize_blocks(x, block, qmax, base, plain, search, data, scale):
     a = np.empty(block * stride, np.float32)
     best_error = np.empty(stride, np.float32)
     best_ratio = np.empty(stride, np.float32)
-    error = np.empty(stride, np.float32)
-    ratio = np.empty(stride, np.float32)
-    centre = np.empty(stride, np.float32)
-    candidate = np.empty(stride, np.float32)
-    inverse = np.empty(stride, np.float32)
+    ratios = np.empty((2, stride), np.float32)
+    candidates = np.empty((2, stride), np.float32)
+    errors = np.empty((2, stride), np.float32)
+    inverse = np.empty((2, stride), np.float32)
     for first in range(0, blocks, stride):
         count = min(stride, blocks - first)
         group_base = base[first:first + count]
@@ -111,35 +129,37 @@ def quantize_blocks(x, block, qmax, base, plain, search, data, scale):
             best_ratio[j] = _ONE
         if search:
             for j in range(count):
-                src = x[(first + j) * block:(first + j + 1) * block]
+                start = (first + j) * block
                 for i in range(block):
-                    a[i * stride + j] = abs(src[i])
-            # r = 1 is evaluated clipped as well: with a normal fp16 scale nothing exceeds
-            # qmax + 1/2, where clipping changes no error.
-            _errors(a, block, stride, count, group_plain, inverse, qmax, best_error)
-            for c in range(_COARSE.shape[0]):
-                for j in range(count):
-                    ratio[j] = _COARSE[c]
-                _candidates(group_base, ratio, count, candidate)
-                _errors(a, block, stride, count, candidate, inverse, qmax, error)
-                _keep_better(error, ratio, count, best_error, best_ratio)
+                    a[i * stride + j] = abs(x[start + i])
+            # Candidates two at a time, kept in the order of the search: r = 1 (evaluated
+            # clipped as well: with a normal fp16 scale nothing exceeds qmax + 1/2, where
+            # clipping changes no error) with the first coarse ratio, then the other two.
+            for j in range(count):
+                candidates[0, j] = group_plain[j]
+                ratios[1, j] = _COARSE[0]
+            _candidates(group_base, ratios[1], count, candidates[1])
+            _errors(a, block, stride, count, candidates, inverse, qmax, errors)
+            for j in range(count):
+                best_error[j] = errors[0, j]
+            _keep_better(errors[1], ratios[1], count, best_error, best_ratio)
+            for j in range(count):
+                ratios[0, j] = _COARSE[1]
+                ratios[1, j] = _COARSE[2]
+            _evaluate(a, block, stride, count, group_base, ratios, candidates, inverse, qmax,
+                      errors, best_error, best_ratio)
             for k in range(_REFINE.shape[0]):
                 step = _REFINE[k]
                 for j in range(count):
-                    centre[j] = best_ratio[j]
-                for side in range(2):
-                    for j in range(count):
-                        moved = centre[j] - step if side == 0 else centre[j] + step
-                        ratio[j] = min(max(moved, _HALF), _ONE)
-                    _candidates(group_base, ratio, count, candidate)
-                    _errors(a, block, stride, count, candidate, inverse, qmax, error)
-                    _keep_better(error, ratio, count, best_error, best_ratio)
-            _candidates(group_base, best_ratio, count, candidate)
+                    ratios[0, j] = min(max(best_ratio[j] - step, _HALF), _ONE)
+                    ratios[1, j] = min(max(best_ratio[j] + step, _HALF), _ONE)
+                _evaluate(a, block, stride, count, group_base, ratios, candidates, inverse,
+                          qmax, errors, best_error, best_ratio)
+            _candidates(group_base, best_ratio, count, candidates[0])
         for j in range(count):
-            chosen = group_plain[j] if best_ratio[j] == _ONE else candidate[j]
+            chosen = group_plain[j] if best_ratio[j] == _ONE else candidates[0, j]
             scale[first + j] = chosen
-            src = x[(first + j) * block:(first + j + 1) * block]
-            dst = data[(first + j) * block:(first + j + 1) * block]
-            for i in range(block):
-                level = np.rint(src[i] / chosen)
-                dst[i] = np.int8(min(max(level, -qmax), qmax))
+            start = (first + j) * block
+            for i in range(start, start + block):
+                level = np.rint(x[i] / chosen)
+                data[i] = np.int8(min(max(level, -qmax), qmax))
