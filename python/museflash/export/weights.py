@@ -34,7 +34,7 @@ _BLOB_DTYPES = {("linear", 4): ("INT4", blobfile.INT4),
                 ("linear", 8): ("INT8", blobfile.INT8),
                 ("palettize", 4): ("UINT4", blobfile.UINT4),
                 ("palettize", 8): ("UINT8", blobfile.UINT8)}
-_ROWS_BYTES = 16 << 20  # bytes of checkpoint rows read (and compressed) at a time, per thread
+_ROWS_BYTES = 4 << 20  # bytes of checkpoint rows read (and compressed) at a time, per thread
 COMPRESSING_THREADS = 2
 
 
