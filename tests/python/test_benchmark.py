@@ -60,7 +60,8 @@ def test_tiny_benchmark_writes_records_and_files(tmp_path, monkeypatch):
     assert naive["weight_bytes"] == streaming["weight_bytes"]
     assert naive["processes"] == 1 <= streaming["processes"]
     copies = [e for e in saved if e["path"] == "file copy"]
-    assert len(copies) == 1 and copies[0]["bytes"] > 0 and copies[0]["mb_per_s"] > 0
+    assert [c["when"] for c in copies] == ["before", "after"]
+    assert all(c["bytes"] > 0 and c["mb_per_s"] > 0 for c in copies)
     assert (tmp_path / "out" / "benchmark.png").stat().st_size > 0
     # Both paths export the same model: equal specs and every weight constant bit for bit,
     # compared once, and the verdict is recorded.

@@ -507,7 +507,9 @@ def run_benchmark(sizes_gb: list[float], output_dir: Path, work_dir: Path | None
     work = Path(work_dir) if work_dir else output_dir / "work"
     baseline = baseline_rss()
     records: list[Record] = []
-    copies: list[tuple[float, int, float]] = []  # (size GB, bytes, seconds)
+    # (size GB, bytes, seconds, when): each checkpoint is copied before and after its exports,
+    # since a disk's write rate can drift by 2x within minutes.
+    copies: list[tuple[float, int, float, str]] = []
     skipped: list[str] = []
     checked = False
     for size in sizes_gb:
@@ -518,7 +520,7 @@ def run_benchmark(sizes_gb: list[float], output_dir: Path, work_dir: Path | None
         text = json.loads((checkpoints / "target" / "config.json").read_text())["text_config"]
         outputs = {}
         seconds, copied = copy_rate(checkpoints, work / "copy")
-        copies.append((size, copied, seconds))
+        copies.append((size, copied, seconds, "before"))
         echo(f"[benchmark] {size:g} GB plain file copy: {copied / 1e6 / seconds:.1f} MB/s")
         for path in paths:
             needed = NAIVE_PEAK_PER_WEIGHT_BYTE * weight_bytes
@@ -549,6 +551,9 @@ def run_benchmark(sizes_gb: list[float], output_dir: Path, work_dir: Path | None
             checked = True
         for out in outputs.values():
             shutil.rmtree(out, ignore_errors=True)
+        seconds, copied = copy_rate(checkpoints, work / "copy")
+        copies.append((size, copied, seconds, "after"))
+        echo(f"[benchmark] {size:g} GB plain file copy, again: {copied / 1e6 / seconds:.1f} MB/s")
         shutil.rmtree(checkpoints, ignore_errors=True)
         write_results(records, output_dir, copies, skipped)
     if work_dir is None:
@@ -564,12 +569,12 @@ def _processes(path: str) -> int:
 
 
 def write_results(records: list[Record], output_dir: Path,
-                  copies: list[tuple[float, int, float]] | None = None,
+                  copies: list[tuple[float, int, float, str]] | None = None,
                   skipped: list[str] | None = None) -> None:
     rows = [dict(asdict(r), mb_per_s=round(r.mb_per_s, 2)) for r in records]
     rows += [{"path": "file copy", "size_gb": size, "bytes": copied, "wall_s": round(seconds, 2),
-              "mb_per_s": round(copied / 1e6 / seconds, 2)} for size, copied, seconds in
-             copies or []]
+              "mb_per_s": round(copied / 1e6 / seconds, 2), "when": when}
+             for size, copied, seconds, when in copies or []]
     rows += [{"path": "skipped", "note": note} for note in skipped or []]
     (output_dir / "benchmark.json").write_text(json.dumps(rows, indent=2) + "\n")
     plot(records, output_dir / "benchmark.png")
@@ -594,7 +599,8 @@ def slope(records: list[Record], path: str) -> float | None:
     return sum((x - mean_x) * (y - mean_y) for x, y in points) / var if var else None
 
 
-def format_table(records: list[Record], copies: list[tuple[float, int, float]] | None = None,
+def format_table(records: list[Record],
+                 copies: list[tuple[float, int, float, str]] | None = None,
                  skipped: list[str] | None = None) -> str:
     lines = [f"{'path':<10} {'procs':>5} {'weights GB':>10} {'layers':>6} {'wall s':>8} "
              f"{'MB/s':>7} {'peak RSS GB':>11} {'x weights':>9} {'peak anon GB':>12} "
@@ -613,9 +619,9 @@ def format_table(records: list[Record], copies: list[tuple[float, int, float]] |
         if marginal is not None and path != "naive":
             lines.append(f"marginal throughput between the two largest sizes ({path}): "
                          f"{marginal:.1f} MB/s")
-    for size, copied, seconds in copies or []:
-        lines.append(f"plain file copy of the {size:g} GB checkpoint (fsync'd): "
-                     f"{copied / 1e6 / seconds:.1f} MB/s")
+    for size, copied, seconds, when in copies or []:
+        lines.append(f"plain file copy of the {size:g} GB checkpoint (fsync'd, {when} its "
+                     f"exports): {copied / 1e6 / seconds:.1f} MB/s")
     lines += skipped or []
     if records:
         largest = max(r.weight_bytes for r in records)
