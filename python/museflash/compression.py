@@ -378,7 +378,7 @@ def quantize_linear(weight: np.ndarray, bits: int, block_size: int | None,
         base = absmax / qmax
         chosen = np.empty_like(base)
         quantize_blocks(x, block, qmax, base, _fp16_scale(base), clip == "mse",
-                                data[start:stop].reshape(-1), chosen)
+                        data[start:stop].reshape(-1), chosen)
         scale[start:stop] = chosen.reshape(stop - start, blocks)
     return data, scale
 

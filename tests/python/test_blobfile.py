@@ -52,8 +52,7 @@ def test_what_it_writes_reads_back_through_coremltools(tmp_path):
     writer = BlobFileWriter(path)
     values = np.arange(-8, 8, dtype=np.int8)
     halves = np.arange(6, dtype=np.float16)
-    offsets = (writer.write(blobfile.INT8, values), writer.write(blobfile.FLOAT16,
-                                                                 halves.view(np.uint16)))
+    offsets = (writer.write(blobfile.INT8, values), writer.write(blobfile.FLOAT16, halves))
     writer.close()
     reader = _BlobStorageReader(str(path))
     np.testing.assert_array_equal(reader.read_int8_data(offsets[0]), values)

@@ -27,7 +27,8 @@ VERSION = 2
 _HEADER = struct.Struct("<II56x")  # count, version
 _METADATA = struct.Struct("<IIQQQ32x")  # sentinel, dtype, payload bytes, payload offset, padding
 
-# Blob dtype codes (fp16 is handed over as uint16; 4-bit values one per byte, as int8/uint8).
+# Blob dtype codes (4-bit values are handed over one per byte, as int8/uint8; other dtypes are
+# written as their bytes, so any array of the element size will do, fp16 as float16).
 FLOAT16, FLOAT32, UINT8, INT8, INT16, UINT16, INT4, UINT4, INT32, UINT32 = (
     1, 2, 3, 4, 6, 7, 8, 11, 14, 15)
 _ELEMENT_BYTES = {FLOAT16: 2, FLOAT32: 4, UINT8: 1, INT8: 1, INT16: 2, UINT16: 2, INT32: 4,

@@ -122,8 +122,7 @@ def placeholders_written_compactly(module: torch.nn.Module) -> Iterator[None]:
 
     def write(output_var, blob_writer):
         value = output_var.val
-        if (isinstance(value, np.ndarray) and value.ndim == 2 and value.shape[0] > 1
-                and value.strides[0] == 0 and value.dtype == np.float16
+        if (_broadcast_row(value) and value.dtype == np.float16
                 and value[0].tobytes() in rows):
             return blob_writer.write_fp16_data(np.ascontiguousarray(value[0]).view(np.uint16))
         return original(output_var, blob_writer)

@@ -334,8 +334,7 @@ class _MergedWeights:
             self.stored[location.key] = StoredWeight.of(location.key, location.shape, scheme)
             self.seen_rows.add(row)
         else:
-            unique.placed = self.writer.write(kind.blob_dtype, sample.view(
-                np.uint16 if kind.numpy is np.float16 else kind.numpy))
+            unique.placed = self.writer.write(kind.blob_dtype, sample)
         if not blob.nested:
             self.groups.setdefault(key, []).append(unique)
         return unique.placed

@@ -55,10 +55,11 @@ def export_bundle(options: ExportOptions, progress: Progress | None = None) -> P
                     modules = load_modules(options, plan, progress, placeholders)
                     for asset in plan.assets:
                         (parts_dir / asset.role).mkdir(parents=True)
-                    ahead.start({path: (parts_dir / f"{path}.weights",
-                                        list(package_placeholders(assets, modules,
-                                                                  placeholders).values()))
-                                 for path, assets in plan.packages().items()})
+                    # Per package, by placeholder row: the real weights it must hold.
+                    needed = {path: package_placeholders(assets, modules, placeholders)
+                              for path, assets in plan.packages().items()}
+                    ahead.start({path: (parts_dir / f"{path}.weights", list(rows.values()))
+                                 for path, rows in needed.items()})
                     jobs = [(asset, function, part_path(parts_dir, asset, function))
                             for asset in plan.assets for function in asset.functions]
 
@@ -69,8 +70,8 @@ def export_bundle(options: ExportOptions, progress: Progress | None = None) -> P
                     run_conversions(jobs, convert_here, helpers)
                 # Per package, under its owner's role: what its merge wrote.
                 stored = {assets[0].role: save_package(assets, parts_dir, staging / path,
-                                                       modules, placeholders, progress, schemes,
-                                                       ahead.result(path))
+                                                       placeholders, set(needed[path]), progress,
+                                                       schemes, ahead.result(path))
                           for path, assets in plan.packages().items()}
             shutil.rmtree(parts_dir)
             metadata = bundle_metadata(plan, modules, source, plan.context_length,
@@ -115,20 +116,19 @@ def package_placeholders(assets: list[AssetPlan], modules: dict[str, torch.nn.Mo
 
 
 def save_package(assets: list[AssetPlan], parts_dir: Path, destination: Path,
-                 modules: dict[str, torch.nn.Module], placeholders: PlaceholderWeights,
-                 progress: Progress, schemes: Mapping[str, Scheme] | None = None,
+                 placeholders: PlaceholderWeights, expected: set[bytes], progress: Progress,
+                 schemes: Mapping[str, Scheme] | None = None,
                  written: WrittenWeights | None = None) -> dict[str, StoredWeight]:
     """Merges the converted functions of every asset sharing the package `destination` into
     one multifunction package (`merge.merge_packages`: identical weights are stored once, as
     save_multifunction stores them, without loading any weight back; the target's embedding
     and lm_head, which the DFlash drafter borrows, are among them); the placeholders' real
-    values are those `written` holds (`weights.WeightsAhead`), or without it are read from the
-    checkpoint into its weight file one tensor at a time, compressed when `schemes` names them.
-    The first asset owns the
-    package (its default function is the package's). Returns the real weights written, by
-    checkpoint key."""
+    values, one per placeholder row in `expected` (`package_placeholders`), are those
+    `written` holds (`weights.WeightsAhead`), or without it are read from the checkpoint into
+    its weight file one tensor at a time, compressed when `schemes` names them. The first asset
+    owns the package (its default function is the package's). Returns the real weights
+    written, by checkpoint key."""
     with progress.stage("save", destination.name) as info:
-        expected = set(package_placeholders(assets, modules, placeholders))
         parts = [(f.name, part_path(parts_dir, asset, f))
                  for asset in assets for f in asset.functions]
         stored: dict[str, StoredWeight] = {}

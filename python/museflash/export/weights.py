@@ -143,7 +143,7 @@ def write_compressed(writer: blobfile.BlobFileWriter, location: WeightLocation, 
     data_type, blob_dtype = _BLOB_DTYPES[(scheme.mode, scheme.bits)]
     data_offset = writer.write_pieces(blob_dtype, rows * columns,
                                       _in_order(pool, one_slice, range(0, rows, step)))
-    side_offset = writer.write(blobfile.FLOAT16, side.reshape(-1).view(np.uint16))
+    side_offset = writer.write(blobfile.FLOAT16, side)
     op_type, data_input, side_input = COMPRESSION_OPS[CompressionMode(scheme.mode)]
     return CompressedWeight(op_type, (
         (data_input, data_offset, getattr(MIL_pb2.DataType, data_type), (rows, columns)),

@@ -447,22 +447,27 @@ def _without_blob_offsets(spec):
 
     copy_ = Model_pb2.Model()
     copy_.CopyFrom(spec)
+    for _, op in _all_ops(copy_):
+        values = [op.attributes[name] for name in op.attributes]
+        values += [argument.value for binding in op.inputs.values()
+                   for argument in binding.arguments if argument.HasField("value")]
+        for value in values:
+            if value.WhichOneof("value") == "blobFileValue":
+                value.blobFileValue.offset = 0
+    return copy_
 
-    def visit(block) -> None:
+
+def _all_ops(spec):
+    """(function name, op) for every op of every function, those of nested blocks first."""
+    def visit(function: str, block):
         for op in block.operations:
             for nested in op.blocks:
-                visit(nested)
-            values = [op.attributes[name] for name in op.attributes]
-            values += [argument.value for binding in op.inputs.values()
-                       for argument in binding.arguments if argument.HasField("value")]
-            for value in values:
-                if value.WhichOneof("value") == "blobFileValue":
-                    value.blobFileValue.offset = 0
+                yield from visit(function, nested)
+            yield function, op
 
-    for function in copy_.mlProgram.functions.values():
+    for name, function in spec.mlProgram.functions.items():
         for block in function.block_specializations.values():
-            visit(block)
-    return copy_
+            yield from visit(name, block)
 
 
 def _op_counts(spec) -> dict[str, int]:
@@ -480,20 +485,12 @@ def _const_values(package: Path, spec) -> dict[str, bytes]:
 
     blob = (package / PACKAGE_WEIGHT_FILE).read_bytes()
     values = {}
-
-    def visit(function: str, block) -> None:
-        for op in block.operations:
-            for nested in op.blocks:
-                visit(function, nested)
-            if op.type == "const" and "val" in op.attributes and \
-                    op.attributes["val"].WhichOneof("value") == "blobFileValue":
-                offset = op.attributes["val"].blobFileValue.offset
-                _, _, size, start = _BLOB_METADATA.unpack_from(blob, offset)
-                values[f"{function}:{op.outputs[0].name}"] = blob[start:start + size]
-
-    for name, function in spec.mlProgram.functions.items():
-        for block in function.block_specializations.values():
-            visit(name, block)
+    for function, op in _all_ops(spec):
+        if op.type == "const" and "val" in op.attributes and \
+                op.attributes["val"].WhichOneof("value") == "blobFileValue":
+            offset = op.attributes["val"].blobFileValue.offset
+            _, _, size, start = _BLOB_METADATA.unpack_from(blob, offset)
+            values[f"{function}:{op.outputs[0].name}"] = blob[start:start + size]
     return values
 
 
@@ -519,9 +516,7 @@ def run_benchmark(sizes_gb: list[float], output_dir: Path, work_dir: Path | None
         weight_bytes = checkpoint_weight_bytes(checkpoints)
         text = json.loads((checkpoints / "target" / "config.json").read_text())["text_config"]
         outputs = {}
-        seconds, copied = copy_rate(checkpoints, work / "copy")
-        copies.append((size, copied, seconds, "before"))
-        echo(f"[benchmark] {size:g} GB plain file copy: {copied / 1e6 / seconds:.1f} MB/s")
+        copies.append(_measured_copy(size, checkpoints, work, "before", echo))
         for path in paths:
             needed = NAIVE_PEAK_PER_WEIGHT_BYTE * weight_bytes
             if path == "naive" and needed > 0.8 * memory_total():
@@ -551,15 +546,22 @@ def run_benchmark(sizes_gb: list[float], output_dir: Path, work_dir: Path | None
             checked = True
         for out in outputs.values():
             shutil.rmtree(out, ignore_errors=True)
-        seconds, copied = copy_rate(checkpoints, work / "copy")
-        copies.append((size, copied, seconds, "after"))
-        echo(f"[benchmark] {size:g} GB plain file copy, again: {copied / 1e6 / seconds:.1f} MB/s")
+        copies.append(_measured_copy(size, checkpoints, work, "after", echo))
         shutil.rmtree(checkpoints, ignore_errors=True)
         write_results(records, output_dir, copies, skipped)
     if work_dir is None:
         shutil.rmtree(work, ignore_errors=True)
     echo(format_table(records, copies, skipped))
     return records
+
+
+def _measured_copy(size: float, checkpoints: Path, work: Path, when: str,
+                   echo) -> tuple[float, int, float, str]:
+    """(size GB, bytes, seconds, when) of one fsync'd copy of the checkpoints."""
+    seconds, copied = copy_rate(checkpoints, work / "copy")
+    echo(f"[benchmark] {size:g} GB plain file copy ({when} the exports): "
+         f"{copied / 1e6 / seconds:.1f} MB/s")
+    return size, copied, seconds, when
 
 
 def _processes(path: str) -> int:
