@@ -59,9 +59,8 @@ class BlobFileWriter:
     def write(self, dtype: int, values: np.ndarray) -> int:
         """Appends one blob of `values` and returns its offset, the one a const op's
         BlobFileValue names."""
-        values = np.ascontiguousarray(values).reshape(-1)
         payload = self._payload(dtype, values)  # checked before anything is written
-        return self._write_blob(dtype, values.size, [payload])
+        return self._write_blob(dtype, np.size(values), [payload])
 
     def write_pieces(self, dtype: int, count: int, pieces) -> int:
         """Appends one blob of `count` values that arrive as an iterable of arrays (so a large
