@@ -202,7 +202,7 @@ def _find_constants(blocks) -> dict:
             if not dedup.should_be_deduplicated(value):
                 continue
             digest = hashlib.sha1(np.ascontiguousarray(
-                _flat_prefix(value, dedup.LENGTH_OF_HASHKEY))).hexdigest()
+                flat_prefix(value, dedup.LENGTH_OF_HASHKEY))).hexdigest()
             key = (var.dtype, var.shape, digest)
             if hasattr(op, "weight_key"):
                 key = (op.weight_key, *key)
@@ -217,7 +217,7 @@ def _find_constants(blocks) -> dict:
     return duplicates
 
 
-def _flat_prefix(value: np.ndarray, count: int) -> np.ndarray:
+def flat_prefix(value: np.ndarray, count: int) -> np.ndarray:
     """value.reshape(-1)[:count], without copying a broadcast row out whole."""
     if _broadcast_row(value):
         row = value[0]

@@ -36,6 +36,7 @@ from museflash.bundle import PACKAGE_SPEC, PACKAGE_WEIGHT_FILE
 from museflash.checkpoint import PlaceholderWeights, WeightLocation
 from museflash.compression import Scheme
 from museflash.export import blobfile
+from museflash.export.convert import flat_prefix
 from museflash.export.weights import (
     CompressedWeight,
     StoredWeight,
@@ -178,8 +179,10 @@ class _Unique:
 
 
 def _hash_key(blob: _Blob, sample: np.ndarray, placeholder: bool, count: int) -> tuple:
-    flat = (np.broadcast_to(sample, blob.shape) if placeholder else sample).reshape(-1)
-    digest = hashlib.sha1(np.ascontiguousarray(flat[:count])).hexdigest()
+    # A placeholder's first values are its row repeated: not its broadcast copied out whole
+    # (at the 30B's layer width that copy was 3.9 s of a 4.0 s merge).
+    flat = flat_prefix(np.broadcast_to(sample, blob.shape) if placeholder else sample, count)
+    digest = hashlib.sha1(np.ascontiguousarray(flat)).hexdigest()
     return blob.data_type, blob.shape, digest
 
 
