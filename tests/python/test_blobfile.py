@@ -1,5 +1,7 @@
 """export.blobfile writes the weight files coremltools' own writer writes, byte for byte."""
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import pytest
 
@@ -71,7 +73,7 @@ def test_a_wrong_element_size_or_dtype_is_refused(tmp_path):
         writer.close()
 
 
-def test_a_blob_written_in_pieces_is_the_blob_written_whole(tmp_path):
+def test_a_blob_written_in_pieces_in_any_order_is_the_blob_written_whole(tmp_path):
     halves = np.arange(1000, dtype=np.uint16)
     nibbles = np.random.default_rng(1).integers(-8, 8, 41, dtype=np.int8)  # odd: padded
     files = {name: BlobFileWriter(tmp_path / f"{name}.bin")
@@ -80,12 +82,27 @@ def test_a_blob_written_in_pieces_is_the_blob_written_whole(tmp_path):
         for writer in files.values():
             writer.write(blobfile.INT4, np.array([1, -2, 3], np.int8))  # leaves the end unaligned
         whole, pieces = files["whole"], files["pieces"]
-        assert whole.write(blobfile.FLOAT16, halves) == pieces.write_pieces(
-            blobfile.FLOAT16, 1000, (halves[:333], halves[333:]))
-        assert whole.write(blobfile.INT4, nibbles) == pieces.write_pieces(
-            blobfile.INT4, 41, (nibbles[:10], nibbles[10:30], nibbles[30:]))
+        expected = [whole.write(blobfile.FLOAT16, halves), whole.write(blobfile.INT4, nibbles)]
+        blob = pieces.reserve(blobfile.FLOAT16, 1000)
+        # from several threads at once, the last piece first
+        with ThreadPoolExecutor(2) as pool:
+            list(pool.map(lambda first: blob.write(first, halves[first:first + 333]),
+                          (999, 666, 333, 0)))
+        assert blob.finish() == expected[0]
+        blob = pieces.reserve(blobfile.INT4, 41)
+        for first, stop in ((30, 41), (0, 10), (10, 30)):
+            blob.write(first, nibbles[first:stop])
+        assert blob.finish() == expected[1]
+        short = files["short"].reserve(blobfile.FLOAT16, 1000)
+        short.write(0, halves[:10])
         with pytest.raises(ValueError, match="hold 20 bytes, not the 2000 announced"):
-            files["short"].write_pieces(blobfile.FLOAT16, 1000, [halves[:10]])
+            short.finish()
+        with pytest.raises(ValueError, match="runs past"):
+            short.write(995, halves[:10])
+        odd = files["short"].reserve(blobfile.INT4, 41)
+        for first, stop in ((1, 11), (0, 11)):  # an odd start; an odd count not at the end
+            with pytest.raises(ValueError, match="even"):
+                odd.write(first, nibbles[first:stop])
     finally:
         for writer in files.values():
             writer.close()

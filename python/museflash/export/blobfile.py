@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import struct
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -60,15 +61,14 @@ class BlobFileWriter:
         """Appends one blob of `values` and returns its offset, the one a const op's
         BlobFileValue names."""
         payload = self._payload(dtype, values)  # checked before anything is written
-        return self._write_blob(dtype, np.size(values), [payload])
+        blob = self.reserve(dtype, np.size(values))
+        blob.write_payload(0, payload)
+        return blob.finish()
 
-    def write_pieces(self, dtype: int, count: int, pieces) -> int:
-        """Appends one blob of `count` values that arrive as an iterable of arrays (so a large
-        weight need not be in memory whole); returns its offset. For 4-bit dtypes every piece
-        but the last holds an even number of values."""
-        return self._write_blob(dtype, count, (self._payload(dtype, piece) for piece in pieces))
-
-    def _write_blob(self, dtype: int, count: int, payloads) -> int:
+    def reserve(self, dtype: int, count: int) -> Blob:
+        """Appends the metadata record of a blob of `count` values and leaves room for its
+        payload, which the returned `Blob` then takes in pieces (so a large weight need not be
+        in memory whole), in any order and from several threads at once."""
         if dtype in _NIBBLES:
             nbytes, padding = (count + 1) // 2, 4 * (count % 2)
         elif dtype in _ELEMENT_BYTES:
@@ -76,14 +76,8 @@ class BlobFileWriter:
         else:
             raise ValueError(f"blob dtype {dtype} is not one this writer handles")
         offset = self._record(dtype, nbytes, padding)
-        position = start = offset + _METADATA.size
-        for payload in payloads:
-            position = self._write_at(position, payload)
-        if position - start != nbytes:
-            raise ValueError(f"blob pieces hold {position - start} bytes, not the {nbytes} "
-                             f"announced")
-        self.end = position
-        return offset
+        self.end = offset + _METADATA.size + nbytes
+        return Blob(self, dtype, count, offset, nbytes)
 
     @staticmethod
     def _payload(dtype: int, values: np.ndarray) -> memoryview:
@@ -123,12 +117,53 @@ class BlobFileWriter:
             self.file.close()
 
     def _write_at(self, position: int, data) -> int:
-        """Writes all of `data` at `position` (the GIL is released while the OS writes);
-        returns the position after it."""
-        self.file.seek(position)
+        """Writes all of `data` at `position` (positioned writes: the file offset is not shared
+        state, so threads may write at once; the GIL is released while the OS writes); returns
+        the position after it."""
         view = memoryview(data).cast("B")
         while view.nbytes:
-            written = self.file.write(view)
+            written = os.pwrite(self.file.fileno(), view, position)
             view = view[written:]
             position += written
         return position
+
+
+class Blob:
+    """Room reserved for one blob's payload (`BlobFileWriter.reserve`)."""
+
+    def __init__(self, writer: BlobFileWriter, dtype: int, count: int, offset: int,
+                 nbytes: int):
+        self.writer = writer
+        self.dtype = dtype
+        self.count = count
+        self.offset = offset  # of its metadata record: the offset a const op names
+        self.nbytes = nbytes
+        self.filled = 0
+        self.lock = threading.Lock()
+
+    def write(self, first: int, values: np.ndarray) -> None:
+        """Writes `values` as the blob's values from index `first` on (for 4-bit dtypes an even
+        index, and an even count unless the piece ends the blob)."""
+        if self.dtype in _NIBBLES and (first % 2 or (np.size(values) % 2
+                                                     and first + np.size(values) != self.count)):
+            raise ValueError(f"a piece of a 4-bit blob holds values {first} to "
+                             f"{first + np.size(values)}: pieces start at an even value and "
+                             "hold an even count unless they end the blob (two to a byte)")
+        element = _ELEMENT_BYTES.get(self.dtype)
+        self.write_payload(first // 2 if element is None else first * element,
+                           self.writer._payload(self.dtype, values))
+
+    def write_payload(self, at: int, payload: memoryview) -> None:
+        if at + payload.nbytes > self.nbytes:
+            raise ValueError(f"a piece of {payload.nbytes} bytes at byte {at} runs past the "
+                             f"blob's {self.nbytes}")
+        self.writer._write_at(self.offset + _METADATA.size + at, payload)
+        with self.lock:
+            self.filled += payload.nbytes
+
+    def finish(self) -> int:
+        """Checks that the pieces filled the blob; returns its offset."""
+        if self.filled != self.nbytes:
+            raise ValueError(f"blob pieces hold {self.filled} bytes, not the {self.nbytes} "
+                             "announced")
+        return self.offset

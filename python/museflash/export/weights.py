@@ -2,9 +2,10 @@
 
 The large weights are placeholders during conversion (`checkpoint.PlaceholderWeights`); which
 ones a package holds is known as soon as the modules are loaded. `WeightsAhead` then starts one
-thread that reads them from the checkpoint a tensor at a time, compresses those the plan's
-schemes name (`compression.compress`, a slice of rows at a time, on two threads) and appends
-them to each package's weight file (`blobfile.BlobFileWriter`), package after package. The
+thread that takes them a tensor at a time, package after package: two threads read slices of
+its rows from the checkpoint, compress them if the plan's schemes name it
+(`compression.compress`) and write each slice where it belongs in the tensor's blob of the
+package's weight file (`blobfile.BlobFileWriter.reserve`: positioned writes, in any order). The
 conversion runs meanwhile: file reads and writes, torch's dtype conversion and the compiled
 quantizer all release the GIL. The merge (`merge.merge_packages`) then appends the functions'
 other constants to the same file and points each placeholder const at its weight's blob.
@@ -13,9 +14,8 @@ other constants to the same file and points each placeholder const at its weight
 from __future__ import annotations
 
 import threading
-from collections import deque
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +35,7 @@ _BLOB_DTYPES = {("linear", 4): ("INT4", blobfile.INT4),
                 ("palettize", 4): ("UINT4", blobfile.UINT4),
                 ("palettize", 8): ("UINT8", blobfile.UINT8)}
 _ROWS_BYTES = 4 << 20  # bytes of checkpoint rows read (and compressed) at a time, per thread
-COMPRESSING_THREADS = 2
+WRITING_THREADS = 2  # slices read, compressed and written at once
 
 
 @dataclass(frozen=True)
@@ -94,55 +94,62 @@ def write_weights(path: Path, locations: list[WeightLocation], schemes: Mapping[
     written = WrittenWeights(Path(path))
     writer = blobfile.BlobFileWriter(path)
     try:
-        with ThreadPoolExecutor(COMPRESSING_THREADS) as pool:
+        with ThreadPoolExecutor(WRITING_THREADS) as pool:
             for location in locations:
                 if stop is not None and stop.is_set():
                     raise Stopped()
                 scheme = schemes.get(location.key)
                 written.placed[location.key] = (
-                    write_real(writer, location) if scheme is None
+                    write_real(writer, location, pool) if scheme is None
                     else write_compressed(writer, location, scheme, pool))
     finally:
         writer.close()
     return written
 
 
-def write_real(writer: blobfile.BlobFileWriter, location: WeightLocation) -> int:
-    """Appends the weight as fp16, read and written a slice of rows at a time; returns its
-    blob's offset."""
+def write_real(writer: blobfile.BlobFileWriter, location: WeightLocation,
+               pool: ThreadPoolExecutor | None = None) -> int:
+    """Appends the weight as fp16, read and written a slice of rows at a time (by the pool's
+    threads at once, if one is given); returns its blob's offset."""
     rows, columns = location.shape
     step = max(1, _ROWS_BYTES // (2 * columns))
-    pieces = (location.read_rows(start, min(rows, start + step), torch.float16).numpy()
-              for start in range(0, rows, step))
-    return writer.write_pieces(blobfile.FLOAT16, rows * columns, pieces)
+    blob = writer.reserve(blobfile.FLOAT16, rows * columns)
+
+    def one_slice(start: int) -> None:
+        stop = min(rows, start + step)
+        blob.write(start * columns, location.read_rows(start, stop, torch.float16).numpy())
+
+    _each(pool, one_slice, range(0, rows, step))
+    return blob.finish()
 
 
 def write_compressed(writer: blobfile.BlobFileWriter, location: WeightLocation, scheme: Scheme,
                      pool: ThreadPoolExecutor | None = None) -> CompressedWeight:
     """Reads the weight a slice of rows at a time (fp32, from the checkpoint's own dtype),
-    compresses the slices (on the pool's threads, if one is given, a few slices ahead) and
-    writes the data blob slice by slice as they come, then the scales or look-up table. Memory:
-    a few slices, and the scales or tables (1/16 of the fp16 weight or less)."""
+    compresses each slice and writes its data into the data blob (by the pool's threads at
+    once, if one is given), then the scales or look-up table. Memory: a slice per thread, and
+    the scales or tables (1/16 of the fp16 weight or less)."""
     from coremltools.proto import MIL_pb2
 
     rows, columns = location.shape
     # A look-up table serves group_size rows, so palettized slices hold whole groups; 4-bit
-    # slices are packed two values to a byte on their own, so they hold an even count.
+    # slices start and end on a byte, two values to it, so they hold an even count.
     unit = scheme.group_size if scheme.mode == "palettize" else 1
     step = max(unit, _ROWS_BYTES // (4 * columns) // unit * unit)
     if columns % 2 and step % 2:
         step += unit
     side = np.empty(scheme.scale_shape(location.shape), np.float16)
+    data_type, blob_dtype = _BLOB_DTYPES[(scheme.mode, scheme.bits)]
+    blob = writer.reserve(blob_dtype, rows * columns)
 
-    def one_slice(start: int) -> np.ndarray:
+    def one_slice(start: int) -> None:
         stop = min(rows, start + step)
         data, side[start // unit:stop // unit] = compress(
             location.read_rows(start, stop, torch.float32).numpy(), scheme)
-        return data
+        blob.write(start * columns, data)
 
-    data_type, blob_dtype = _BLOB_DTYPES[(scheme.mode, scheme.bits)]
-    data_offset = writer.write_pieces(blob_dtype, rows * columns,
-                                      _in_order(pool, one_slice, range(0, rows, step)))
+    _each(pool, one_slice, range(0, rows, step))
+    data_offset = blob.finish()
     side_offset = writer.write(blobfile.FLOAT16, side)
     op_type, data_input, side_input = COMPRESSION_OPS[CompressionMode(scheme.mode)]
     return CompressedWeight(op_type, (
@@ -150,19 +157,22 @@ def write_compressed(writer: blobfile.BlobFileWriter, location: WeightLocation, 
         (side_input, side_offset, MIL_pb2.DataType.FLOAT16, tuple(side.shape))))
 
 
-def _in_order(pool: ThreadPoolExecutor | None, function, items):
-    """function(item) for each item, in order; with a pool, computed on its threads at most
-    COMPRESSING_THREADS + 1 items ahead of the consumer (so results cannot pile up)."""
+def _each(pool: ThreadPoolExecutor | None, function, items) -> None:
+    """function(item) for each item: on the pool's threads if one is given (each holds one
+    item's memory at a time), raising the first failure after cancelling what had not
+    started."""
     if pool is None:
-        yield from map(function, items)
+        for item in items:
+            function(item)
         return
-    pending: deque = deque()
-    for item in items:
-        pending.append(pool.submit(function, item))
-        if len(pending) > COMPRESSING_THREADS:
-            yield pending.popleft().result()
-    while pending:
-        yield pending.popleft().result()
+    futures = [pool.submit(function, item) for item in items]
+    try:
+        for future in futures:
+            future.result()
+    finally:
+        for future in futures:
+            future.cancel()
+        wait(futures)
 
 
 class WeightsAhead:
