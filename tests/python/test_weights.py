@@ -2,7 +2,6 @@
 each into its place in the blob: the file must be the one that writing every tensor whole, in
 order, makes; and a slice that fails must fail the write."""
 
-import numpy as np
 import pytest
 import torch
 from safetensors.torch import save_file
