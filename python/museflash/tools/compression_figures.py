@@ -11,7 +11,11 @@ saw (train_demo's split of the Python standard library):
 - top-1 agreement of its next-token prediction with the uncompressed model's, at every scored
   position;
 - greedy drafter acceptance at K = 4 / 8 / 16 on held-out prompts (the eager speculative loop,
-  K - 1 drafted tokens per step from the block-16 drafter, as demo_figures measures an export).
+  K - 1 drafted tokens per step from the block-16 drafter, as demo_figures measures an export);
+- the weight error: squared error over squared norm of the weights the variant compresses;
+- paired differences in loss per token, held-out document by document, with their standard
+  error: each variant against the uncompressed model, and clipped 4-bit against absmax 4-bit
+  (whether a difference in perplexity is more than the held-out text's noise).
 
 Size (unless --no-exports): each preset is exported (fused target + DFlash drafter) and the
 weight files' bytes are reported beside what the rules predict: every weight stored once, at
@@ -80,6 +84,44 @@ def held_out_positions(model, inputs: torch.Tensor, targets: torch.Tensor,
     return torch.cat(chosen)
 
 
+def document_losses(model, documents: list[list[int]], context: int,
+                    batch: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per held-out document: (its scored targets' cross-entropy summed, in nats; their count),
+    over the windows train_demo.evaluation_windows makes of it (summed, they are
+    held_out_figures' loss). float64."""
+    from museflash.tools.train_demo import IGNORE, evaluation_windows
+
+    nats, counts = [], []
+    with torch.no_grad():
+        for document in documents:
+            inputs, targets = evaluation_windows([document], context)
+            total = torch.zeros((), dtype=torch.float64)
+            for start in range(0, len(inputs), batch):
+                y = targets[start:start + batch]
+                logits = model.batch_logits(inputs[start:start + batch]).float()
+                total += torch.nn.functional.cross_entropy(
+                    logits.transpose(1, 2), y, ignore_index=IGNORE, reduction="none").double().sum()
+            nats.append(total)
+            counts.append(int((targets != IGNORE).sum()))
+    return torch.stack(nats), torch.tensor(counts, dtype=torch.float64)
+
+
+def paired_difference(nats: torch.Tensor, reference: torch.Tensor,
+                      counts: torch.Tensor) -> dict[str, float]:
+    """The difference in mean loss per token between two variants scored on the same documents
+    (nats - reference, per document), and its standard error with documents as the sampling
+    unit (the linearised standard error of a ratio of sums: a document's tokens are not
+    independent of each other, documents are)."""
+    if len(counts) < 2:
+        raise ValueError("a standard error needs at least two documents")
+    difference = nats - reference
+    mean = difference.sum() / counts.sum()
+    residual = difference - mean * counts
+    n = len(counts)
+    error = torch.sqrt(n / (n - 1) * (residual ** 2).sum()) / counts.sum()
+    return {"loss_per_token": float(mean), "standard_error": float(error)}
+
+
 def acceptance(target, drafter, prompts: list[list[int]], new_tokens: int,
                context: int) -> dict[str, float]:
     from museflash.runtime.speculative import EagerDrafter, EagerTarget, speculative_generate
@@ -130,6 +172,7 @@ def quality(log=print, prompts: int = 8, prompt_tokens: int = 48,
         original = {key: p.detach().clone() for key, p in params.items()}
         shapes = checkpoint_shapes(target_dir, drafter_dir)
         reference = None
+        losses: dict[str, torch.Tensor] = {}
         for name, (preset, clip) in VARIANTS.items():
             began = time.perf_counter()
             schemes = {} if preset == "none" else schemes_for(preset, shapes)
@@ -138,6 +181,9 @@ def quality(log=print, prompts: int = 8, prompt_tokens: int = 48,
                     param.copy_(compressed_value(original[key], schemes[key], clip)
                                 if key in schemes else original[key])
             figures = held_out_figures(target, documents, nbytes, CONTEXT, None)
+            losses[name], counts = document_losses(target, documents, CONTEXT)
+            figures["weight_relative_error"] = (
+                weight_error(original, params, schemes) if schemes else 0.0)
             predictions = held_out_positions(target, inputs, targets)
             if reference is None:
                 reference = predictions
@@ -152,8 +198,31 @@ def quality(log=print, prompts: int = 8, prompt_tokens: int = 48,
                 f"{100 * figures['top1_agreement_with_uncompressed']:.2f}%, acceptance "
                 + ", ".join(f"{k} {100 * v:.1f}%" for k, v in
                             figures["acceptance_greedy"].items())
+                + f", weight error {figures['weight_relative_error']:.2e}"
                 + f" ({time.perf_counter() - began:.0f} s)")
+        # Is error-minimising clipping worse than plain absmax for the model? Each variant's
+        # loss against the uncompressed model's, and clipped 4-bit against absmax 4-bit.
+        pairs = [(name, "none") for name in VARIANTS if name != "none"] + [
+            ("4bit", "4bit-absmax")]
+        results["paired_loss_per_token"] = {
+            f"{a} - {b}": paired_difference(losses[a], losses[b], counts) for a, b in pairs}
+        for pair, figures in results["paired_loss_per_token"].items():
+            log(f"[figures] {pair}: {figures['loss_per_token']:+.5f} nats/token "
+                f"(+- {2 * figures['standard_error']:.5f}, two standard errors over "
+                f"{len(counts)} documents)")
     return results
+
+
+def weight_error(original: dict[str, torch.Tensor], params: dict[str, torch.Tensor],
+                 schemes: dict[str, Scheme]) -> float:
+    """Squared error of the compressed weights over their squared norm, summed over every
+    weight the variant compresses: what error-minimising clipping minimises, block by block."""
+    error = norm = 0.0
+    for key in schemes:
+        reference = original[key].double()
+        error += float(((params[key].double() - reference) ** 2).sum())
+        norm += float((reference ** 2).sum())
+    return error / norm
 
 
 def sizes(log=print) -> dict[str, Any]:
@@ -190,12 +259,21 @@ def sizes(log=print) -> dict[str, Any]:
 
 def markdown(report: dict[str, Any]) -> str:
     lines = ["| variant | perplexity | bits/byte | top-1 vs uncompressed | "
-             "acceptance K=4 / 8 / 16 |", "| --- | --- | --- | --- | --- |"]
-    for name, figures in report["quality"].items():
+             "acceptance K=4 / 8 / 16 | weight error |", "| --- | --- | --- | --- | --- | --- |"]
+    quality = {name: figures for name, figures in report["quality"].items()
+               if name in VARIANTS}
+    for name, figures in quality.items():
         accepted = " / ".join(f"{100 * v:.1f}%" for v in figures["acceptance_greedy"].values())
         lines.append(f"| {name} | {figures['held_out_perplexity']:.3f} | "
                      f"{figures['held_out_bits_per_byte']:.4f} | "
-                     f"{100 * figures['top1_agreement_with_uncompressed']:.2f}% | {accepted} |")
+                     f"{100 * figures['top1_agreement_with_uncompressed']:.2f}% | {accepted} | "
+                     f"{figures['weight_relative_error']:.2e} |")
+    paired = report["quality"].get("paired_loss_per_token", {})
+    if paired:
+        lines += ["", "| loss per token, difference | nats | two standard errors |",
+                  "| --- | --- | --- |"]
+        lines += [f"| {pair} | {figures['loss_per_token']:+.5f} | "
+                  f"{2 * figures['standard_error']:.5f} |" for pair, figures in paired.items()]
     if report.get("sizes"):
         lines += ["", "| preset | bundle weight bytes | x fp16 bundle | unique weights by the "
                   "rules | x fp16 |", "| --- | --- | --- | --- | --- |"]
