@@ -208,7 +208,7 @@ def _find_constants(blocks) -> dict:
                 key = (op.weight_key, *key)
             atol = dedup.DTYPE2ATOL.get(var.dtype, 1e-12)
             group = groups.setdefault(key, [])
-            same = next((other for other in group if _all_close(value, other.val, atol)), None)
+            same = next((other for other in group if all_close(value, other.val, atol)), None)
             if same is None:
                 group.append(var)
                 duplicates[var] = []
@@ -225,7 +225,7 @@ def flat_prefix(value: np.ndarray, count: int) -> np.ndarray:
     return value.reshape(-1)[:count]
 
 
-def _all_close(a: np.ndarray, b: np.ndarray, atol: float) -> bool:
+def all_close(a: np.ndarray, b: np.ndarray, atol: float) -> bool:
     """np.allclose(a, b, rtol=0, atol=atol); two broadcast rows of one shape by their rows."""
     if _broadcast_row(a) and _broadcast_row(b) and a.shape == b.shape:
         return bool(np.allclose(a[0], b[0], rtol=0.0, atol=atol))

@@ -36,7 +36,7 @@ from museflash.bundle import PACKAGE_SPEC, PACKAGE_WEIGHT_FILE
 from museflash.checkpoint import PlaceholderWeights, WeightLocation
 from museflash.compression import Scheme
 from museflash.export import blobfile
-from museflash.export.convert import flat_prefix
+from museflash.export.convert import all_close, flat_prefix
 from museflash.export.weights import (
     CompressedWeight,
     StoredWeight,
@@ -174,26 +174,14 @@ class _WeightFile:
 class _Unique:
     """A blob as written to the merged file, and what deduplication compares it by."""
     placed: int | CompressedWeight  # the merged offset, or the compressed form's blobs
-    sample: np.ndarray  # the values, or for a placeholder its row (compared as broadcast)
-    placeholder: bool
+    values: np.ndarray  # a placeholder as its row broadcast over the shape (a view, no copy)
 
 
-def _hash_key(blob: _Blob, sample: np.ndarray, placeholder: bool, count: int) -> tuple:
-    # A placeholder's first values are its row repeated: not its broadcast copied out whole
-    # (at the 30B's layer width that copy was 3.9 s of a 4.0 s merge).
-    flat = flat_prefix(np.broadcast_to(sample, blob.shape) if placeholder else sample, count)
-    digest = hashlib.sha1(np.ascontiguousarray(flat)).hexdigest()
+def _hash_key(blob: _Blob, values: np.ndarray, count: int) -> tuple:
+    # A placeholder's first values are taken from its row, not from its broadcast copied out
+    # whole (at the 30B's layer width that copy was 3.9 s of a 4.0 s merge).
+    digest = hashlib.sha1(np.ascontiguousarray(flat_prefix(values, count))).hexdigest()
     return blob.data_type, blob.shape, digest
-
-
-def _same_values(a: _Unique, b: _Unique, shape: tuple[int, ...], atol: float) -> bool:
-    if a.placeholder and b.placeholder:
-        # Both are one row broadcast over the same shape: comparing the rows is comparing
-        # the arrays, without materialising either.
-        return bool(np.allclose(a.sample, b.sample, rtol=0.0, atol=atol))
-    left = np.broadcast_to(a.sample, shape) if a.placeholder else a.sample
-    right = np.broadcast_to(b.sample, shape) if b.placeholder else b.sample
-    return bool(np.allclose(left, right, rtol=0.0, atol=atol))
 
 
 def merge_packages(
@@ -311,7 +299,7 @@ class _MergedWeights:
         start, size = source.header(blob)
         location, row = _placeholder_location(source, blob, start, size, self.placeholders)
         if location is not None:
-            sample = np.frombuffer(row, dtype=np.float16)
+            sample = np.broadcast_to(np.frombuffer(row, dtype=np.float16), blob.shape)
         elif compact_placeholder(blob, size):
             raise MergeError(f"{source.path}: const {blob.name} is stored as one row, which no "
                              "placeholder has: the part was damaged or conversion changed the "
@@ -321,11 +309,10 @@ class _MergedWeights:
                 raise MergeError(f"{source.path}: const {blob.name} of shape "
                                  f"{list(blob.shape)} has a {size}-byte blob")
             sample = np.frombuffer(source.read(start, size), dtype=kind.numpy).reshape(blob.shape)
-        unique = _Unique(-1, sample, location is not None)
-        key = _hash_key(blob, sample, unique.placeholder, self.hash_length)
+        unique = _Unique(-1, sample)
+        key = _hash_key(blob, sample, self.hash_length)
         candidates = [] if blob.nested else self.groups.get(key, [])
-        match = next((u for u in candidates if _same_values(unique, u, blob.shape, kind.atol)),
-                     None)
+        match = next((u for u in candidates if all_close(sample, u.values, kind.atol)), None)
         if match is not None:
             return match.placed
         if location is not None:
