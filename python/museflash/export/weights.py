@@ -6,10 +6,10 @@ thread that takes them a tensor at a time, package after package: WRITING_THREAD
 per core, 2 to 8) read slices of its rows from the checkpoint, compress them if the plan's
 schemes name it (`compression.compress`) and write each slice where it belongs in the tensor's
 blob of the package's weight file (`blobfile.BlobFileWriter.reserve`: positioned writes, in any
-order). The
-conversion runs meanwhile: file reads and writes, torch's dtype conversion and the compiled
-quantizer all release the GIL. The merge (`merge.merge_packages`) then appends the functions'
-other constants to the same file and points each placeholder const at its weight's blob.
+order). The conversion runs meanwhile: file reads and writes, torch's dtype conversion and the
+compiled quantizer all release the GIL. The merge (`merge.merge_packages`) then appends the
+functions' other constants to the same file and points each placeholder const at its weight's
+blob.
 """
 
 from __future__ import annotations
