@@ -7,7 +7,7 @@ clipping instead of error-minimising clipping; palettize4): the eager target and
 their weights as that variant's export stores them (compression.py, expanded to fp32; verify
 proves an export computes the same within fp16 tolerance), then on the files the pair never
 saw (train_demo's split of the Python standard library):
-- the target's perplexity per token and bits per byte (train_demo.held_out_figures);
+- the target's perplexity per token and bits per byte (as train_demo.held_out_figures);
 - top-1 agreement of its next-token prediction with the uncompressed model's, at every scored
   position;
 - greedy drafter acceptance at K = 4 / 8 / 16 on held-out prompts (the eager speculative loop,
@@ -84,26 +84,17 @@ def held_out_positions(model, inputs: torch.Tensor, targets: torch.Tensor,
     return torch.cat(chosen)
 
 
-def document_losses(model, documents: list[list[int]], context: int,
-                    batch: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+def document_losses(model, documents: list[list[int]],
+                    context: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Per held-out document: (its scored targets' cross-entropy summed, in nats; their count),
-    over the windows train_demo.evaluation_windows makes of it (summed, they are
+    over the windows train_demo.evaluation_windows makes of it (summed over the documents,
     held_out_figures' loss). float64."""
-    from museflash.tools.train_demo import IGNORE, evaluation_windows
+    from museflash.tools.train_demo import evaluation_windows, summed_loss
 
-    nats, counts = [], []
-    with torch.no_grad():
-        for document in documents:
-            inputs, targets = evaluation_windows([document], context)
-            total = torch.zeros((), dtype=torch.float64)
-            for start in range(0, len(inputs), batch):
-                y = targets[start:start + batch]
-                logits = model.batch_logits(inputs[start:start + batch]).float()
-                total += torch.nn.functional.cross_entropy(
-                    logits.transpose(1, 2), y, ignore_index=IGNORE, reduction="none").double().sum()
-            nats.append(total)
-            counts.append(int((targets != IGNORE).sum()))
-    return torch.stack(nats), torch.tensor(counts, dtype=torch.float64)
+    losses = [summed_loss(model, *evaluation_windows([document], context))
+              for document in documents]
+    return (torch.tensor([nats for nats, _ in losses], dtype=torch.float64),
+            torch.tensor([count for _, count in losses], dtype=torch.float64))
 
 
 def paired_difference(nats: torch.Tensor, reference: torch.Tensor,
@@ -146,9 +137,9 @@ def quality(log=print, prompts: int = 8, prompt_tokens: int = 48,
     from museflash.tools.demo_figures import prompts_from
     from museflash.tools.train_demo import (
         evaluation_windows,
-        held_out_figures,
         load_corpus,
         load_tokenizer,
+        loss_figures,
     )
 
     torch.set_num_threads(1)
@@ -180,8 +171,10 @@ def quality(log=print, prompts: int = 8, prompt_tokens: int = 48,
                 for key, param in params.items():
                     param.copy_(compressed_value(original[key], schemes[key], clip)
                                 if key in schemes else original[key])
-            figures = held_out_figures(target, documents, nbytes, CONTEXT, None)
+            # The held-out figures from the same per-document losses the paired differences
+            # below take (one pass over the held-out text).
             losses[name], counts = document_losses(target, documents, CONTEXT)
+            figures = loss_figures(float(losses[name].sum()), int(counts.sum()), nbytes)
             figures["weight_relative_error"] = (
                 weight_error(original, params, schemes) if schemes else 0.0)
             predictions = held_out_positions(target, inputs, targets)

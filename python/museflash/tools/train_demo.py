@@ -487,6 +487,12 @@ def held_out_figures(model: MuseGlimmerForCausalLM, documents: list[list[int]],
                      nbytes: int, context: int, stride: int | None) -> dict[str, Any]:
     inputs, targets = evaluation_windows(documents, context, stride)
     nats, count = summed_loss(model, inputs, targets)
+    return loss_figures(nats, count, nbytes)
+
+
+def loss_figures(nats: float, count: int, nbytes: int) -> dict[str, Any]:
+    """held_out_figures' report of a loss (nats summed over `count` scored tokens of text that
+    is `nbytes` bytes of UTF-8)."""
     return {
         "held_out_scored_tokens": count,
         "held_out_bytes": nbytes,
