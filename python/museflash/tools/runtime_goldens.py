@@ -1,0 +1,451 @@
+"""Golden files of the reference decoding loop, for the Swift engine and interpreter tests.
+
+  python -m museflash.tools.runtime_goldens --export-dir D --output F.json
+      [--prompt-lengths 1,7,31,33,200] [--max-new-tokens N] [--wrap-prompt-length L]
+      [--parity-steps 0,-1]
+
+Runs runtime/speculative.py's loop over the exported packages (the numpy ML-program
+interpreter) and writes ONE JSON file:
+
+  format     1
+  metadata   the bundle's metadata.json object, verbatim
+  environment  {"OPENBLAS_NUM_THREADS": the value the interpreter ran with} (see below)
+  prompt     where the prompt ids come from and the pad token the loop is given
+  cases      per prompt length, greedy speculative decoding (the bundle's mask token and
+             num_draft_tokens) and target-only greedy decoding: the prompt, the generated
+             tokens, the drafted tokens accepted per step, the call counts the loop reports and
+             the trace of EVERY function call in order (function, first position, number of
+             positions); a prompt length the context cannot hold is a case with `skipped`
+  parity     single function calls captured from the speculative decoding of the ring-wrapping
+             case: inputs, every state of the package before and after, and every output, so
+             an interpreter can be checked one function at a time
+
+A tensor is {"dtype": "float16" | "float32" | "int32", "shape": [...], "base64": little-endian
+raw bytes in C order}. Calls are recorded by a proxy around each package's `run`; the loop
+itself is the one generate and verify use, unchanged.
+
+Prompts: the bundle's tokenizer (as `generate` uses it, BOS included) over a fixed Python
+source text, repeated until it is long enough, the first L ids taken; seeded ids when the
+bundle has no tokenizer or it maps the text mostly to its unknown token. The pad token is the
+tokenizer's (generate.py's TextTokenizer.pad: tokenizer_config.json's pad_token, else 0).
+
+The ring-wrapping case (--wrap-prompt-length) generates until its decode steps run past the
+largest ring (sliding_kv state) capacity, so both the target's sliding ring and the drafter's
+ring wrap while decoding; the other cases generate --max-new-tokens, all within the room the
+context leaves (prompt + new + block - 1 <= context_length).
+
+BLAS threads: the interpreter's matmuls give results that differ in the last fp16 bit or two
+with OpenBLAS's thread count, so the goldens are bitwise reproducible only at the thread count
+they were made with, which `environment` records. Run as a program, this tool defaults
+OPENBLAS_NUM_THREADS to 1 (set before numpy loads; the small matmuls are also several times
+faster on one thread on a busy 2-core machine); the Bazel rules set it explicitly.
+"""
+
+from __future__ import annotations
+
+import os
+
+# Before numpy loads OpenBLAS (only effective when nothing imported numpy earlier).
+BLAS_THREADS = "OPENBLAS_NUM_THREADS"
+os.environ.setdefault(BLAS_THREADS, "1")
+
+import base64  # noqa: E402
+import json  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+import numpy as np  # noqa: E402
+from absl import app, flags, logging  # noqa: E402
+
+from museflash.bundle import (  # noqa: E402
+    METADATA_FILE,
+    BundleError,
+    FunctionName,
+    InputName,
+    Metadata,
+    StateKind,
+)
+from museflash.paths import resolve_user_path  # noqa: E402
+from museflash.runtime.speculative import (  # noqa: E402
+    DecodeResult,
+    load_exported_pair,
+    speculative_generate,
+    target_only_generate,
+)
+
+FORMAT = 1
+DEFAULT_PROMPT_LENGTHS = "1,7,31,33,200"
+RANDOM_PROMPT_SEED = 0
+
+# The prompt text: plain Python of the kind the demo target was trained on (the standard
+# library's sources), so the demo drafter's drafts get accepted at realistic, varying rates.
+PROMPT_TEXT = '''\
+"""A small inventory of parts, counted by bin."""
+
+import collections
+import os
+
+
+class Inventory:
+    """Counts parts by name; bins hold at most `capacity` parts each."""
+
+    def __init__(self, capacity=10):
+        self.capacity = capacity
+        self.counts = collections.Counter()
+
+    def add(self, name, count=1):
+        if count < 0:
+            raise ValueError("count must not be negative")
+        self.counts[name] += count
+        return self.counts[name]
+
+    def remove(self, name, count=1):
+        if self.counts[name] < count:
+            raise KeyError(name)
+        self.counts[name] -= count
+        if not self.counts[name]:
+            del self.counts[name]
+
+    def bins(self, name):
+        """Number of bins the parts called `name` fill."""
+        full, rest = divmod(self.counts[name], self.capacity)
+        return full + (1 if rest else 0)
+
+    def __len__(self):
+        return sum(self.counts.values())
+
+    def __repr__(self):
+        return "%s(%r)" % (self.__class__.__name__, dict(self.counts))
+
+
+def load(path):
+    inventory = Inventory()
+    if not os.path.exists(path):
+        return inventory
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            name, _, count = line.partition("=")
+            inventory.add(name.strip(), int(count))
+    return inventory
+'''
+
+flags.DEFINE_string("export-dir", None, "Export directory (holds metadata.json).")
+flags.DEFINE_string("output", None, "The golden JSON file to write.")
+flags.DEFINE_string("prompt-lengths", DEFAULT_PROMPT_LENGTHS,
+                    "Comma-separated prompt lengths in tokens, one speculative and one "
+                    "target-only case each.")
+flags.DEFINE_integer("max-new-tokens", 48,
+                     "New tokens per case (fewer when the context has no room for them).")
+flags.DEFINE_integer("wrap-prompt-length", 33,
+                     "The prompt length (one of --prompt-lengths) whose cases generate until "
+                     "the rings wrap while decoding; the parity records come from its "
+                     "speculative case.")
+flags.DEFINE_string("parity-steps", "0,-1",
+                    "Which calls of each function of the ring-wrapping speculative case become "
+                    "parity records: indices into that function's calls, negative from the end.")
+
+FLAGS = flags.FLAGS
+
+
+class GoldensError(ValueError):
+    pass
+
+
+# --- Tensors -------------------------------------------------------------------------------
+
+_DTYPES = {np.dtype(np.float16): "float16", np.dtype(np.float32): "float32",
+           np.dtype(np.int32): "int32"}
+
+
+def encode_tensor(value: np.ndarray) -> dict[str, Any]:
+    array = np.asarray(value)
+    if array.dtype not in _DTYPES:
+        raise GoldensError(f"tensor of dtype {array.dtype} has no golden encoding "
+                           f"(only {sorted(_DTYPES.values())})")
+    little = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
+    return {"dtype": _DTYPES[array.dtype], "shape": list(array.shape),
+            "base64": base64.b64encode(little.tobytes()).decode("ascii")}
+
+
+def _tensors(arrays: dict[str, np.ndarray]) -> dict[str, Any]:
+    return {str(name): encode_tensor(value) for name, value in arrays.items()}
+
+
+# --- Recording -----------------------------------------------------------------------------
+
+
+@dataclass
+class Call:
+    """One function call, captured whole."""
+    function: str
+    inputs: dict[str, np.ndarray]
+    states_before: dict[str, np.ndarray]
+    outputs: dict[str, np.ndarray]
+    states_after: dict[str, np.ndarray]
+
+
+class Recorder:
+    """Wraps the `run` of the target's and the drafter's packages (an instance attribute over
+    the class's method, removed again by `close`): every call is appended to `trace`, in the
+    loop's order across both packages, and while `capture` is set kept whole in `calls`."""
+
+    def __init__(self, packages):
+        self.packages = list(packages)
+        self.trace: list[dict[str, Any]] = []
+        self.calls: list[Call] = []
+        self.capture = False
+        for package in self.packages:
+            package.run = self._recording(package)
+
+    def _recording(self, package):
+        run = type(package).run.__get__(package)
+
+        def recorded(function, inputs):
+            positions = np.asarray(inputs[InputName.POSITION_IDS]).reshape(-1)
+            before = ({name: value.copy() for name, value in package.states.items()}
+                      if self.capture else None)
+            outputs = run(function, inputs)
+            self.trace.append({"function": str(function),
+                               "first_position": int(positions[0]),
+                               "length": int(positions.shape[0])})
+            if self.capture:
+                self.calls.append(Call(
+                    function=str(function),
+                    inputs={str(k): np.array(v, copy=True) for k, v in inputs.items()},
+                    states_before=before,
+                    outputs={str(k): np.array(v, copy=True) for k, v in outputs.items()},
+                    states_after={k: v.copy() for k, v in package.states.items()}))
+            return outputs
+
+        return recorded
+
+    def start(self, capture: bool = False) -> None:
+        self.trace, self.calls, self.capture = [], [], capture
+
+    def close(self) -> None:
+        for package in self.packages:
+            if "run" in vars(package):
+                del package.run
+
+
+# --- Prompts -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Prompt:
+    ids: list[int]  # long enough for the longest prompt length
+    pad_token_id: int
+    source: str
+
+
+def prompt_ids(export_dir: Path, metadata: Metadata, length: int) -> Prompt:
+    """`length` prompt ids (and the pad token): the bundle's tokenizer over PROMPT_TEXT, or
+    seeded ids when there is no tokenizer or it knows too few of the text's words."""
+    reason = "the bundle has no tokenizer"
+    pad = 0
+    if metadata.tokenizer is not None:
+        from museflash.runtime.generate import TextTokenizer
+
+        tokenizer = TextTokenizer(export_dir, metadata)
+        pad = tokenizer.pad
+        text = PROMPT_TEXT
+        ids = tokenizer.encode(text)
+        while len(ids) < length:
+            text += "\n\n" + PROMPT_TEXT
+            ids = tokenizer.encode(text)
+        unknown_text = getattr(tokenizer.tokenizer.model, "unk_token", None)
+        unknown = None if unknown_text is None else tokenizer.tokenizer.token_to_id(unknown_text)
+        unknown_share = sum(i == unknown for i in ids) / len(ids) if unknown is not None else 0
+        if unknown_share <= 0.5:
+            bos = "" if tokenizer.bos is None else f", BOS {tokenizer.bos} first"
+            return Prompt(ids[:length], pad,
+                          f"tokenizer.json over the tool's Python text{bos}")
+        reason = f"its tokenizer maps {100 * unknown_share:.0f}% of the text to its unknown token"
+    # Uniform over the vocabulary without the mask token.
+    rng = np.random.default_rng(RANDOM_PROMPT_SEED)
+    mask = metadata.speculative_decoding.mask_token_id
+    ids = rng.integers(0, metadata.vocab_size - 1, size=length)
+    ids = np.where(ids >= mask, ids + 1, ids)
+    return Prompt([int(i) for i in ids], pad,
+                  f"seeded ids (numpy default_rng({RANDOM_PROMPT_SEED}), the vocabulary without "
+                  f"the mask token): {reason}")
+
+
+# --- Cases ---------------------------------------------------------------------------------
+
+
+def ring_capacity(metadata: Metadata) -> int:
+    """The largest ring among the bundle's states (target sliding and drafter caches)."""
+    capacities = [state.capacity for asset in metadata.assets.values()
+                  for state in asset.states if state.kind == StateKind.SLIDING_KV]
+    return max(capacities, default=0)
+
+
+def new_tokens_for(prompt_length: int, room: int, max_new_tokens: int, wraps: bool,
+                   capacity: int, block: int) -> int:
+    """New tokens of one case: --max-new-tokens, or for the ring-wrapping case enough that a
+    decode step starts a block past the largest ring; never more than the room."""
+    wanted = max_new_tokens
+    if wraps:
+        wanted = max(wanted, capacity + block - prompt_length)
+    return min(wanted, room)
+
+
+def _calls(result: DecodeResult) -> dict[str, int]:
+    return {str(FunctionName.PREFILL): result.prefill_calls,
+            str(FunctionName.MAIN): result.verify_calls,
+            str(FunctionName.INJECT_KV): result.inject_calls,
+            str(FunctionName.DRAFT): result.draft_calls}
+
+
+def select_calls(calls: list[Call], steps: list[int]) -> list[tuple[int, int, Call]]:
+    """(index in the trace, index among the function's calls, call) of the parity steps."""
+    by_function: dict[str, list[tuple[int, Call]]] = {}
+    for index, call in enumerate(calls):
+        by_function.setdefault(call.function, []).append((index, call))
+    chosen = []
+    for name in FunctionName:
+        own = by_function.get(str(name), [])
+        picks = sorted({step % len(own) for step in steps if -len(own) <= step < len(own)})
+        chosen += [(own[i][0], i, own[i][1]) for i in picks]
+    return chosen
+
+
+def parity_record(case: str, trace_index: int, nth: int, call: Call) -> dict[str, Any]:
+    return {"function": call.function,
+            "label": f"{case} {call.function} call {nth}",
+            "case": case,
+            "trace_index": trace_index,
+            "inputs": _tensors(call.inputs),
+            "states_before": _tensors(call.states_before),
+            "outputs": _tensors(call.outputs),
+            "states_after": _tensors(call.states_after)}
+
+
+def build_goldens(export_dir: Path, prompt_lengths: list[int], max_new_tokens: int,
+                  wrap_prompt_length: int, parity_steps: list[int],
+                  say=lambda _line: None) -> dict[str, Any]:
+    if wrap_prompt_length not in prompt_lengths:
+        raise GoldensError(f"--wrap-prompt-length {wrap_prompt_length} is not one of "
+                           f"--prompt-lengths {prompt_lengths}")
+    if max_new_tokens < 1:
+        raise GoldensError("--max-new-tokens must be at least 1")
+    raw_metadata = json.loads((export_dir / METADATA_FILE).read_text())
+    target, drafter, metadata = load_exported_pair(export_dir)
+    spec = metadata.speculative_decoding
+    block = drafter.block_size
+    context = metadata.context_length
+    capacity = ring_capacity(metadata)
+    prompt = prompt_ids(export_dir, metadata, max(prompt_lengths))
+    recorder = Recorder([target.package, drafter.package])
+    cases: list[dict[str, Any]] = []
+    parity: list[dict[str, Any]] = []
+    try:
+        for length in prompt_lengths:
+            room = context - length - (block - 1)
+            if room < 1:
+                reason = (f"a prompt of {length} tokens leaves no room for a new token in "
+                          f"context_length {context} (block {block}: prompt + new + "
+                          f"{block - 1} must be <= {context})")
+                for mode in ("speculative", "target_only"):
+                    cases.append({"name": f"{mode}-p{length}", "skipped": reason})
+                continue
+            wraps = length == wrap_prompt_length
+            new = new_tokens_for(length, room, max_new_tokens, wraps, capacity, block)
+            ids = prompt.ids[:length]
+            for mode in ("speculative", "target_only"):
+                name = f"{mode}-p{length}"
+                capture = wraps and mode == "speculative"
+                recorder.start(capture=capture)
+                began = time.perf_counter()
+                if mode == "speculative":
+                    result = speculative_generate(
+                        target, drafter, ids, new, mask_token_id=spec.mask_token_id,
+                        num_draft_tokens=spec.num_draft_tokens, context_length=context,
+                        pad_token_id=prompt.pad_token_id)
+                else:
+                    result = target_only_generate(target, ids, new,
+                                                  pad_token_id=prompt.pad_token_id,
+                                                  context_length=context)
+                say(f"[runtime_goldens] {name}: {result.summary()} "
+                    f"({time.perf_counter() - began:.1f} s)")
+                cases.append({
+                    "name": name,
+                    "mode": mode,
+                    "prompt_ids": [int(i) for i in ids],
+                    "max_new_tokens": new,
+                    "num_draft_tokens": result.num_draft_tokens,
+                    "tokens": [int(t) for t in result.tokens],
+                    "accepted": [int(a) for a in result.accepted],
+                    "calls": _calls(result),
+                    "trace": recorder.trace,
+                })
+                if capture:
+                    parity += [parity_record(name, index, nth, call) for index, nth, call
+                               in select_calls(recorder.calls, parity_steps)]
+                    recorder.calls = []
+    finally:
+        recorder.close()
+    return {"format": FORMAT,
+            "metadata": raw_metadata,
+            "environment": {BLAS_THREADS: os.environ.get(BLAS_THREADS)},
+            "prompt": {"source": prompt.source, "pad_token_id": prompt.pad_token_id},
+            "cases": cases,
+            "parity": parity}
+
+
+def _int_list(flag: str, value: str) -> list[int]:
+    try:
+        values = [int(part) for part in value.split(",") if part.strip()]
+    except ValueError:
+        raise GoldensError(f"--{flag} {value!r} is not a comma-separated list of "
+                           "integers") from None
+    if not values:
+        raise GoldensError(f"--{flag} is empty")
+    return values
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) > 1:
+        print(f"runtime_goldens: unexpected arguments {argv[1:]}; all options are --flags",
+              file=sys.stderr)
+        return 2
+    logging.set_verbosity(logging.ERROR)
+    if FLAGS["export-dir"].value is None or FLAGS.output is None:
+        print("runtime_goldens: error: --export-dir and --output are required",
+              file=sys.stderr)
+        return 2
+    export_dir = resolve_user_path(FLAGS["export-dir"].value)
+    output = resolve_user_path(FLAGS.output)
+    try:
+        lengths = _int_list("prompt-lengths", FLAGS["prompt-lengths"].value)
+        if min(lengths) < 1:
+            raise GoldensError("--prompt-lengths must be positive")
+        goldens = build_goldens(export_dir, lengths, FLAGS["max-new-tokens"].value,
+                                FLAGS["wrap-prompt-length"].value,
+                                _int_list("parity-steps", FLAGS["parity-steps"].value),
+                                say=print)
+    except (GoldensError, BundleError, OSError) as error:
+        print(f"runtime_goldens: error: {error}", file=sys.stderr)
+        return 2
+    output.parent.mkdir(parents=True, exist_ok=True)
+    partial = output.with_name(output.name + ".partial")
+    partial.write_text(json.dumps(goldens, indent=1) + "\n")
+    partial.replace(output)
+    print(f"[runtime_goldens] wrote {output} ({output.stat().st_size:,} bytes, "
+          f"{len(goldens['cases'])} cases, {len(goldens['parity'])} parity records)")
+    return 0
+
+
+def run() -> None:
+    app.run(main)
+
+
+if __name__ == "__main__":
+    run()
