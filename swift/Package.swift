@@ -44,5 +44,9 @@ let package = Package(
             name: "MetadataExamplesTests",
             dependencies: ["ExportMetadata"]
         ),
+        // Byte-level BPE and WordLevel tokenizers from the bundle's tokenizer.json (docs/tokenizer.md).
+        .target(name: "MuseflashTokenizer"),
+        // Its parity tests need MUSEFLASH_TOKENIZER_GOLDENS (bazel build //python:tokenizer_goldens).
+        .testTarget(name: "MuseflashTokenizerTests", dependencies: ["MuseflashTokenizer"]),
     ]
 )

@@ -1,7 +1,8 @@
 /// The parts of an ML program (`Model.mlProgram`, MIL.proto) that say how its weights are
 /// stored: functions, their block specializations, and each operation's type, inputs (bound by
 /// name or given inline), outputs and attributes. Values are kept as their type and where they
-/// live (a blob of a weight file, or inline); inline tensor contents are skipped, not decoded.
+/// live (a blob of a weight file, or inline); inline tensor contents are decoded
+/// (`MILValue.immediateTensor`), blob contents are read only by whoever needs them.
 public struct MLProgram: Sendable, Equatable {
     public var version: Int64
     /// In file order. Program.functions is a map: a repeated name keeps its first position and
@@ -140,12 +141,20 @@ public struct MILNamedValueType: Sendable, Equatable {
 
 public enum MILValueType: Sendable, Equatable {
     case tensor(MILTensorType)
-    /// A list, tuple, dictionary or state type (its `ValueType` field number), or a member this
-    /// reader does not know.
+    /// `StateType` wrapping a tensor type (a function input that is a Core ML state).
+    case state(MILTensorType)
+    /// A list, tuple or dictionary type (its `ValueType` field number), a state that wraps no
+    /// tensor, or a member this reader does not know.
     case other(fieldNumber: Int)
 
     public var tensorType: MILTensorType? {
         if case .tensor(let tensor) = self { return tensor }
+        return nil
+    }
+
+    /// The wrapped tensor type of a state.
+    public var stateTensorType: MILTensorType? {
+        if case .state(let tensor) = self { return tensor }
         return nil
     }
 }
@@ -192,10 +201,15 @@ public enum MILDimension: Sendable, Equatable {
 public struct MILValue: Sendable, Equatable {
     public var type: MILValueType?
     public var storage: MILValueStorage
+    /// The contents of an immediate tensor value (`ImmediateValue.tensor`); nil for blob values
+    /// and for immediate tuples, lists and dictionaries, which no museflash program uses.
+    public var immediateTensor: MILTensorValue?
 
-    public init(type: MILValueType? = nil, storage: MILValueStorage = .none) {
+    public init(type: MILValueType? = nil, storage: MILValueStorage = .none,
+                immediateTensor: MILTensorValue? = nil) {
         self.type = type
         self.storage = storage
+        self.immediateTensor = immediateTensor
     }
 
     public var tensorType: MILTensorType? { type?.tensorType }
@@ -206,10 +220,23 @@ public struct MILValue: Sendable, Equatable {
     }
 }
 
+/// The contents of an immediate tensor (`TensorValue` oneof). Which member carries which data
+/// type follows coremltools: fp32 as `floats`, int32 and narrower ints as `ints`, fp16, 8-bit
+/// and sub-byte types as packed little-endian `bytes`.
+public enum MILTensorValue: Sendable, Equatable {
+    case floats([Float])
+    case ints([Int32])
+    case bools([Bool])
+    case strings([String])
+    case longInts([Int64])
+    case doubles([Double])
+    case bytes([UInt8])
+}
+
 /// Where a value's contents are (`Value.value` oneof).
 public enum MILValueStorage: Sendable, Equatable {
     case none
-    /// In the spec itself; not decoded.
+    /// In the spec itself (see `MILValue.immediateTensor`).
     case immediate
     case blobFile(MILBlobReference)
 }

@@ -187,6 +187,18 @@ extension MILValueType {
                 var tensor = type?.tensorType ?? MILTensorType()
                 try tensor.merge(from: field.message())
                 type = .tensor(tensor)
+            case SpecFieldNumbers.ValueType.stateType:
+                var wrapped: MILValueType? = type?.stateTensorType.map { .tensor($0) }
+                try field.message().forEachField { member in
+                    if member.fieldNumber == SpecFieldNumbers.StateType.wrappedType {
+                        try MILValueType.merge(&wrapped, from: member.message())
+                    }
+                }
+                if let tensor = wrapped?.tensorType {
+                    type = .state(tensor)
+                } else {
+                    type = .other(fieldNumber: field.fieldNumber)
+                }
             default:
                 // Another member of the oneof (list, tuple, dictionary, state) or a newer one.
                 if field.wireType == .lengthDelimited {
@@ -247,8 +259,16 @@ extension MILValue {
             case Number.type:
                 try MILValueType.merge(&type, from: field.message())
             case Number.immediateValue:
-                _ = try field.message()
+                var tensor: MILTensorValue?
+                try field.message().forEachField { member in
+                    if member.fieldNumber == SpecFieldNumbers.ImmediateValue.tensor {
+                        tensor = try MILTensorValue(decoding: member.message(), earlier: tensor)
+                    } else if member.wireType == .lengthDelimited {
+                        tensor = nil  // a tuple, list or dictionary replaces the oneof
+                    }
+                }
                 storage = .immediate
+                immediateTensor = tensor
             case Number.blobFileValue:
                 var reference = blob ?? MILBlobReference(fileName: "", offset: 0)
                 try field.message().forEachField { member in
@@ -259,9 +279,83 @@ extension MILValue {
                     }
                 }
                 storage = .blobFile(reference)
+                immediateTensor = nil
             default:
                 break
             }
         }
+    }
+}
+
+extension MILTensorValue {
+    /// Decodes a `TensorValue`; a repeated member of the same kind appends (the repeated field
+    /// inside it is repeated), another member replaces it (oneof).
+    init?(decoding buffer: ProtoBuffer, earlier: MILTensorValue?) throws {
+        var value = earlier
+        try buffer.forEachField { field in
+            typealias Number = SpecFieldNumbers.TensorValue
+            guard field.wireType == .lengthDelimited else { return }
+            let body = try field.message()
+            switch field.fieldNumber {
+            case Number.floats:
+                var values: [Float] = []
+                if case .floats(let old)? = value { values = old }
+                try body.forEachField { member in
+                    guard member.fieldNumber == Number.values else { return }
+                    values += try member.packedFixed32().map { Float(bitPattern: $0) }
+                }
+                value = .floats(values)
+            case Number.doubles:
+                var values: [Double] = []
+                if case .doubles(let old)? = value { values = old }
+                try body.forEachField { member in
+                    guard member.fieldNumber == Number.values else { return }
+                    values += try member.packedFixed64().map { Double(bitPattern: $0) }
+                }
+                value = .doubles(values)
+            case Number.ints:
+                var values: [Int32] = []
+                if case .ints(let old)? = value { values = old }
+                try body.forEachField { member in
+                    guard member.fieldNumber == Number.values else { return }
+                    values += try member.packedVarints().map { Int32(truncatingIfNeeded: $0) }
+                }
+                value = .ints(values)
+            case Number.longInts:
+                var values: [Int64] = []
+                if case .longInts(let old)? = value { values = old }
+                try body.forEachField { member in
+                    guard member.fieldNumber == Number.values else { return }
+                    values += try member.packedVarints().map { Int64(bitPattern: $0) }
+                }
+                value = .longInts(values)
+            case Number.bools:
+                var values: [Bool] = []
+                if case .bools(let old)? = value { values = old }
+                try body.forEachField { member in
+                    guard member.fieldNumber == Number.values else { return }
+                    values += try member.packedVarints().map { $0 != 0 }
+                }
+                value = .bools(values)
+            case Number.strings:
+                var values: [String] = []
+                if case .strings(let old)? = value { values = old }
+                try body.forEachField { member in
+                    guard member.fieldNumber == Number.values else { return }
+                    values.append(try member.string())
+                }
+                value = .strings(values)
+            case Number.bytes:
+                var bytes: [UInt8] = []
+                try body.forEachField { member in
+                    if member.fieldNumber == Number.values { bytes = try member.bytes() }
+                }
+                value = .bytes(bytes)
+            default:
+                break
+            }
+        }
+        guard let value = value else { return nil }
+        self = value
     }
 }

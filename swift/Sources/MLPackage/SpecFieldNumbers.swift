@@ -199,6 +199,26 @@ enum SpecFieldNumbers {
         static let blobFileValue = 5          // Value.blobFileValue (oneof value)
     }
 
+    enum ImmediateValue {
+        static let tensor = 1                 // Value.ImmediateValue.tensor (TensorValue, oneof value)
+    }
+
+    enum StateType {
+        static let wrappedType = 1            // StateType.wrappedType (ValueType)
+    }
+
+    /// TensorValue's oneof members; each is a message whose field 1 holds the values.
+    enum TensorValue {
+        static let floats = 1                 // TensorValue.floats (RepeatedFloats: packed float)
+        static let ints = 2                   // TensorValue.ints (RepeatedInts: packed int32)
+        static let bools = 3                  // TensorValue.bools (RepeatedBools: packed bool)
+        static let strings = 4                // TensorValue.strings (RepeatedStrings: repeated string)
+        static let longInts = 5               // TensorValue.longInts (RepeatedLongInts: packed int64)
+        static let doubles = 6                // TensorValue.doubles (RepeatedDoubles: packed double)
+        static let bytes = 7                  // TensorValue.bytes (RepeatedBytes: one bytes field)
+        static let values = 1                 // Repeated*.values
+    }
+
     enum BlobFileValue {
         static let fileName = 1               // Value.BlobFileValue.fileName (string)
         static let offset = 2                 // Value.BlobFileValue.offset (uint64)

@@ -123,6 +123,42 @@ public struct ProtoField: Sendable, Equatable {
         }
     }
 
+    /// Packed fixed-width scalars (repeated float / fixed32 and double / fixed64), accepting the
+    /// unpacked form (one value per field) too.
+    public func packedFixed32() throws -> [UInt32] {
+        switch payload {
+        case .fixed32(let value):
+            return [value]
+        case .lengthDelimited(let buffer):
+            var reader = buffer.makeReader()
+            var values: [UInt32] = []
+            values.reserveCapacity(buffer.count / 4)
+            while !reader.isAtEnd {
+                values.append(try reader.readFixed32())
+            }
+            return values
+        default:
+            throw mismatch(.lengthDelimited)
+        }
+    }
+
+    public func packedFixed64() throws -> [UInt64] {
+        switch payload {
+        case .fixed64(let value):
+            return [value]
+        case .lengthDelimited(let buffer):
+            var reader = buffer.makeReader()
+            var values: [UInt64] = []
+            values.reserveCapacity(buffer.count / 8)
+            while !reader.isAtEnd {
+                values.append(try reader.readFixed64())
+            }
+            return values
+        default:
+            throw mismatch(.lengthDelimited)
+        }
+    }
+
     // MARK: Internals
 
     private func mismatch(_ expected: WireType) -> ProtoWireError {
