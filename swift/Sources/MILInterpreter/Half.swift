@@ -1,0 +1,68 @@
+/// IEEE 754 binary16 conversions written out, not through `Float16`, which Swift does not offer
+/// on every platform (macOS on Intel) and which converts through library calls here.
+/// `halfToFloat` is exact; `floatToHalf` rounds to nearest, ties to even, as numpy's
+/// `astype(np.float16)` and Core ML's fp16 storage do.
+public enum Half {
+    /// Every fp16 bit pattern's fp32 value (256 KiB, built on first use).
+    static let table: [Float] = (0...UInt16.max).map { Half.decode($0) }
+
+    @inline(__always)
+    public static func toFloat(_ bits: UInt16) -> Float {
+        table.withUnsafeBufferPointer { $0[Int(bits)] }
+    }
+
+    static func decode(_ bits: UInt16) -> Float {
+        let sign = UInt32(bits & 0x8000) << 16
+        let exponent = UInt32(bits >> 10) & 0x1F
+        let mantissa = UInt32(bits & 0x3FF)
+        if exponent == 0 {
+            // Zero or subnormal: mantissa * 2^-24, exact in fp32.
+            let magnitude = Float(mantissa) * Float(sign: .plus, exponent: -24, significand: 1)
+            return sign == 0 ? magnitude : -magnitude
+        }
+        if exponent == 0x1F {
+            return Float(bitPattern: sign | 0x7F80_0000 | (mantissa << 13))
+        }
+        return Float(bitPattern: sign | ((exponent + 112) << 23) | (mantissa << 13))
+    }
+
+    @inline(__always)
+    public static func fromFloat(_ value: Float) -> UInt16 {
+        let bits = value.bitPattern
+        let sign = UInt16((bits >> 16) & 0x8000)
+        let magnitude = bits & 0x7FFF_FFFF
+        if magnitude >= 0x7F80_0000 {
+            // inf stays inf; NaN keeps a quiet NaN payload.
+            return sign | (magnitude > 0x7F80_0000 ? 0x7E00 : 0x7C00)
+        }
+        if magnitude >= 0x477F_F000 {
+            // At or above 65520 (halfway past the largest finite fp16): inf.
+            return sign | 0x7C00
+        }
+        if magnitude >= 0x3880_0000 {
+            // Normal fp16: drop 13 mantissa bits, rounding to nearest even.
+            let rebased = magnitude - 0x3800_0000  // exponent 127 -> 15
+            let rounded = rebased + 0x0FFF + ((rebased >> 13) & 1)
+            return sign | UInt16(truncatingIfNeeded: rounded >> 13)
+        }
+        if magnitude < 0x3300_0000 {
+            // Below half the smallest subnormal (2^-25): zero.
+            return sign
+        }
+        // Subnormal fp16: value / 2^-24, rounded to nearest even.
+        let exponent = Int(magnitude >> 23)
+        let significand = (magnitude & 0x7F_FFFF) | 0x80_0000
+        let shift = 126 - exponent  // 14 ... 24 for 2^-25 <= |x| < 2^-14
+        let half = UInt32(1) << UInt32(shift - 1)
+        var result = significand >> UInt32(shift)
+        let remainder = significand & ((UInt32(1) << UInt32(shift)) - 1)
+        if remainder > half || (remainder == half && (result & 1) == 1) { result += 1 }
+        return sign | UInt16(result)
+    }
+
+    /// The fp16 value nearest to `value`, as fp32.
+    @inline(__always)
+    public static func round(_ value: Float) -> Float {
+        toFloat(fromFloat(value))
+    }
+}
