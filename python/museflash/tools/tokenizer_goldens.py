@@ -1,0 +1,219 @@
+"""Golden token ids from the `tokenizers` library, for the Swift tokenizer's parity tests.
+
+  python -m museflash.tools.tokenizer_goldens OUTPUT.json
+
+For the trained demo tokenizer (`demo/target/tokenizer.json`), variants of it that switch on
+the settings the Swift side implements besides (prefix space, no regex, `ignore_merges`, added
+tokens with `lstrip` / `rstrip` / `single_word` / `normalized`), and the tiny pair's WordLevel
+tokenizer (`demo_checkpoint.write_word_tokenizer`), the output holds each tokenizer.json as
+text and, per text, `encode(text, add_special_tokens=False).ids` with the decode of those ids
+both with and without the special tokens (null where equal to the text, or to the decode with
+them). The texts: every held-out file of the demo corpus
+(`train_demo.load_corpus`, the same split the demo was trained on), hand-made hard cases and
+seeded random strings over awkward characters. `decodes` holds seeded random id sequences
+(special and out-of-range ids among them) with their decoded text. Built by
+`//python:tokenizer_goldens` and read by swift/Tests/MuseflashTokenizerTests.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+HUNDRED_KB = 100_000
+
+# Hand-made hard cases: (name, text).
+HARD_CASES: list[tuple[str, str]] = [
+    ("empty", ""),
+    ("one space", " "),
+    ("spaces", "     "),
+    ("spaces between words", "a   b    c"),
+    ("leading and trailing spaces", "   leading and trailing   "),
+    ("newline runs", "\n\n\n\nx\n\n"),
+    ("mixed whitespace run", " \n \n\n  \t x \t"),
+    ("tabs", "a\tb\t\tc\t"),
+    ("tab indentation", "\tdef f():\n\t\treturn 1\n"),
+    ("crlf", "line one\r\nline two\r\n\r\n"),
+    ("lone cr", "a\rb\r\r c"),
+    ("form feed and vertical tab", "a\x0bb\x0cc \x0b d"),
+    ("unicode spaces", "a\u00a0b\u3000c\u2028d\u0085e\u2003f \u00a0 g"),
+    ("not white space", "a\u200bb\u180ec\ufeffd\x1ce\x1ff"),
+    ("nul and controls", "\x00\x01\x02\x7f x\x00"),
+    ("emoji", "👍 👍🏽 😀😃 🎉!"),
+    ("zwj sequences", "👨\u200d👩\u200d👧\u200d👦 family, 🏳️\u200d🌈 flag, 🧑🏽\u200d💻"),
+    ("flags", "🇫🇷🇩🇪🇯🇵"),
+    ("cjk", "日本語のテキスト、中文字符，标点。한국어 텍스트"),
+    ("combining marks", "e\u0301 cafe\u0301 n\u0303 Z\u0351\u0364a\u0300\u0316l\u0357g\u0308o"),
+    ("devanagari", "\u0915\u094d\u0937 \u0928\u092e\u0938\u094d\u0924\u0947"),
+    ("arabic digits and others", "١٢٣ ²³ Ⅻ ⓐ ½ 12345678901234567890"),
+    ("titlecase and modifier letters", "ǅemal ʰa ˢb"),
+    ("contractions", "I'm it's we'll they've I'd you're don't 'S 'T ''s 'x"),
+    ("apostrophes", "' '' ''' 's' ’s"),
+    ("special tokens", "<bos>def f():<eos>"),
+    ("special tokens adjacent", "<pad><pad><mask><bos><eos>"),
+    ("special tokens in words", "a<bos>b <eos>c d<mask> <mask>"),
+    ("special token lookalikes", "<bo s> <<bos>> </bos> <BOS> <bos <eos"),
+    ("python", "def fibonacci(n):\n    if n < 2:\n        return n\n"
+               "    return fibonacci(n - 1) + fibonacci(n - 2)\n"),
+    ("punctuation runs", "!!!??? ... --- === +++ (((x))) {[<>]} @#$%^&*"),
+    ("100 kB line", "x = [" + ", ".join(f"'item{i}'" for i in range(HUNDRED_KB // 10)) + "]"),
+    ("100 kB word", "a" * HUNDRED_KB),
+    ("100 kB of spaces", " " * HUNDRED_KB + "x"),
+    ("100 kB of one emoji", "😀" * (HUNDRED_KB // 4)),
+]
+
+# Only for the variant with extra added tokens.
+ADDED_TOKEN_CASES: list[tuple[str, str]] = [
+    ("lstrip", "a   <tag>b\t<tag> <tag>"),
+    ("rstrip", "</tag>   a</tag>\n\nb </tag>"),
+    ("lstrip and rstrip", "x  <tag>  </tag>  y"),
+    ("single word", "def f(): undef define def_ _def def\n(def) déf"),
+    ("normalized after non-normalized", "ab abc abcd xabcx"),
+]
+
+# Awkward pieces for the seeded random strings.
+ALPHABET = (list("abcXYZ019 '\t\n\r _-.,;:!?\"()[]{}<>#@")
+            + ["  ", "   ", "\u00a0", "\u3000", "\u0085", "\u2028", "\u200b", "é", "e\u0301",
+               "日本", "한", "👍", "👨\u200d👩\u200d👧", "\u0663", "²", "\x1c", "\x0b", "'s", "'ll",
+               "'re", "<bos>", "<eos>", "<mask>", "<bo", "s>", "\x00", "\ufeff", "ǅ", "ʰ", "\u0300",
+               "\u20dd", "‿", "\u200d", "İ", "<tag>", "</tag>", "def", "abc"])
+
+
+def random_texts(seed: int, count: int) -> list[str]:
+    rng = random.Random(seed)
+    return ["".join(rng.choice(ALPHABET) for _ in range(rng.randint(1, 40))) for _ in range(count)]
+
+
+def demo_tokenizer_json() -> str:
+    from museflash.demo_checkpoint import TRAINED_DEMO_DIR
+
+    return (TRAINED_DEMO_DIR / "target" / "tokenizer.json").read_text(encoding="utf-8")
+
+
+def variant(base: str, edit) -> str:
+    document = json.loads(base)
+    edit(document)
+    return json.dumps(document, ensure_ascii=False)
+
+
+def with_added_tokens(base: str) -> str:
+    from tokenizers import AddedToken, Tokenizer
+
+    tokenizer = Tokenizer.from_str(base)
+    tokenizer.add_tokens([
+        AddedToken("<tag>", lstrip=True, normalized=False),
+        AddedToken("</tag>", rstrip=True, normalized=False),
+        AddedToken("def", single_word=True, normalized=False),
+        AddedToken("ab", normalized=False),
+        AddedToken("abc", normalized=True),
+    ])
+    return tokenizer.to_str()
+
+
+def word_level_json() -> str:
+    from museflash.demo_checkpoint import write_word_tokenizer
+
+    with tempfile.TemporaryDirectory(prefix="museflash-wordlevel-") as scratch:
+        write_word_tokenizer(Path(scratch), 512, {"<mask>": 3})
+        return (Path(scratch) / "tokenizer.json").read_text(encoding="utf-8")
+
+
+def tokenizers_under_test() -> dict[str, str]:
+    demo = demo_tokenizer_json()
+
+    def set_pre(key: str, value: Any):
+        return lambda document: document["pre_tokenizer"].__setitem__(key, value)
+
+    return {
+        "demo": demo,
+        "demo_prefix_space": variant(demo, set_pre("add_prefix_space", True)),
+        "demo_no_regex": variant(demo, set_pre("use_regex", False)),
+        "demo_ignore_merges": variant(demo, lambda d: d["model"].update(ignore_merges=True)),
+        "demo_added_tokens": with_added_tokens(demo),
+        "word_level": word_level_json(),
+    }
+
+
+def held_out_texts() -> tuple[list[tuple[str, str]], dict[str, Any]]:
+    from museflash.demo_checkpoint import TRAINED_DEMO_DIR
+    from museflash.tools import train_demo
+
+    corpus = train_demo.load_corpus()
+    recorded = json.loads((TRAINED_DEMO_DIR / "train_demo.json").read_text())
+    stats = corpus.stats()
+    summary = {"root": str(corpus.root), "files": stats["held_out_files"],
+               "bytes": stats["held_out_bytes"], "sha256": stats["held_out_sha256"],
+               "same_as_demo_training":
+                   stats["held_out_sha256"] == _find(recorded, "held_out_sha256")}
+    return [("held_out/" + f.path, f.text) for f in corpus.held_out], summary
+
+
+def _find(value: Any, key: str) -> Any:
+    if isinstance(value, dict):
+        if key in value:
+            return value[key]
+        for item in value.values():
+            found = _find(item, key)
+            if found is not None:
+                return found
+    return None
+
+
+def goldens() -> dict[str, Any]:
+    import tokenizers
+    from tokenizers import Tokenizer
+
+    files = tokenizers_under_test()
+    held_out, held_out_summary = held_out_texts()
+    cases: list[dict[str, Any]] = []
+    decodes: list[dict[str, Any]] = []
+    for index, (name, text_json) in enumerate(files.items()):
+        tokenizer = Tokenizer.from_str(text_json)
+        texts = list(HARD_CASES)
+        texts += [(f"random {i}", t) for i, t in enumerate(random_texts(1000 + index, 400))]
+        if name in ("demo", "word_level"):
+            texts += held_out
+        if name == "demo_added_tokens":
+            texts += ADDED_TOKEN_CASES
+        for case_name, text in texts:
+            ids = tokenizer.encode(text, add_special_tokens=False).ids
+            decoded = tokenizer.decode(ids, skip_special_tokens=False)
+            skipping = tokenizer.decode(ids, skip_special_tokens=True)
+            # null: the same as the text (decoded) or as decoded (decoded_skipping_special)
+            cases.append({"tokenizer": name, "name": case_name, "text": text, "ids": ids,
+                          "decoded": None if decoded == text else decoded,
+                          "decoded_skipping_special": None if skipping == decoded else skipping})
+        size = tokenizer.get_vocab_size(with_added_tokens=True)
+        rng = random.Random(2000 + index)
+        for _ in range(200):
+            ids = [rng.randrange(size + 3) for _ in range(rng.randint(0, 12))]
+            decodes.append({
+                "tokenizer": name, "ids": ids,
+                "decoded": tokenizer.decode(ids, skip_special_tokens=False),
+                "decoded_skipping_special": tokenizer.decode(ids, skip_special_tokens=True)})
+    return {"tokenizers_version": tokenizers.__version__, "tokenizer_files": files,
+            "vocab_sizes": {name: Tokenizer.from_str(text).get_vocab_size(with_added_tokens=True)
+                            for name, text in files.items()},
+            "held_out": held_out_summary, "cases": cases, "decodes": decodes}
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print("usage: python -m museflash.tools.tokenizer_goldens OUTPUT.json", file=sys.stderr)
+        return 2
+    result = goldens()
+    Path(argv[1]).write_text(json.dumps(result, ensure_ascii=False) + "\n", encoding="utf-8")
+    summary = result["held_out"]
+    same = "" if summary["same_as_demo_training"] else " (NOT the files the demo was trained with)"
+    print(f"{len(result['cases'])} encode cases, {len(result['decodes'])} decode cases; held out: "
+          f"{summary['files']} files, {summary['bytes']} bytes from {summary['root']}{same}",
+          file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,269 @@
+import Foundation
+
+/// tokenizer.json read with JSONSerialization, checked key by key against what this library
+/// implements. `path` labels every error.
+struct TokenizerJSON {
+    let root: [String: Any]
+    let path: String
+
+    struct Specification {
+        var kind: Tokenizer.Kind
+        var model: Tokenizer.Model
+        var preTokenizer: PreTokenizer
+        var decoder: Tokenizer.Decoder
+        var vocabulary: [String: Int32]
+        var addedTokens: [AddedToken]
+    }
+
+    init(data: Data, path: String) throws {
+        root = try Self.object(data, path: path)
+        self.path = path
+    }
+
+    static func object(_ data: Data, path: String) throws -> [String: Any] {
+        let value: Any
+        do {
+            value = try JSONSerialization.jsonObject(with: data, options: [.fragmentsAllowed])
+        } catch {
+            let reason = (error as NSError).userInfo[NSDebugDescriptionErrorKey] as? String ?? "\(error)"
+            throw TokenizerError.notJSON(path: path, reason: reason)
+        }
+        guard let object = value as? [String: Any] else {
+            throw TokenizerError.malformed(path: path, key: "the top level", problem: "is not a JSON object")
+        }
+        return object
+    }
+
+    // MARK: Reading values
+
+    private func malformed(_ key: String, _ problem: String) -> TokenizerError {
+        .malformed(path: path, key: key, problem: problem)
+    }
+
+    private func unsupported(_ component: String, _ value: String) -> TokenizerError {
+        .unsupported(path: path, component: component, value: value)
+    }
+
+    private static func isNull(_ value: Any?) -> Bool { value == nil || value is NSNull }
+
+    /// JSONSerialization gives numbers and booleans as NSNumber, and `1 as? Bool` succeeds;
+    /// a JSON true/false is the NSNumber whose type is a C char or bool.
+    private static func isBoolean(_ value: Any?) -> Bool {
+        guard let number = value as? NSNumber else { return false }
+        let type = String(cString: number.objCType)
+        return type == "c" || type == "B"
+    }
+
+    private func object(_ value: Any?, _ key: String) throws -> [String: Any]? {
+        if Self.isNull(value) { return nil }
+        guard let object = value as? [String: Any] else { throw malformed(key, "is not an object") }
+        return object
+    }
+
+    private func bool(_ object: [String: Any], _ name: String, in key: String, default fallback: Bool) throws -> Bool {
+        let value = object[name]
+        if Self.isNull(value) { return fallback }
+        guard Self.isBoolean(value), let flag = value as? Bool else {
+            throw malformed("\(key).\(name)", "is not true or false")
+        }
+        return flag
+    }
+
+    private func string(_ object: [String: Any], _ name: String, in key: String) throws -> String? {
+        let value = object[name]
+        if Self.isNull(value) { return nil }
+        guard let text = value as? String else { throw malformed("\(key).\(name)", "is not a string") }
+        return text
+    }
+
+    private func typeName(_ object: [String: Any], _ key: String) throws -> String {
+        guard let type = try string(object, "type", in: key) else { throw malformed("\(key).type", "is missing") }
+        return type
+    }
+
+    /// Refuses keys this library does not know for a component.
+    private func onlyKeys(_ object: [String: Any], _ known: Set<String>, in key: String) throws {
+        if let extra = object.keys.sorted().first(where: { !known.contains($0) }) {
+            throw unsupported("\(key).\(extra)", "(a setting this library does not know)")
+        }
+    }
+
+    private func id(_ value: Any?, _ key: String) throws -> Int32 {
+        guard let number = value as? NSNumber, !Self.isBoolean(value), let id = Int32(exactly: number.doubleValue), id >= 0 else {
+            throw malformed(key, "is not a non-negative integer id")
+        }
+        return id
+    }
+
+    // MARK: The specification
+
+    func specification() throws -> Specification {
+        for key in ["truncation", "padding"] where !Self.isNull(root[key]) {
+            throw unsupported(key, "(it changes the ids; save the tokenizer with \(key) disabled)")
+        }
+        if let normalizer = try object(root["normalizer"], "normalizer") {
+            throw unsupported("normalizer", "\"\((normalizer["type"] as? String) ?? "untyped")\"")
+        }
+        try checkPostProcessor(try object(root["post_processor"], "post_processor"), key: "post_processor")
+
+        guard let model = try object(root["model"], "model") else { throw malformed("model", "is missing") }
+        guard let vocabObject = try object(model["vocab"], "model.vocab") else {
+            throw malformed("model.vocab", "is missing or not an object of token -> id")
+        }
+        var vocabulary: [String: Int32] = [:]
+        vocabulary.reserveCapacity(vocabObject.count)
+        for (token, value) in vocabObject { vocabulary[token] = try id(value, "model.vocab.\(token)") }
+        let modelType = try string(model, "type", in: "model") ?? (model["merges"] != nil ? "BPE" : "WordLevel")
+
+        let addedTokens = try readAddedTokens(vocabulary: vocabulary)
+        let preTokenizerObject = try object(root["pre_tokenizer"], "pre_tokenizer")
+        let decoder = try readDecoder()
+
+        switch modelType {
+        case "BPE":
+            guard let preTokenizerObject, try typeName(preTokenizerObject, "pre_tokenizer") == "ByteLevel" else {
+                let name = try preTokenizerObject.map { "\"\(try typeName($0, "pre_tokenizer"))\"" } ?? "null"
+                throw unsupported("pre_tokenizer", "\(name) with a BPE model (only ByteLevel, for byte-level BPE)")
+            }
+            let preTokenizer = try readByteLevel(preTokenizerObject)
+            let bpe = try readBPE(model, vocabulary: vocabulary)
+            return Specification(kind: .byteLevelBPE, model: .bpe(bpe), preTokenizer: preTokenizer,
+                                 decoder: decoder, vocabulary: vocabulary, addedTokens: addedTokens)
+        case "WordLevel":
+            try onlyKeys(model, ["type", "vocab", "unk_token"], in: "model")
+            let name = try preTokenizerObject.map { try typeName($0, "pre_tokenizer") }
+            guard name == "Whitespace", let preTokenizerObject else {
+                throw unsupported("pre_tokenizer", "\(name.map { "\"\($0)\"" } ?? "null") with a WordLevel model (only Whitespace)")
+            }
+            try onlyKeys(preTokenizerObject, ["type"], in: "pre_tokenizer")
+            guard let unknown = try string(model, "unk_token", in: "model") else {
+                throw unsupported("model.unk_token", "null (a WordLevel model without an unknown token cannot encode every text)")
+            }
+            guard let unknownID = vocabulary[unknown] else {
+                throw malformed("model.unk_token", "\"\(unknown)\" is not in model.vocab")
+            }
+            return Specification(kind: .wordLevel, model: .wordLevel(WordLevelModel(vocabulary: vocabulary, unknownID: unknownID)),
+                                 preTokenizer: .whitespace, decoder: decoder, vocabulary: vocabulary, addedTokens: addedTokens)
+        default:
+            throw unsupported("model.type", "\"\(modelType)\"")
+        }
+    }
+
+    private func readByteLevel(_ object: [String: Any]) throws -> PreTokenizer {
+        try onlyKeys(object, ["type", "add_prefix_space", "trim_offsets", "use_regex"], in: "pre_tokenizer")
+        // trim_offsets only moves offsets, never ids.
+        _ = try bool(object, "trim_offsets", in: "pre_tokenizer", default: true)
+        return .byteLevel(addPrefixSpace: try bool(object, "add_prefix_space", in: "pre_tokenizer", default: true),
+                          useRegex: try bool(object, "use_regex", in: "pre_tokenizer", default: true))
+    }
+
+    private func readDecoder() throws -> Tokenizer.Decoder {
+        guard let decoder = try object(root["decoder"], "decoder") else { return .none }
+        let type = try typeName(decoder, "decoder")
+        guard type == "ByteLevel" else { throw unsupported("decoder", "\"\(type)\"") }
+        // The ByteLevel decoder maps bytes back whatever these say.
+        try onlyKeys(decoder, ["type", "add_prefix_space", "trim_offsets", "use_regex"], in: "decoder")
+        return .byteLevel
+    }
+
+    /// Post-processors only add template tokens, which `encode` (add_special_tokens=False) leaves
+    /// out, and move offsets; unknown ones are refused.
+    private func checkPostProcessor(_ processor: [String: Any]?, key: String) throws {
+        guard let processor else { return }
+        let type = try typeName(processor, key)
+        switch type {
+        case "ByteLevel", "TemplateProcessing", "RobertaProcessing", "BertProcessing":
+            return
+        case "Sequence":
+            guard let list = processor["processors"] as? [Any] else { throw malformed("\(key).processors", "is not an array") }
+            for (index, item) in list.enumerated() {
+                try checkPostProcessor(try object(item, "\(key).processors[\(index)]"), key: "\(key).processors[\(index)]")
+            }
+        default:
+            throw unsupported(key, "\"\(type)\"")
+        }
+    }
+
+    private func readBPE(_ model: [String: Any], vocabulary: [String: Int32]) throws -> BPEModel {
+        try onlyKeys(model, ["type", "dropout", "unk_token", "continuing_subword_prefix", "end_of_word_suffix",
+                             "fuse_unk", "byte_fallback", "ignore_merges", "vocab", "merges"], in: "model")
+        if let dropout = model["dropout"] as? NSNumber, dropout.doubleValue != 0 {
+            throw unsupported("model.dropout", "\(dropout) (random merges)")
+        } else if !Self.isNull(model["dropout"]) && !(model["dropout"] is NSNumber) {
+            throw malformed("model.dropout", "is not a number")
+        }
+        for name in ["continuing_subword_prefix", "end_of_word_suffix"] {
+            if let affix = try string(model, name, in: "model"), !affix.isEmpty {
+                throw unsupported("model.\(name)", "\"\(affix)\"")
+            }
+        }
+        if try bool(model, "byte_fallback", in: "model", default: false) {
+            throw unsupported("model.byte_fallback", "true")
+        }
+        let unknown = try string(model, "unk_token", in: "model")
+        var unknownID: Int32?
+        if let unknown {
+            guard let id = vocabulary[unknown] else { throw malformed("model.unk_token", "\"\(unknown)\" is not in model.vocab") }
+            unknownID = id
+            if try bool(model, "fuse_unk", in: "model", default: false) {
+                throw unsupported("model.fuse_unk", "true")
+            }
+        }
+        let ignoreMerges = try bool(model, "ignore_merges", in: "model", default: false)
+
+        guard let mergeList = model["merges"] as? [Any] else { throw malformed("model.merges", "is missing or not an array") }
+        var merges: [UInt64: UInt64] = [:]
+        merges.reserveCapacity(mergeList.count)
+        for (rank, entry) in mergeList.enumerated() {
+            let key = "model.merges[\(rank)]"
+            let pair: [String]
+            if let text = entry as? String {
+                pair = text.split(separator: " ", omittingEmptySubsequences: false).map(String.init)
+            } else if let list = entry as? [Any], let strings = list as? [String] {
+                pair = strings
+            } else {
+                throw malformed(key, "is neither \"a b\" nor [\"a\", \"b\"]")
+            }
+            guard pair.count == 2 else { throw malformed(key, "is not a pair of tokens") }
+            guard let left = vocabulary[pair[0]], let right = vocabulary[pair[1]] else {
+                throw malformed(key, "names a token that is not in model.vocab")
+            }
+            guard let merged = vocabulary[pair[0] + pair[1]] else {
+                throw malformed(key, "makes \"\(pair[0] + pair[1])\", which is not in model.vocab")
+            }
+            let pairKey = UInt64(UInt32(bitPattern: left)) << 32 | UInt64(UInt32(bitPattern: right))
+            if merges[pairKey] == nil {  // the first (lowest) rank of a repeated pair wins
+                merges[pairKey] = UInt64(rank) << 32 | UInt64(UInt32(bitPattern: merged))
+            }
+        }
+        let byteIDs: [Int32] = (0..<256).map { vocabulary[String(Character(ByteLevel.scalarForByte[$0]))] ?? -1 }
+        return BPEModel(byteIDs: byteIDs, merges: merges, unknownID: unknownID,
+                        wholePieces: ignoreMerges ? vocabulary : nil)
+    }
+
+    private func readAddedTokens(vocabulary: [String: Int32]) throws -> [AddedToken] {
+        let value = root["added_tokens"]
+        if Self.isNull(value) { return [] }
+        guard let list = value as? [Any] else { throw malformed("added_tokens", "is not an array") }
+        var tokens: [AddedToken] = []
+        for (index, item) in list.enumerated() {
+            let key = "added_tokens[\(index)]"
+            guard let entry = try object(item, key) else { throw malformed(key, "is null") }
+            try onlyKeys(entry, ["id", "content", "single_word", "lstrip", "rstrip", "normalized", "special"], in: key)
+            let id = try id(entry["id"], "\(key).id")
+            guard let content = try string(entry, "content", in: key) else { throw malformed("\(key).content", "is missing") }
+            if let inVocabulary = vocabulary[content], inVocabulary != id {
+                throw malformed("\(key).id", "is \(id) but model.vocab gives \"\(content)\" id \(inVocabulary)")
+            }
+            let special = try bool(entry, "special", in: key, default: false)
+            tokens.append(AddedToken(
+                id: id, content: content, bytes: Array(content.utf8),
+                singleWord: try bool(entry, "single_word", in: key, default: false),
+                lstrip: try bool(entry, "lstrip", in: key, default: false),
+                rstrip: try bool(entry, "rstrip", in: key, default: false),
+                normalized: try bool(entry, "normalized", in: key, default: !special),
+                special: special))
+        }
+        return tokens
+    }
+}
