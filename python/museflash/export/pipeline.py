@@ -64,6 +64,7 @@ def export_bundle(options: ExportOptions, progress: Progress | None = None) -> P
                             for asset in plan.assets for function in asset.functions]
 
                     def convert_here(job) -> None:
+                        ahead.raise_failure()  # e.g. a NaN weight: no need to go on
                         asset, function, part = job
                         convert_function(modules[asset.module], asset, function, part, progress)
 

@@ -7,9 +7,11 @@ per core, 2 to 8) read slices of its rows from the checkpoint, compress them if 
 schemes name it (`compression.compress`) and write each slice where it belongs in the tensor's
 blob of the package's weight file (`blobfile.BlobFileWriter.reserve`: positioned writes, in any
 order). The conversion runs meanwhile: file reads and writes, torch's dtype conversion and the
-compiled quantizer all release the GIL. The merge (`merge.merge_packages`) then appends the
-functions' other constants to the same file and points each placeholder const at its weight's
-blob.
+compiled quantizer all release the GIL. Each slice is checked as it passes (a NaN, an inf or a
+value fp16 cannot hold refuses the tensor: `checkpoint.unholdable`), so a weight that would turn
+the model's outputs inf or NaN on device fails the export before anything is published. The
+merge (`merge.merge_packages`) then appends the functions' other constants to the same file and
+points each placeholder const at its weight's blob.
 """
 
 from __future__ import annotations
@@ -26,7 +28,12 @@ import numpy as np
 import torch
 
 from museflash.bundle import COMPRESSION_OPS, CompressionMode
-from museflash.checkpoint import WeightLocation
+from museflash.checkpoint import (
+    WeightLocation,
+    WeightValueError,
+    location_value_error,
+    unholdable,
+)
 from museflash.compression import Scheme, compress
 from museflash.export import blobfile
 from museflash.export.progress import Progress
@@ -121,7 +128,10 @@ def write_real(writer: blobfile.BlobFileWriter, location: WeightLocation,
 
     def one_slice(start: int) -> None:
         stop = min(rows, start + step)
-        blob.write(start * columns, location.read_rows(start, stop, torch.float16).numpy())
+        values = location.read_rows(start, stop, torch.float16).numpy()
+        if unholdable(values):  # NaN, inf, or a bf16/fp32 value fp16 rounds to inf
+            raise location_value_error(location)
+        blob.write(start * columns, values)
 
     _each(pool, one_slice, range(0, rows, step))
     return blob.finish()
@@ -148,11 +158,20 @@ def write_compressed(writer: blobfile.BlobFileWriter, location: WeightLocation, 
 
     def one_slice(start: int) -> None:
         stop = min(rows, start + step)
-        data, side[start // unit:stop // unit] = compress(
-            location.read_rows(start, stop, torch.float32).numpy(), scheme)
+        values = location.read_rows(start, stop, torch.float32).numpy()
+        if unholdable(values):  # the constexpr op rebuilds it in fp16
+            raise location_value_error(location)
+        data, side[start // unit:stop // unit] = compress(values, scheme)
         blob.write(start * columns, data)
 
     _each(pool, one_slice, range(0, rows, step))
+    if unholdable(side):
+        what = "scales" if scheme.mode == "linear" else "look-up tables"
+        raise WeightValueError(
+            f"{location.path}: tensor {location.key!r}: its {scheme.mode} {scheme.bits}-bit "
+            f"{what} overflow fp16 ({int((~np.isfinite(side)).sum())} of {side.size} inf or "
+            "NaN), which the device cannot rebuild the weight from; keep this tensor fp16 "
+            "(a compression rule with mode \"none\") or rescale it")
     data_offset = blob.finish()
     side_offset = writer.write(blobfile.FLOAT16, side)
     op_type, data_input, side_input = COMPRESSION_OPS[CompressionMode(scheme.mode)]
@@ -192,6 +211,7 @@ class WeightsAhead:
         self.done: dict[str, threading.Event] = {}
         self.results: dict[str, WrittenWeights | BaseException] = {}
         self.thread: threading.Thread | None = None
+        self.failed: BaseException | None = None  # the first failure, as soon as it happens
 
     def __enter__(self) -> WeightsAhead:
         return self
@@ -224,6 +244,7 @@ class WeightsAhead:
                     info["bytes"] = path.stat().st_size
             except BaseException as error:  # noqa: BLE001 - handed to the caller by result()
                 failed = failed or error
+                self.failed = failed
                 self.results[package] = error
             finally:
                 self.done[package].set()
@@ -231,6 +252,12 @@ class WeightsAhead:
     def _stage(self, package: str):
         return (self.progress.stage("weights", package) if self.progress is not None
                 else nullcontext({}))
+
+    def raise_failure(self) -> None:
+        """Raises what writing some package's weights raised, if anything has yet: the export
+        need not convert the functions of a model whose weights it refuses."""
+        if self.failed is not None:
+            raise self.failed
 
     def result(self, package: str) -> WrittenWeights:
         self.done[package].wait()
