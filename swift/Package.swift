@@ -48,5 +48,7 @@ let package = Package(
         .target(name: "MuseflashTokenizer"),
         // Its parity tests need MUSEFLASH_TOKENIZER_GOLDENS (bazel build //python:tokenizer_goldens).
         .testTarget(name: "MuseflashTokenizerTests", dependencies: ["MuseflashTokenizer"]),
+        // `swift run swift-tokenize --export-dir DIR --prompt TEXT`; Bazel calls the module SwiftTokenize.
+        .executableTarget(name: "swift-tokenize", dependencies: ["MuseflashTokenizer", "ExportMetadata"]),
     ]
 )

@@ -13,6 +13,11 @@ them). The texts: every held-out file of the demo corpus
 seeded random strings over awkward characters. `decodes` holds seeded random id sequences
 (special and out-of-range ids among them) with their decoded text. Built by
 `//python:tokenizer_goldens` and read by swift/Tests/MuseflashTokenizerTests.
+
+  python -m museflash.tools.tokenizer_goldens --speed --swift-tokenize BIN --export-dir DIR
+
+measures encode throughput of the tokenizers library and of swift-tokenize side by side on the
+held-out files (docs/tokenizer.md).
 """
 
 from __future__ import annotations
@@ -201,9 +206,74 @@ def goldens() -> dict[str, Any]:
             "held_out": held_out_summary, "cases": cases, "decodes": decodes}
 
 
+def speed(swift_tokenize: Path, export_dir: Path, repeat: int) -> dict[str, Any]:
+    """Encode throughput over the held-out files, single-threaded: the tokenizers library in this
+    process and `swift-tokenize --benchmark` on the same files, one after the other; each does a
+    first pass (cold cache) and then reports the best of `repeat` passes."""
+    import os
+    import subprocess
+    import time
+
+    os.environ["RAYON_NUM_THREADS"] = "1"
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    from tokenizers import Tokenizer
+
+    from museflash.tools import train_demo
+
+    corpus = train_demo.load_corpus()
+    paths = [str(corpus.root / f.path) for f in corpus.held_out]
+    texts = [f.text for f in corpus.held_out]
+    nbytes = sum(f.nbytes for f in corpus.held_out)
+    tokenizer = Tokenizer.from_file(str(export_dir / "tokenizer.json"))
+    start = time.perf_counter()
+    tokens = sum(len(tokenizer.encode(t, add_special_tokens=False).ids) for t in texts)
+    first = time.perf_counter() - start
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.perf_counter()
+        for text in texts:
+            tokenizer.encode(text, add_special_tokens=False)
+        best = min(best, time.perf_counter() - start)
+    rust = {"files": len(texts), "bytes": nbytes, "tokens": tokens, "first_pass_seconds": first,
+            "seconds": best, "mb_per_s": nbytes / best / 1e6}
+    done = subprocess.run([str(swift_tokenize), "--export-dir", str(export_dir), "--repeat",
+                           str(repeat), "--benchmark", *paths], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"{swift_tokenize} failed: {done.stderr.strip()}")
+    swift = json.loads(done.stdout)
+    if swift["tokens"] != tokens:
+        raise SystemExit(f"swift-tokenize made {swift['tokens']} tokens, tokenizers {tokens}")
+    return {"tokenizers": rust, "swift": swift, "ratio": swift["mb_per_s"] / rust["mb_per_s"],
+            "first_pass_ratio": rust["first_pass_seconds"] / swift["first_pass_seconds"]}
+
+
 def main(argv: list[str]) -> int:
+    if len(argv) >= 2 and argv[1] == "--speed":
+        import argparse
+
+        from museflash.paths import resolve_user_path
+
+        parser = argparse.ArgumentParser(prog="tokenizer_goldens --speed")
+        parser.add_argument("--swift-tokenize", required=True,
+                            help="the swift-tokenize binary (bazel-bin/swift/swift-tokenize)")
+        parser.add_argument("--export-dir", required=True)
+        parser.add_argument("--repeat", type=int, default=5)
+        args = parser.parse_args(argv[2:])
+        result = speed(resolve_user_path(args.swift_tokenize), resolve_user_path(args.export_dir),
+                       args.repeat)
+        for name in ("tokenizers", "swift"):
+            r = result[name]
+            print(f"{name:10s} {r['files']} files {r['bytes']:,} bytes {r['tokens']:,} tokens: "
+                  f"{r['mb_per_s']:.2f} MB/s (best of {args.repeat}), first pass "
+                  f"{r['bytes'] / r['first_pass_seconds'] / 1e6:.2f} MB/s")
+        print(f"swift / tokenizers: {result['ratio']:.2f}x (first pass "
+              f"{result['first_pass_ratio']:.2f}x)")
+        print(json.dumps(result))
+        return 0
     if len(argv) != 2:
-        print("usage: python -m museflash.tools.tokenizer_goldens OUTPUT.json", file=sys.stderr)
+        print("usage: python -m museflash.tools.tokenizer_goldens OUTPUT.json\n"
+              "       python -m museflash.tools.tokenizer_goldens --speed --swift-tokenize BIN "
+              "--export-dir DIR", file=sys.stderr)
         return 2
     result = goldens()
     Path(argv[1]).write_text(json.dumps(result, ensure_ascii=False) + "\n", encoding="utf-8")
