@@ -26,9 +26,11 @@ SPEC = Path("Data") / "com.apple.CoreML" / "model.mlmodel"
 
 
 def interface_copy(source, destination):
-    """A writable copy of an exported bundle without its weight files (the checker reads them
-    only for a compressed bundle)."""
-    shutil.copytree(source, destination, ignore=shutil.ignore_patterns("weights"))
+    """A writable copy of an exported bundle, weight files included (the checker reads the
+    header of every blob the programs reference: `<owner>.weight_file`)."""
+    shutil.copytree(source, destination)
+    for path in destination.rglob("*"):
+        path.chmod(0o755 if path.is_dir() else 0o644)
     return destination
 
 
@@ -132,6 +134,23 @@ def test_truncated_spec_is_an_input_error(bundle):
     assert result.returncode == 2
     assert "model.mlmodel" in result.stderr
     assert "Traceback" not in result.stderr and "Fatal error" not in result.stderr
+
+
+WEIGHT_FILE = Path("Data") / "com.apple.CoreML" / "weights" / "weight.bin"
+
+
+@pytest.mark.parametrize("damage", [
+    lambda data: data[:len(data) // 3],  # cut to a third (check-contract passed it, issue 25)
+    lambda data: data[:-1],  # the last payload one byte short
+    lambda data: bytes(len(data)),  # zero-filled
+], ids=["cut_to_a_third", "one_byte_short", "zero_filled"])
+def test_damaged_weight_file_fails_weight_file(bundle, damage):
+    path = bundle / "target.mlpackage" / WEIGHT_FILE
+    path.write_bytes(damage(path.read_bytes()))
+    result, failed, _ = check(bundle)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert failed == {"target.weight_file"}, result.stdout
+    assert "weight.bin" in result.stdout
 
 
 def test_manifest_path_leaving_the_package_is_refused(bundle):

@@ -10,8 +10,9 @@ import MLPackage
 /// An asset whose package is absent fails `metadata.assets_exist`, and every
 /// property about that package fails too, saying it was not checked: absence
 /// is a contract violation, corruption is unreadable input. Weight files are read
-/// (blob headers only) by the compression properties, and only when metadata.json
-/// declares compression; a damaged weight file fails `<role>.compression.bytes`.
+/// (blob headers only): every blob any function references must lie inside its file
+/// (`<role>.weight_file`, per package), and with compression declared the compressed
+/// weights' blobs must fit their tensors (`<role>.compression.bytes`).
 ///
 /// Each distinct package (`ExportMetadata.packages`: from schema version 3 the fused target
 /// and the DFlash drafter share one) is read once. Properties of a package as a whole
@@ -206,6 +207,7 @@ struct LoadedBundle {
         results += roles.map(states)
         results += roles.map(functionMap)
         results += compressionProperties()
+        results += owners.map(weightFile)
         if let tokenizer = metadata.tokenizer {
             results += tokenizerProperties(tokenizer)
         }

@@ -21,21 +21,23 @@ enum ContractAssertions {
     /// Schema version 3: the target and the DFlash drafter share `target.mlpackage`, owned by
     /// `target`, so every per-package property runs once, as `target`'s.
     static let dflashBundleProperties = dflashInterfaceProperties(owners: ["target"])
-        + ["target.compression.ops_declared"]
+        + ["target.compression.ops_declared", "target.weight_file"]
 
     /// Before schema version 3: a package per asset.
     static let separateDFlashBundleProperties = dflashInterfaceProperties(owners: ["target", "dflash_drafter"])
         + ["target.compression.ops_declared", "dflash_drafter.compression.ops_declared"]
+        + ["target.weight_file", "dflash_drafter.weight_file"]
 
     static let compressionProperties = ["ops_declared", "stored_compressed", "bytes", "functions_agree"]
 
     /// With `compression` in metadata.json.
     static let compressedDFlashBundleProperties = dflashInterfaceProperties(owners: ["target"]) + ["metadata.compression"]
-        + compressionProperties.map { "target.compression.\($0)" }
+        + compressionProperties.map { "target.compression.\($0)" } + ["target.weight_file"]
 
     static let compressedSeparateDFlashBundleProperties = dflashInterfaceProperties(owners: ["target", "dflash_drafter"])
         + ["metadata.compression"]
         + ["target", "dflash_drafter"].flatMap { role in compressionProperties.map { "\(role).compression.\($0)" } }
+        + ["target.weight_file", "dflash_drafter.weight_file"]
 
     static let ringBundleProperties = [
         "metadata.schema_version", "metadata.assets_exist", "metadata.drafter_kind",
@@ -45,6 +47,7 @@ enum ContractAssertions {
         "target.states", "ring_drafter.states",
         "target.function_map", "ring_drafter.function_map",
         "target.compression.ops_declared", "ring_drafter.compression.ops_declared",
+        "target.weight_file", "ring_drafter.weight_file",
     ]
 
     /// Evaluated only when metadata.json has a tokenizer; the last only with speculative_decoding.

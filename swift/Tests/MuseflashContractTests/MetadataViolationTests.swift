@@ -68,6 +68,7 @@ final class MetadataViolationTests: XCTestCase {
             "metadata.assets_exist", "dflash_drafter.embedded_metadata", "package.functions", "target.drafter_vocab_agree",
             "drafter.functions", "drafter.shared_states", "drafter.inject_kv_signature", "drafter.draft_signature",
             "drafter.draft_tokens", "dflash_drafter.states", "dflash_drafter.function_map", "dflash_drafter.compression.ops_declared",
+            "dflash_drafter.weight_file",
         ], in: report, expected: ContractAssertions.separateDFlashBundleProperties)
         XCTAssertTrue(ContractAssertions.detail("drafter.functions", in: report).contains("see metadata.assets_exist"))
     }
