@@ -26,6 +26,7 @@ from museflash.bundle import (
     FunctionName,
     Metadata,
 )
+from museflash.runtime.package_check import PackageError, check_packages
 from museflash.runtime.sampling import Sampling
 from museflash.runtime.speculative import (
     DecodeResult,
@@ -145,6 +146,10 @@ def open_backends(options: GenerateOptions, metadata: Metadata):
         raise GenerateError(f"{options.export_dir} has no DFlash drafter; pass --no-draft or "
                             "export with --fused-target --dflash-drafter")
     if options.backend == "export":
+        try:
+            check_packages(options.export_dir, metadata)
+        except PackageError as error:
+            raise GenerateError(str(error)) from error
         if target_asset.kind != AssetKind.FUSED_TARGET:
             raise GenerateError("the exported target is not fused (no drafter_features); "
                                 "export with --fused-target")

@@ -46,6 +46,7 @@ from museflash.checkpoint import (
 from museflash.compression import CompressionError, Rule, Scheme
 from museflash.demo_checkpoint import builtin_checkpoints
 from museflash.runtime.interpreter import Interpreter, load_program
+from museflash.runtime.package_check import PackageError, check_packages
 from museflash.runtime.parity import (
     Discrepancy,
     ParityReport,
@@ -462,10 +463,11 @@ def _validate(options: VerifyOptions) -> Metadata:
             path = export_dir / metadata.asset(role).path
             if not path.is_dir():
                 raise VerifyInputError(f"{path} is missing (listed in {METADATA_FILE})")
+        check_packages(export_dir, metadata)
         prompt = options.prompt_tokens or default_prompt_length(metadata)
         spec = metadata.speculative_decoding
         needed = max(prefill_length(metadata), spec.block_size)
-    except BundleError as error:
+    except (BundleError, PackageError) as error:
         raise VerifyInputError(str(error)) from error
     if prompt < needed:
         raise VerifyInputError(f"--prompt-tokens {prompt} is shorter than one prefill chunk / "

@@ -27,8 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
-from museflash.bundle import AssetRole, FunctionName, Metadata
+from museflash.bundle import AssetRole, BundleError, FunctionName, Metadata
 from museflash.paths import resolve_user_path
+from museflash.runtime.package_check import PackageError, check_packages
 from museflash.runtime.sampling import Sampling
 from museflash.runtime.speculative import (
     ExportedDrafter,
@@ -217,12 +218,18 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--max-scored-tokens", type=int, default=20000)
     args = parser.parse_args(argv[1:])
-    metadata = Metadata.read(args.export_dir)
-    if metadata.tokenizer is None or metadata.drafter_role != AssetRole.DFLASH_DRAFTER:
-        print("demo_figures: error: the export needs a tokenizer and a DFlash drafter (export "
-              "the trained demo pair with --fused-target --dflash-drafter)", file=sys.stderr)
+    try:
+        metadata = Metadata.read(args.export_dir)
+        if metadata.tokenizer is None or metadata.drafter_role != AssetRole.DFLASH_DRAFTER:
+            print("demo_figures: error: the export needs a tokenizer and a DFlash drafter "
+                  "(export the trained demo pair with --fused-target --dflash-drafter)",
+                  file=sys.stderr)
+            return 2
+        metadata.asset(AssetRole.TARGET).function(FunctionName.MAIN)
+        check_packages(args.export_dir, metadata)
+    except (BundleError, PackageError) as error:
+        print(f"demo_figures: error: {error}", file=sys.stderr)
         return 2
-    metadata.asset(AssetRole.TARGET).function(FunctionName.MAIN)
     figures = measure(args.export_dir, prompts=args.prompts,
                       max_scored_tokens=args.max_scored_tokens)
     print(markdown(figures))

@@ -1,0 +1,115 @@
+"""//:verify, //:generate and //:demo_figures on a damaged export (issue 25): a weight file cut
+short or zero-filled, a missing package, or metadata.json that does not match the package each
+end in one line naming the file (exit status 2, unusable input), not a traceback."""
+
+import json
+import shutil
+
+import pytest
+
+from museflash.bundle import Metadata
+from museflash.export.options import ExportOptions
+from museflash.export.pipeline import export_bundle
+from museflash.export.progress import Progress
+from museflash.runtime.generate import GenerateError, GenerateOptions, generate
+from museflash.runtime.package_check import PackageError, check_packages
+from museflash.runtime.verify import VerifyOptions, run_verify
+from museflash.tools import demo_figures
+
+pytest.importorskip("coremltools")
+
+WEIGHTS = "target.mlpackage/Data/com.apple.CoreML/weights/weight.bin"
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    out = tmp_path_factory.mktemp("damaged") / "bundle"
+    export_bundle(ExportOptions(output_dir=out, builtin="tiny", fused_target=True,
+                                dflash_drafter=True, max_context_length=64, prefill_length=8),
+                  Progress(echo=lambda _: None))
+    return out
+
+
+def _cut_to_a_third(bundle):
+    path = bundle / WEIGHTS
+    data = path.read_bytes()
+    path.write_bytes(data[:len(data) // 3])
+    return "weight.bin"
+
+
+def _last_bytes_cut(bundle):
+    path = bundle / WEIGHTS
+    path.write_bytes(path.read_bytes()[:-10])
+    return "weight.bin"
+
+
+def _zero_filled(bundle):
+    path = bundle / WEIGHTS
+    path.write_bytes(bytes(path.stat().st_size))
+    return "weight.bin"
+
+
+def _package_removed(bundle):
+    shutil.rmtree(bundle / "target.mlpackage")
+    return "target.mlpackage"
+
+
+def _metadata_of_a_longer_context(bundle):
+    """metadata.json as an export with --max-context-length=128 would write it."""
+    path = bundle / "metadata.json"
+    raw = json.loads(path.read_text())
+    raw["context_length"] = 128
+    for asset in raw["assets"].values():
+        for state in asset["states"]:
+            if state["kind"] == "global_kv":
+                state["capacity"] = 128
+                state["shape"][-2] = 128
+    path.write_text(json.dumps(raw, indent=2) + "\n")
+    return "target.mlpackage"
+
+
+DAMAGES = [_cut_to_a_third, _last_bytes_cut, _zero_filled, _package_removed,
+           _metadata_of_a_longer_context]
+
+
+@pytest.fixture(params=DAMAGES, ids=[d.__name__.strip("_") for d in DAMAGES])
+def damaged(request, exported, tmp_path):
+    copy = tmp_path / "bundle"
+    shutil.copytree(exported, copy)
+    named = request.param(copy)
+    return copy, named
+
+
+def test_the_package_check_passes_the_intact_export(exported):
+    check_packages(exported, Metadata.read(exported))
+
+
+def test_the_package_check_names_the_damaged_file(damaged):
+    bundle, named = damaged
+    with pytest.raises(PackageError) as caught:
+        check_packages(bundle, Metadata.read(bundle))
+    assert named in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_verify_says_one_line_naming_the_file(damaged):
+    bundle, named = damaged
+    lines = []
+    status = run_verify(VerifyOptions(export_dir=bundle, new_tokens=4, echo=lines.append))
+    assert status == 2, lines
+    assert lines[-1].startswith("verify: error: ") and named in lines[-1]
+
+
+def test_generate_says_one_line_naming_the_file(damaged):
+    bundle, named = damaged
+    with pytest.raises(GenerateError, match=named):
+        generate(GenerateOptions(export_dir=bundle, prompt="w1 w2", max_new_tokens=4,
+                                 compare=False), lambda _text: None, lambda _line: None)
+
+
+def test_demo_figures_says_one_line_naming_the_file(damaged, capsys):
+    bundle, named = damaged
+    status = demo_figures.main(["demo_figures", "--export-dir", str(bundle), "--prompts", "1",
+                                "--max-scored-tokens", "10"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 2
+    assert len(err) == 1 and err[0].startswith("demo_figures: error: ") and named in err[0]
