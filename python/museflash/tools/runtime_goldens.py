@@ -353,6 +353,9 @@ def build_goldens(export_dir: Path, prompt_lengths: list[int], max_new_tokens: i
                 reason = (f"a prompt of {length} tokens leaves no room for a new token in "
                           f"context_length {context} (block {block}: prompt + new + "
                           f"{block - 1} must be <= {context})")
+                if length == wrap_prompt_length:
+                    raise GoldensError(f"--wrap-prompt-length {length}: {reason}; the parity "
+                                       "records come from that case, choose a shorter one")
                 for mode in ("speculative", "target_only"):
                     cases.append({"name": f"{mode}-p{length}", "skipped": reason})
                 continue
