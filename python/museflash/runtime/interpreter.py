@@ -7,8 +7,13 @@ computes what the PyTorch model computes:
     outputs = Interpreter(program, "draft").run(inputs, states)
 
 Numerics: every tensor is stored in the dtype the program declares for it (so fp16 values are
-rounded to fp16 after every op, as on device), while each op computes in fp32. Float results
-therefore reflect fp16 storage but not any particular device's accumulation order.
+rounded to fp16 after every op, as on device), while each op computes in fp32. Sums of products
+(linear, matmul), reductions that add (sum, mean, softmax's denominator) and transcendental
+functions (exp, tanh, log, sin, ...) are computed in float64 and rounded once to fp32: the fp32
+value is then the correctly rounded one in all but a vanishing fraction of cases, whatever the
+summation order or the library, so this interpreter and the Swift one (MILInterpreter) agree bit
+for bit, and neither depends on the BLAS build or its thread count. Float results therefore
+reflect fp16 storage but not any particular device's accumulation order.
 
 States are numpy arrays owned by the caller; `coreml_update_state` writes into them in place,
 so functions of one multifunction package (e.g. `inject_kv` and `draft`) can share a dict.
@@ -134,9 +139,24 @@ def _unary(fn: Callable[[np.ndarray], np.ndarray]) -> Kernel:
     return lambda a: fn(_f32(a["x"]))
 
 
+def _f64(fn: Callable[[np.ndarray], np.ndarray]) -> Callable[[np.ndarray], np.ndarray]:
+    """`fn` evaluated in float64 and rounded once to fp32 (for float inputs)."""
+    def wrapped(x: np.ndarray) -> np.ndarray:
+        x = np.asarray(x)
+        if not np.issubdtype(x.dtype, np.floating):
+            return fn(x)
+        return fn(x.astype(np.float64)).astype(np.float32)
+
+    return wrapped
+
+
+def _exp32(x: np.ndarray) -> np.ndarray:
+    return _f64(np.exp)(x)
+
+
 def _sigmoid(x: np.ndarray) -> np.ndarray:
     # Split by sign so exp never overflows for large |x|.
-    e = np.exp(-np.abs(x))
+    e = _exp32(-np.abs(x))
     return np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
 
 
@@ -159,6 +179,13 @@ def _with_epsilon(fn: Callable[[np.ndarray], np.ndarray], default: float) -> Ker
     return kernel
 
 
+def _pow(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    if not np.issubdtype(np.result_type(x, y), np.floating):
+        return np.power(x, y)
+    # x * x for y = 2 is exact in float64 (two 24-bit significands), so rounding gives fp32's x*x.
+    return np.power(np.asarray(x, np.float64), np.asarray(y, np.float64)).astype(np.float32)
+
+
 def _clip(a: dict[str, Any]) -> np.ndarray:
     return np.clip(_f32(a["x"]), _f32(a["alpha"]), _f32(a["beta"]))
 
@@ -168,15 +195,34 @@ def _cast(a: dict[str, Any]) -> np.ndarray:
     return np.asarray(a["x"])
 
 
+def _sum32(x: np.ndarray, **kwargs: Any) -> np.ndarray:
+    """A sum in float64, rounded once to fp32 (integers sum as integers)."""
+    x = np.asarray(x)
+    if not np.issubdtype(x.dtype, np.floating):
+        return np.sum(x, **kwargs)
+    return np.sum(x, dtype=np.float64, **kwargs).astype(np.float32)
+
+
+def _mean32(x: np.ndarray, axis: Any = None, keepdims: bool = False) -> np.ndarray:
+    total = _sum32(x, axis=axis, keepdims=keepdims)
+    count = np.asarray(x).size // max(1, np.asarray(total).size)
+    return total / np.float32(count)
+
+
 def _softmax(a: dict[str, Any]) -> np.ndarray:
     x = _f32(a["x"])
     axis = int(np.asarray(a["axis"])) if a.get("axis") is not None else -1
-    shifted = np.exp(x - x.max(axis=axis, keepdims=True))
-    return shifted / shifted.sum(axis=axis, keepdims=True)
+    shifted = _exp32(x - x.max(axis=axis, keepdims=True))
+    return shifted / _sum32(shifted, axis=axis, keepdims=True)
+
+
+def _matmul64(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Products summed in float64, rounded once to fp32."""
+    return np.matmul(np.asarray(x, np.float64), np.asarray(y, np.float64)).astype(np.float32)
 
 
 def _linear(a: dict[str, Any]) -> np.ndarray:
-    out = np.matmul(_f32(a["x"]), _f32(a["weight"]).T)
+    out = _matmul64(_f32(a["x"]), _f32(a["weight"]).T)
     if a.get("bias") is not None:
         out = out + _f32(a["bias"])
     return out
@@ -188,7 +234,7 @@ def _matmul(a: dict[str, Any]) -> np.ndarray:
         x = np.swapaxes(x, -1, -2)
     if _flag(a.get("transpose_y")) and y.ndim >= 2:
         y = np.swapaxes(y, -1, -2)
-    return np.matmul(x, y)
+    return _matmul64(x, y)
 
 
 def _reduction(fn: Callable[..., np.ndarray]) -> Kernel:
@@ -202,7 +248,7 @@ def _reduction(fn: Callable[..., np.ndarray]) -> Kernel:
 
 def _log_sum_exp(x: np.ndarray, axis: Any, keepdims: bool) -> np.ndarray:
     peak = np.max(x, axis=axis, keepdims=True)
-    total = np.log(np.sum(np.exp(x - peak), axis=axis, keepdims=True)) + peak
+    total = _f64(np.log)(_sum32(_exp32(x - peak), axis=axis, keepdims=True)) + peak
     return total if keepdims else np.squeeze(total, axis=axis)
 
 
@@ -472,7 +518,7 @@ KERNELS: dict[str, Kernel] = {
     "real_div": _real_div,
     "floor_div": _binary(np.floor_divide),
     "mod": _binary(np.mod),
-    "pow": _binary(np.power),
+    "pow": lambda a: _pow(_f32(a["x"]), _f32(a["y"])),
     "maximum": _binary(np.maximum),
     "minimum": _binary(np.minimum),
     "equal": _binary(np.equal),
@@ -492,16 +538,16 @@ KERNELS: dict[str, Kernel] = {
     "sign": _unary(np.sign),
     "square": _unary(np.square),
     "sqrt": _unary(np.sqrt),
-    "exp": _unary(np.exp),
-    "exp2": _unary(np.exp2),
-    "sin": _unary(np.sin),
-    "cos": _unary(np.cos),
-    "tan": _unary(np.tan),
-    "tanh": _unary(np.tanh),
+    "exp": _unary(_f64(np.exp)),
+    "exp2": _unary(_f64(np.exp2)),
+    "sin": _unary(_f64(np.sin)),
+    "cos": _unary(_f64(np.cos)),
+    "tan": _unary(_f64(np.tan)),
+    "tanh": _unary(_f64(np.tanh)),
     "logical_not": _unary(np.logical_not),
     "rsqrt": _with_epsilon(lambda x: 1.0 / np.sqrt(x), 1e-12),
     "inverse": _with_epsilon(lambda x: 1.0 / x, 1e-4),
-    "log": _with_epsilon(np.log, 1e-45),
+    "log": _with_epsilon(_f64(np.log), 1e-45),
     "clip": _clip,
     "cast": _cast,
     "identity": lambda a: np.asarray(a["x"]),
@@ -509,20 +555,20 @@ KERNELS: dict[str, Kernel] = {
     "relu": _unary(lambda x: np.maximum(x, 0)),
     "sigmoid": _unary(_sigmoid),
     "silu": _unary(lambda x: x * _sigmoid(x)),
-    "softplus": _unary(lambda x: np.logaddexp(0, x)),
+    "softplus": _unary(_f64(lambda x: np.logaddexp(0, x))),
     "softmax": _softmax,
     # linear algebra
     "linear": _linear,
     "matmul": _matmul,
     # reductions
-    "reduce_sum": _reduction(np.sum),
-    "reduce_mean": _reduction(np.mean),
+    "reduce_sum": _reduction(_sum32),
+    "reduce_mean": _reduction(_mean32),
     "reduce_max": _reduction(np.max),
     "reduce_min": _reduction(np.min),
     "reduce_prod": _reduction(np.prod),
-    "reduce_sum_square": _reduction(lambda x, **k: np.sum(x * x, **k)),
-    "reduce_l1_norm": _reduction(lambda x, **k: np.sum(np.abs(x), **k)),
-    "reduce_l2_norm": _reduction(lambda x, **k: np.sqrt(np.sum(x * x, **k))),
+    "reduce_sum_square": _reduction(lambda x, **k: _sum32(np.asarray(x, np.float64) ** 2, **k)),
+    "reduce_l1_norm": _reduction(lambda x, **k: _sum32(np.abs(x), **k)),
+    "reduce_l2_norm": _reduction(lambda x, **k: np.sqrt(np.sum(np.asarray(x, np.float64) ** 2, **k)).astype(np.float32)),
     "reduce_log_sum": _reduction(lambda x, **k: np.log(np.sum(x, **k))),
     "reduce_log_sum_exp": _reduction(_log_sum_exp),
     "reduce_argmax": _arg_reduction(np.argmax),

@@ -122,6 +122,10 @@ let dataMovementKernels: [String: Kernel] = [
         let reps = try args.ints("reps")
         guard reps.count == x.rank else { throw KernelError("tile reps \(reps) for rank \(x.rank)") }
         let shape = zip(x.shape, reps).map { $0 * $1 }
+        if zip(x.shape, reps).allSatisfy({ $0 == 1 || $1 == 1 }), let indices = broadcastIndices(from: x.shape, to: shape) {
+            // Repeating only size-1 axes is a broadcast.
+            return [x.picking(indices, shape: shape)]
+        }
         let strides = rowMajorStrides(x.shape)
         // Output index -> source index: each coordinate modulo the source size.
         var indices = [Int](repeating: 0, count: elementCount(shape))

@@ -18,6 +18,17 @@ enum Numeric {
     }
 }
 
+/// How an input of `input`'s shape is read for each element of `output`: at
+/// `(i / divisor) % modulus` when its non-1 dimensions are one contiguous run of the output's
+/// (a bias row, a per-row scale, a scalar, the same shape), else nil.
+func affineIndex(from input: [Int], to output: [Int]) -> (divisor: Int, modulus: Int)? {
+    let padded = [Int](repeating: 1, count: output.count - input.count) + input
+    guard let first = padded.firstIndex(where: { $0 != 1 }) else { return (1, 1) }
+    let last = padded.lastIndex(where: { $0 != 1 })!
+    for axis in first...last where padded[axis] != output[axis] { return nil }
+    return (elementCount(Array(output[(last + 1)...])), elementCount(Array(output[first...last])))
+}
+
 @inline(__always)
 func mapBroadcast<A, B, R>(_ x: [A], _ xShape: [Int], _ y: [B], _ yShape: [Int],
                            _ body: (A, B) -> R) throws -> ([R], [Int]) {
@@ -34,6 +45,10 @@ func mapBroadcast<A, B, R>(_ x: [A], _ xShape: [Int], _ y: [B], _ yShape: [Int],
     if x.count == 1, elementCount(yShape) == count {
         let scalar = x[0]
         return (y.map { body(scalar, $0) }, shape)
+    }
+    if let xa = affineIndex(from: xShape, to: shape), let ya = affineIndex(from: yShape, to: shape) {
+        return (x.withUnsafeBufferPointer { xs in y.withUnsafeBufferPointer { ys in
+            (0..<count).map { body(xs[($0 / xa.divisor) % xa.modulus], ys[($0 / ya.divisor) % ya.modulus]) } } }, shape)
     }
     let xIndex = broadcastIndices(from: xShape, to: shape)
     let yIndex = broadcastIndices(from: yShape, to: shape)
@@ -104,7 +119,7 @@ func withEpsilon(_ fallback: Float, _ f: @escaping (Float) -> Float) -> Kernel {
 @inline(__always)
 func sigmoid(_ x: Float) -> Float {
     // Split by sign so exp never overflows (the reference's formulation).
-    let e = Foundation.exp(-Swift.abs(x))
+    let e = viaDouble(Foundation.exp, -Swift.abs(x))
     return x >= 0 ? 1 / (1 + e) : e / (1 + e)
 }
 
@@ -128,8 +143,15 @@ func integerPower(_ a: Int32, _ b: Int32) throws -> Int32 {
 }
 
 func floatPower(_ x: Float, _ y: Float) -> Float {
-    y == 2 ? x * x : Foundation.pow(x, y)
+    // x * x is what float64 pow rounds to for y = 2 (the product is exact in float64).
+    y == 2 ? x * x : Float(Foundation.pow(Double(x), Double(y)))
 }
+
+/// A transcendental function evaluated in float64 and rounded once to fp32, as the numpy
+/// reference does: the correctly rounded value in all but a vanishing fraction of cases, so
+/// the two interpreters agree whatever their math libraries.
+@inline(__always)
+func viaDouble(_ f: (Double) -> Double, _ x: Float) -> Float { Float(f(Double(x))) }
 
 func floatModulo(_ x: Float, _ y: Float) -> Float {
     // numpy's mod: the result takes the divisor's sign.
@@ -173,19 +195,19 @@ let elementwiseKernels: [String: Kernel] = [
     "floor": floatUnary { Foundation.floor($0) },
     "round": floatUnary(roundHalfAway),
     "sqrt": floatUnary { $0.squareRoot() },
-    "exp": floatUnary { Foundation.exp($0) },
-    "exp2": floatUnary { Foundation.exp2($0) },
-    "sin": floatUnary { Foundation.sin($0) },
-    "cos": floatUnary { Foundation.cos($0) },
-    "tan": floatUnary { Foundation.tan($0) },
-    "tanh": floatUnary { Foundation.tanh($0) },
+    "exp": floatUnary { viaDouble(Foundation.exp, $0) },
+    "exp2": floatUnary { viaDouble(Foundation.exp2, $0) },
+    "sin": floatUnary { viaDouble(Foundation.sin, $0) },
+    "cos": floatUnary { viaDouble(Foundation.cos, $0) },
+    "tan": floatUnary { viaDouble(Foundation.tan, $0) },
+    "tanh": floatUnary { viaDouble(Foundation.tanh, $0) },
     "relu": floatUnary { Swift.max($0, 0) },
     "sigmoid": floatUnary(sigmoid),
     "silu": floatUnary { $0 * sigmoid($0) },
-    "softplus": floatUnary { Swift.max($0, 0) + Foundation.log1p(Foundation.exp(-Swift.abs($0))) },
+    "softplus": floatUnary { x in viaDouble({ Swift.max($0, 0) + Foundation.log1p(Foundation.exp(-Swift.abs($0))) }, x) },
     "rsqrt": withEpsilon(1e-12) { 1 / $0.squareRoot() },
     "inverse": withEpsilon(1e-4) { 1 / $0 },
-    "log": withEpsilon(Float.leastNonzeroMagnitude) { Foundation.log($0) },
+    "log": withEpsilon(Float.leastNonzeroMagnitude) { viaDouble(Foundation.log, $0) },
     "clip": { args in
         let x = try args.tensor("x")
         let alpha = try args.tensor("alpha").floats().first ?? -.infinity

@@ -1,52 +1,55 @@
-/// linear and matmul: every output element is one fp32 dot product of two contiguous rows.
+/// linear and matmul: every output element is one dot product of two contiguous rows.
 
+/// A dot product summed in float64 and rounded once to fp32, as the numpy reference computes
+/// it: the result does not depend on the summation order (float64's error is far below fp32's
+/// rounding step), so the two interpreters agree bit for bit.
 @inline(__always)
 func dot(_ a: UnsafePointer<Float>, _ b: UnsafePointer<Float>, _ count: Int) -> Float {
-    var s0 = SIMD8<Float>(), s1 = SIMD8<Float>()
+    var s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0
     var index = 0
-    let a8 = UnsafeRawPointer(a), b8 = UnsafeRawPointer(b)
-    while index + 16 <= count {
-        s0 += a8.loadUnaligned(fromByteOffset: index * 4, as: SIMD8<Float>.self)
-            * b8.loadUnaligned(fromByteOffset: index * 4, as: SIMD8<Float>.self)
-        s1 += a8.loadUnaligned(fromByteOffset: (index + 8) * 4, as: SIMD8<Float>.self)
-            * b8.loadUnaligned(fromByteOffset: (index + 8) * 4, as: SIMD8<Float>.self)
-        index += 16
+    while index + 4 <= count {
+        s0 += Double(a[index]) * Double(b[index])
+        s1 += Double(a[index + 1]) * Double(b[index + 1])
+        s2 += Double(a[index + 2]) * Double(b[index + 2])
+        s3 += Double(a[index + 3]) * Double(b[index + 3])
+        index += 4
     }
-    while index + 8 <= count {
-        s0 += a8.loadUnaligned(fromByteOffset: index * 4, as: SIMD8<Float>.self)
-            * b8.loadUnaligned(fromByteOffset: index * 4, as: SIMD8<Float>.self)
-        index += 8
-    }
-    var total = (s0 + s1).sum()
     while index < count {
-        total += a[index] * b[index]
+        s0 += Double(a[index]) * Double(b[index])
         index += 1
     }
-    return total
+    return Float((s0 + s1) + (s2 + s3))
 }
 
-/// out[m, n] = dot(x[m, :], w[n, :]) (+ bias[n]) for x [M, K] and w [N, K].
+/// out[m, n] = dot(x[m, :], w[n, :]) (+ bias[n]) for x [M, K] and w [N, K]. Weights are read
+/// four rows at a time (fp16 ones widened into a scratch block) and dotted with every row of x.
 func rowDots(x: [Float], rows: Int, depth: Int, weight: TensorData, outputs: Int, bias: [Float]?) -> [Float] {
     var out = [Float](repeating: 0, count: rows * outputs)
-    var row = [Float](repeating: 0, count: depth)
+    let block = 4
+    var scratch = [Float](repeating: 0, count: block * depth)
+    let floatWeights: [Float]
+    if case .float(let values) = weight { floatWeights = values } else { floatWeights = [] }
     x.withUnsafeBufferPointer { xs in
         out.withUnsafeMutableBufferPointer { result in
-            row.withUnsafeMutableBufferPointer { scratch in
-                for n in 0..<outputs {
-                    let wRow: UnsafePointer<Float>
-                    switch weight {
-                    case .half(let storage):
-                        let base = storage.values.baseAddress! + n * depth
-                        for k in 0..<depth { scratch[k] = Half.toFloat(base[k]) }
-                        wRow = UnsafePointer(scratch.baseAddress!)
-                    case .float(let values):
-                        wRow = values.withUnsafeBufferPointer { $0.baseAddress! + n * depth }
-                    default:
-                        return
-                    }
-                    let offset = bias?[n] ?? 0
-                    for m in 0..<rows {
-                        result[m * outputs + n] = dot(xs.baseAddress! + m * depth, wRow, depth) + offset
+            scratch.withUnsafeMutableBufferPointer { tile in
+                floatWeights.withUnsafeBufferPointer { fw in
+                    var n = 0
+                    while n < outputs {
+                        let width = min(block, outputs - n)
+                        let w: UnsafePointer<Float>
+                        if case .half(let storage) = weight {
+                            Half.widen(storage.values.baseAddress! + n * depth, into: tile.baseAddress!, count: width * depth)
+                            w = UnsafePointer(tile.baseAddress!)
+                        } else {
+                            w = fw.baseAddress! + n * depth
+                        }
+                        for m in 0..<rows {
+                            let xRow = xs.baseAddress! + m * depth
+                            for j in 0..<width {
+                                result[m * outputs + n + j] = dot(xRow, w + j * depth, depth) + (bias?[n + j] ?? 0)
+                            }
+                        }
+                        n += width
                     }
                 }
             }

@@ -133,6 +133,14 @@ public final class CompiledFunction: @unchecked Sendable {
         self.states = states
         self.inputSlots = inputSlots
 
+        /// A value given in the spec: a blob of a weight file, or immediate contents.
+        func constant(_ value: MILValue, type: MILTensorType?) throws -> Tensor {
+            if let blob = value.blob {
+                guard let type = type ?? value.tensorType else { throw KernelError("a blob value without a tensor type") }
+                return try weights.tensor(for: blob, type: type)
+            }
+            return try immediateTensor(value, type: type ?? value.tensorType)
+        }
         var constants: [(slot: Int, tensor: Tensor)] = []
         var constantValues: [String: Tensor] = [:]
         var operations: [CompiledOp] = []
@@ -146,13 +154,7 @@ public final class CompiledFunction: @unchecked Sendable {
                     guard let output = op.outputs.first, let value = op.attributes["val"] else {
                         throw KernelError("a const op without an output or a value")
                     }
-                    let tensor: Tensor
-                    if let blob = value.blob {
-                        guard let type = output.tensorType ?? value.tensorType else { throw KernelError("a blob const without a tensor type") }
-                        tensor = try weights.tensor(for: blob, type: type)
-                    } else {
-                        tensor = try immediateTensor(value, type: output.tensorType ?? value.tensorType)
-                    }
+                    let tensor = try constant(value, type: output.tensorType)
                     constantValues[output.name] = tensor
                     constants.append((slot(output.name), tensor))
                     continue
@@ -165,7 +167,7 @@ public final class CompiledFunction: @unchecked Sendable {
                                 guard let tensor = constantValues[value] else { throw KernelError("\(op.type) reads \(value), which is not a constant") }
                                 return .value(tensor)
                             case .value(let value):
-                                return .value(try immediateTensor(value, type: value.tensorType))
+                                return .value(try constant(value, type: nil))
                             case .unset:
                                 throw KernelError("an unset argument")
                             }
@@ -213,7 +215,7 @@ public final class CompiledFunction: @unchecked Sendable {
                         return .slot(existing)
                     case .value(let value):
                         do {
-                            return .value(try immediateTensor(value, type: value.tensorType))
+                            return .value(try constant(value, type: nil))
                         } catch let error as KernelError {
                             throw InterpreterError.opFailed(function: name, op: "\(op.type) \(opName)", reason: error.reason)
                         }

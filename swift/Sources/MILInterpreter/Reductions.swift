@@ -86,7 +86,8 @@ let reductionKernels: [String: Kernel] = [
     "reduce_l2_norm": reduction(float: { Float($0.reduce(0.0) { $0 + Double($1) * Double($1) }.squareRoot()) }),
     "reduce_log_sum_exp": reduction(float: { lane in
         let peak = lane.max() ?? 0
-        return Foundation.log(Float(lane.reduce(0.0) { $0 + Double(Foundation.exp($1 - peak)) })) + peak
+        let total = Float(lane.reduce(0.0) { $0 + Double(viaDouble(Foundation.exp, $1 - peak)) })
+        return viaDouble(Foundation.log, total) + peak
     }),
     "reduce_argmax": argReduction(larger: true),
     "reduce_argmin": argReduction(larger: false),
@@ -103,7 +104,7 @@ let reductionKernels: [String: Kernel] = [
                     for a in 0..<view.size { peak = Swift.max(peak, v[base + a * view.inner]) }
                     var total = 0.0
                     for a in 0..<view.size {
-                        let e = Foundation.exp(v[base + a * view.inner] - peak)
+                        let e = viaDouble(Foundation.exp, v[base + a * view.inner] - peak)
                         v[base + a * view.inner] = e
                         total += Double(e)
                     }

@@ -152,7 +152,12 @@ public struct Tensor: @unchecked Sendable {
     public func floats() -> [Float] {
         switch data {
         case .float(let values): return values
-        case .half(let storage): return storage.values.map { Half.toFloat($0) }
+        case .half(let storage):
+            let source = storage.values
+            return [Float](unsafeUninitializedCapacity: source.count) { buffer, initialized in
+                if let from = source.baseAddress, let to = buffer.baseAddress { Half.widen(from, into: to, count: source.count) }
+                initialized = source.count
+            }
         case .int(let values): return values.map { Float($0) }
         case .bool(let values): return values.map { $0 ? 1 : 0 }
         case .string: return []
@@ -198,7 +203,9 @@ public struct Tensor: @unchecked Sendable {
         case .float16:
             if type == .float16 { return self }
             if case .half = data { return Tensor(shape: shape, type: .float16, data: data) }
-            return Tensor(shape: shape, type: .float16, data: .float(floats().map { Half.round($0) }))
+            var values = floats()
+            Half.roundInPlace(&values)
+            return Tensor(shape: shape, type: .float16, data: .float(values))
         case .float32:
             if case .float = data { return Tensor(shape: shape, type: .float32, data: data) }
             return Tensor(shape: shape, type: .float32, data: .float(floats()))
