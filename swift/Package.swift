@@ -9,6 +9,10 @@ let package = Package(
         .library(name: "MLPackage", targets: ["MLPackage"]),
         .library(name: "ExportMetadata", targets: ["ExportMetadata"]),
         .library(name: "MuseflashContract", targets: ["MuseflashContract"]),
+        .library(name: "MILInterpreter", targets: ["MILInterpreter"]),
+        // What an app depends on: the speculative-decoding engine and its backends.
+        .library(name: "MuseflashRuntime", targets: ["MuseflashRuntime"]),
+        .executable(name: "swift-generate", targets: ["swift-generate"]),
         .executable(name: "check-contract", targets: ["check-contract"]),
     ],
     targets: [
@@ -16,6 +20,17 @@ let package = Package(
         .target(name: "MLPackage", dependencies: ["ProtoWire"]),
         .target(name: "ExportMetadata"),
         .target(name: "MuseflashContract", dependencies: ["ExportMetadata", "MLPackage"]),
+        // Runs a package's ML program on any platform (the interpreter backend, and what the
+        // Core ML stand-in runs on Linux).
+        .target(name: "MILInterpreter", dependencies: ["MLPackage"],
+                swiftSettings: [.unsafeFlags(["-Ounchecked"])]),
+        // Core ML's API as the runtime's CoreMLBackend uses it, over the interpreter; Linux only
+        // (Apple platforms build the backend against the real framework).
+        .target(name: "CoreMLStandIn", dependencies: ["MILInterpreter"]),
+        .target(name: "MuseflashRuntime",
+                dependencies: ["ExportMetadata", "MLPackage", "MILInterpreter",
+                               .target(name: "CoreMLStandIn", condition: .when(platforms: [.linux]))]),
+        .executableTarget(name: "swift-generate", dependencies: ["MuseflashRuntime"]),
         // Bazel and plain swiftc call this module CheckContract; main.swift never names its own module.
         .executableTarget(name: "check-contract", dependencies: ["MuseflashContract"]),
         // Test-only helpers (spec encoder, synthetic export bundles); no tests of its own.
@@ -38,6 +53,11 @@ let package = Package(
         .testTarget(
             name: "ContractOnExportTests",
             dependencies: ["MuseflashContract", "ExportMetadata"]
+        ),
+        // Needs MUSEFLASH_EXPORT_DIR and MUSEFLASH_GOLDENS (tests/runtime); skips without them.
+        .testTarget(
+            name: "RuntimeGoldenTests",
+            dependencies: ["MuseflashRuntime", "MILInterpreter"]
         ),
         // Needs MUSEFLASH_METADATA_EXAMPLES (bazel build //python:metadata_examples).
         .testTarget(

@@ -1,0 +1,26 @@
+import Foundation
+
+/// What the engine needs from whatever runs a package's functions: load a function, make one
+/// state for a set of functions that declare the same states, and run a function with named
+/// inputs and a state. Two backends implement it: `InterpreterBackend` (the package's ML
+/// program run by the Swift interpreter, on any platform) and `CoreMLBackend` (Core ML on Apple
+/// platforms; on Linux the same source runs against a stand-in of Core ML's API).
+public protocol InferenceBackend: AnyObject {
+    /// A short name for reports (`interpreter`, `coreml`).
+    var name: String { get }
+    func loadFunction(_ function: String, of package: URL) throws -> any BackendFunction
+    /// One state for every function in `functions`; they must declare the same states. The
+    /// engine makes one for the target's functions and one for the drafter's.
+    func makeState(for functions: [any BackendFunction]) throws -> any BackendState
+}
+
+public protocol BackendFunction: AnyObject {
+    var name: String { get }
+    /// Runs the function once, reading and writing `state` in place.
+    func predict(_ inputs: [String: ShapedArray], state: any BackendState) throws -> [String: ShapedArray]
+}
+
+public protocol BackendState: AnyObject {
+    /// Every state buffer back to zeros, as a fresh state is.
+    func reset() throws
+}

@@ -1,0 +1,72 @@
+import Foundation
+import MILInterpreter
+
+/// Runs each function's ML program with the Swift interpreter (MILInterpreter): any platform,
+/// no Core ML. A package's weight files are mapped once and shared by all of its functions.
+public final class InterpreterBackend: InferenceBackend {
+    public let name = "interpreter"
+    private var programs: [String: PackageProgram] = [:]
+
+    public init() {}
+
+    /// The program of `package`, opened once.
+    public func program(of package: URL) throws -> PackageProgram {
+        let key = package.standardizedFileURL.path
+        if let program = programs[key] { return program }
+        let program = try PackageProgram(packageURL: package)
+        programs[key] = program
+        return program
+    }
+
+    public func loadFunction(_ function: String, of package: URL) throws -> any BackendFunction {
+        let compiled = try program(of: package).function(named: function)
+        return InterpretedFunction(compiled)
+    }
+
+    public func makeState(for functions: [any BackendFunction]) throws -> any BackendState {
+        var specs: [String: ValueSpec] = [:]
+        for case let function as InterpretedFunction in functions {
+            for spec in function.compiled.states {
+                if let other = specs[spec.name], other != spec {
+                    throw RuntimeError.backend(function: function.name, reason: "state \(spec.name) is \(spec.type)\(spec.shape) here but \(other.type)\(other.shape) in another function of the same state")
+                }
+                specs[spec.name] = spec
+            }
+        }
+        return InterpreterState(StateStore(specs: specs.values.sorted { $0.name < $1.name }))
+    }
+
+    /// Bytes of weight files mapped by every program opened so far.
+    public var mappedWeightBytes: Int { programs.values.reduce(0) { $0 + $1.mappedWeightBytes } }
+}
+
+final class InterpreterState: BackendState {
+    let store: StateStore
+    init(_ store: StateStore) { self.store = store }
+    func reset() throws { store.reset() }
+}
+
+final class InterpretedFunction: BackendFunction {
+    let compiled: CompiledFunction
+    var name: String { compiled.name }
+
+    init(_ compiled: CompiledFunction) { self.compiled = compiled }
+
+    func predict(_ inputs: [String: ShapedArray], state: any BackendState) throws -> [String: ShapedArray] {
+        guard let state = state as? InterpreterState else {
+            throw RuntimeError.backend(function: name, reason: "a state made by another backend")
+        }
+        var tensors: [String: Tensor] = [:]
+        for (key, array) in inputs {
+            switch array.scalars {
+            case .int32(let values): tensors[key] = .ints(values, shape: array.shape)
+            case .float(let values): tensors[key] = .floats(values, shape: array.shape)
+            }
+        }
+        let outputs = try compiled.run(inputs: tensors, states: state.store)
+        return outputs.mapValues { tensor in
+            tensor.type.isFloat ? ShapedArray(float: tensor.floats(), shape: tensor.shape)
+                : ShapedArray(int32: tensor.ints(), shape: tensor.shape)
+        }
+    }
+}

@@ -1,0 +1,435 @@
+import ExportMetadata
+import Foundation
+
+public struct GenerationOptions: Sendable {
+    public var maxNewTokens: Int
+    /// false: the target alone, one new token per `main` call (`--no-draft`).
+    public var useDrafter: Bool
+    /// Drafted tokens judged per step, 1 ... block_size - 1; nil: metadata.json's
+    /// `speculative_decoding.num_draft_tokens`.
+    public var numDraftTokens: Int?
+    /// Stop after the bundle's end-of-sequence token (the token is the last one returned).
+    public var stopAtEndOfSequence: Bool
+
+    public init(maxNewTokens: Int = 64, useDrafter: Bool = true, numDraftTokens: Int? = nil,
+                stopAtEndOfSequence: Bool = true) {
+        self.maxNewTokens = maxNewTokens
+        self.useDrafter = useDrafter
+        self.numDraftTokens = numDraftTokens
+        self.stopAtEndOfSequence = stopAtEndOfSequence
+    }
+}
+
+public enum StopReason: String, Sendable, Equatable {
+    case endOfSequence = "eos"
+    case maxNewTokens = "max_new_tokens"
+    /// The next step would write positions at or past the bundle's context_length.
+    case contextFull = "context_full"
+}
+
+/// One function call: which function, its first position and how many positions it covers.
+public struct FunctionCall: Sendable, Equatable, CustomStringConvertible {
+    public var function: String
+    public var firstPosition: Int
+    public var length: Int
+
+    public init(function: String, firstPosition: Int, length: Int) {
+        self.function = function
+        self.firstPosition = firstPosition
+        self.length = length
+    }
+
+    public var description: String { "\(function)@\(firstPosition)+\(length)" }
+}
+
+public struct FunctionStats: Sendable, Equatable {
+    public var calls = 0
+    public var seconds = 0.0
+}
+
+public struct GenerationResult: Sendable {
+    public var promptIDs: [Int32]
+    /// Generated ids, the prompt excluded (ending with the end-of-sequence token when that
+    /// stopped the generation).
+    public var tokens: [Int32] = []
+    /// Drafted tokens accepted at each verify step (empty without the drafter).
+    public var accepted: [Int] = []
+    public var stopReason: StopReason = .maxNewTokens
+    /// Function name -> calls and seconds spent in them.
+    public var functions: [String: FunctionStats] = [:]
+    public var trace: [FunctionCall] = []
+    public var numDraftTokens = 0
+    public var seconds = 0.0
+
+    public var targetCalls: Int { (functions["prefill"]?.calls ?? 0) + (functions["main"]?.calls ?? 0) }
+    public var tokensPerTargetCall: Double { targetCalls == 0 ? 0 : Double(tokens.count) / Double(targetCalls) }
+    public var meanAcceptedLength: Double { accepted.isEmpty ? 0 : Double(accepted.reduce(0, +)) / Double(accepted.count) }
+    /// Mean fraction of the judged drafts that were accepted.
+    public var acceptanceRate: Double { numDraftTokens == 0 ? 0 : meanAcceptedLength / Double(numDraftTokens) }
+    public var tokensPerSecond: Double { seconds > 0 ? Double(tokens.count) / seconds : 0 }
+}
+
+/// The DFlash cycle over an exported bundle, exactly as python/museflash/runtime/speculative.py
+/// states it (docs/positions.md):
+///
+///   prefill  prompt chunks of `prefill`'s query length; the last chunk overlaps its
+///            predecessor when the prompt is not a multiple; a prompt shorter than one chunk is
+///            padded, and its last token goes through `main` once more for its logits.
+///   inject   the drafter gets target features in blocks of exactly block_size rows ending at
+///            the newest accepted position (a context shorter than a block goes in as one block
+///            from position 0).
+///   step     `draft([anchor, MASK x (K-1)])` at anchor .. anchor+K-1; the drafted tokens are
+///            each row's argmax, or a DFlash2 drafter's `draft_tokens`; ONE `main` call verifies
+///            the same positions; the longest agreeing prefix plus the target's own token is
+///            accepted; decoding goes on from the first unaccepted position. Nothing is
+///            truncated: rejected slots are overwritten by the next call.
+///
+/// The target's functions share one state and the drafter's another (`makeState(for:)`).
+public final class SpeculativeDecoder {
+    public let bundle: MuseflashBundle
+    public let backend: any InferenceBackend
+    public let blockSize: Int
+    public let prefillLength: Int
+    public let verifyLength: Int
+    public let vocabSize: Int
+    public let contextLength: Int
+    public let hasDrafter: Bool
+
+    private let prefill: any BackendFunction
+    private let main: any BackendFunction
+    private let injectKV: (any BackendFunction)?
+    private let draft: (any BackendFunction)?
+    private let targetState: any BackendState
+    private let drafterState: (any BackendState)?
+    private let fusedTarget: Bool
+    private let maskTokenID: Int32
+    private let defaultDraftTokens: Int
+
+    /// Deliberate damage, for the tests that show the cross-language check catches a broken
+    /// cycle (tests/runtime). Internal: only `@testable` code can set it.
+    struct Faults {
+        /// Added to the first position of every inject window after a verify step.
+        var injectWindowShift = 0
+        /// After a rejection, continue one position later, leaving the rejected slot's stale
+        /// K/V in the caches instead of overwriting it.
+        var skipRejectedSlot = false
+    }
+    var faults = Faults()
+
+    public init(bundle: MuseflashBundle, backend: any InferenceBackend) throws {
+        self.bundle = bundle
+        self.backend = backend
+        let metadata = bundle.metadata
+        guard let target = metadata.assets[.target] else { throw RuntimeError.badMetadata(reason: "no target asset") }
+        func queryLength(_ asset: ExportMetadata.Asset, _ function: ExportMetadata.FunctionName) throws -> Int {
+            guard let spec = asset.functions[function] else {
+                throw RuntimeError.badMetadata(reason: "asset \(asset.path) lists no \(function) function")
+            }
+            return spec.queryLength
+        }
+        prefillLength = try queryLength(target, .prefill)
+        verifyLength = try queryLength(target, .main)
+        vocabSize = metadata.vocabSize
+        contextLength = metadata.contextLength
+        fusedTarget = target.kind == .fusedTarget
+        let targetURL = try bundle.packageURL(of: .target)
+        prefill = try Self.load(backend, .prefill, targetURL)
+        main = try Self.load(backend, .main, targetURL)
+        targetState = try backend.makeState(for: [prefill, main])
+        if let speculative = metadata.speculativeDecoding, speculative.drafterKind != .ring,
+           let drafter = metadata.assets[.dflashDrafter], fusedTarget {
+            let drafterURL = try bundle.packageURL(of: .dflashDrafter)
+            let inject = try Self.load(backend, .injectKV, drafterURL)
+            let drafting = try Self.load(backend, .draft, drafterURL)
+            injectKV = inject
+            draft = drafting
+            drafterState = try backend.makeState(for: [inject, drafting])
+            blockSize = try queryLength(drafter, .draft)
+            guard try queryLength(drafter, .injectKV) == blockSize else {
+                throw RuntimeError.badMetadata(reason: "inject_kv and draft take different query lengths")
+            }
+            guard verifyLength == blockSize else {
+                throw RuntimeError.badMetadata(reason: "target main takes \(verifyLength) tokens but the drafter's block is \(blockSize); verification needs one main call per block")
+            }
+            maskTokenID = Int32(speculative.maskTokenId)
+            defaultDraftTokens = speculative.numDraftTokens
+            hasDrafter = true
+        } else {
+            injectKV = nil
+            draft = nil
+            drafterState = nil
+            blockSize = verifyLength
+            maskTokenID = 0
+            defaultDraftTokens = 0
+            hasDrafter = false
+        }
+    }
+
+    private static func load(_ backend: any InferenceBackend, _ function: ExportMetadata.FunctionName, _ url: URL) throws -> any BackendFunction {
+        try backend.loadFunction(function.rawValue, of: url)
+    }
+
+    /// The longest prompt this bundle decodes: its first verify block must fit the context.
+    public var maximumPromptLength: Int { contextLength - verifyLength + 1 }
+
+    public func generate(prompt: [Int32], options: GenerationOptions = GenerationOptions(),
+                         onTokens: (([Int32]) -> Void)? = nil) throws -> GenerationResult {
+        guard !prompt.isEmpty else { throw RuntimeError.emptyPrompt }
+        if let index = prompt.firstIndex(where: { $0 < 0 || Int($0) >= vocabSize }) {
+            throw RuntimeError.tokenOutOfVocabulary(index: index, id: prompt[index], vocabSize: vocabSize)
+        }
+        guard prompt.count <= maximumPromptLength, prefillLength <= contextLength else {
+            throw RuntimeError.promptTooLong(length: prompt.count, limit: maximumPromptLength, contextLength: contextLength)
+        }
+        guard options.maxNewTokens >= 1 else {
+            throw RuntimeError.badOption(reason: "--max-new-tokens must be at least 1, got \(options.maxNewTokens)")
+        }
+        let speculative = options.useDrafter && hasDrafter
+        if options.useDrafter && !hasDrafter && options.numDraftTokens != nil {
+            throw RuntimeError.notSpeculative(reason: "\(bundle.url.path) has no DFlash drafter; export with --fused-target --dflash-drafter or decode with --no-draft")
+        }
+        let proposals = speculative ? (options.numDraftTokens ?? defaultDraftTokens) : 0
+        if speculative, !(1...(blockSize - 1)).contains(proposals) {
+            throw RuntimeError.badOption(reason: "--num-draft-tokens \(proposals) must be in 1...\(blockSize - 1) for this bundle's block of \(blockSize)")
+        }
+        var run = Run(decoder: self, prompt: prompt, options: options, onTokens: onTokens)
+        run.result.numDraftTokens = proposals
+        let clock = ContinuousClock()
+        let start = clock.now
+        try targetState.reset()
+        try drafterState?.reset()
+        if speculative {
+            try run.speculative(proposals: proposals)
+        } else {
+            try run.targetOnly()
+        }
+        run.result.seconds = (clock.now - start).seconds
+        return run.result
+    }
+
+    /// One generation's mutable state.
+    private struct Run {
+        let decoder: SpeculativeDecoder
+        let prompt: [Int32]
+        let options: GenerationOptions
+        let onTokens: (([Int32]) -> Void)?
+        var result: GenerationResult
+        /// Target features of positions the drafter may still be given, by position.
+        var features: [Int: ArraySlice<Float>] = [:]
+        let pad: Int32
+
+        init(decoder: SpeculativeDecoder, prompt: [Int32], options: GenerationOptions, onTokens: (([Int32]) -> Void)?) {
+            self.decoder = decoder
+            self.prompt = prompt
+            self.options = options
+            self.onTokens = onTokens
+            self.result = GenerationResult(promptIDs: prompt)
+            self.pad = decoder.bundle.padTokenID ?? 0
+        }
+
+        var done: Bool { result.stopReason != .maxNewTokens || result.tokens.count >= options.maxNewTokens }
+
+        /// Appends tokens up to the limit, stopping at the end-of-sequence token.
+        mutating func emit(_ tokens: [Int32]) {
+            var new = Array(tokens.prefix(max(0, options.maxNewTokens - result.tokens.count)))
+            if options.stopAtEndOfSequence, let eos = decoder.bundle.eosTokenID, let index = new.firstIndex(of: eos) {
+                new = Array(new[...index])
+                result.stopReason = .endOfSequence
+            }
+            result.tokens += new
+            if !new.isEmpty { onTokens?(new) }
+        }
+
+        mutating func call(_ function: any BackendFunction, _ inputs: [String: ShapedArray], first: Int, length: Int) throws -> [String: ShapedArray] {
+            let clock = ContinuousClock()
+            let start = clock.now
+            let outputs: [String: ShapedArray]
+            do {
+                outputs = try function.predict(inputs, state: function === decoder.prefill || function === decoder.main
+                                                ? decoder.targetState : decoder.drafterState!)
+            } catch let error as RuntimeError {
+                throw error
+            } catch {
+                throw RuntimeError.backend(function: function.name, reason: "\(error)")
+            }
+            result.functions[function.name, default: FunctionStats()].calls += 1
+            result.functions[function.name, default: FunctionStats()].seconds += (clock.now - start).seconds
+            result.trace.append(FunctionCall(function: function.name, firstPosition: first, length: length))
+            return outputs
+        }
+
+        /// Calls `prefill` or `main` on ids at positions first ..< first + ids.count; returns
+        /// the logits rows and the drafter features (nil from a plain target).
+        mutating func target(_ function: any BackendFunction, ids: [Int32], first: Int) throws -> (logits: [Float], rows: Int, features: [Float]?, width: Int) {
+            let count = ids.count
+            let outputs = try call(function, [
+                "input_ids": ShapedArray(int32: ids, shape: [1, count]),
+                "position_ids": ShapedArray(int32: (0..<count).map { Int32(first + $0) }, shape: [count]),
+            ], first: first, length: count)
+            guard let logits = outputs["logits"], logits.count % decoder.vocabSize == 0, logits.count > 0 else {
+                throw RuntimeError.badOutput(function: function.name, reason: "no logits of \(decoder.vocabSize) columns")
+            }
+            var features: [Float]?
+            var width = 0
+            if decoder.fusedTarget {
+                guard let value = outputs["drafter_features"], value.count % count == 0, value.count > 0 else {
+                    throw RuntimeError.badOutput(function: function.name, reason: "no drafter_features of \(count) rows")
+                }
+                features = value.floats
+                width = value.count / count
+            }
+            return (logits.floats, logits.count / decoder.vocabSize, features, width)
+        }
+
+        mutating func store(features: [Float]?, width: Int, first: Int, rows: Int) {
+            guard let features = features else { return }
+            for row in 0..<rows {
+                self.features[first + row] = features[(row * width)..<((row + 1) * width)]
+            }
+        }
+
+        /// The prompt through `prefill` (and, for a prompt shorter than a chunk, its last token
+        /// once more through `main`); returns the logits after the prompt.
+        mutating func prefillPrompt() throws -> [Float] {
+            let length = decoder.prefillLength
+            var ids = prompt
+            if ids.count < length { ids += [Int32](repeating: pad, count: length - ids.count) }
+            var logits: [Float] = []
+            for start in try chunkStarts(ids.count, length) {
+                let out = try target(decoder.prefill, ids: Array(ids[start..<(start + length)]), first: start)
+                logits = Array(out.logits[((out.rows - 1) * decoder.vocabSize)...])
+                store(features: out.features, width: out.width, first: start, rows: length)
+            }
+            if prompt.count < length {
+                let last = prompt.count - 1
+                let verify = decoder.verifyLength
+                let out = try target(decoder.main, ids: [prompt[last]] + [Int32](repeating: pad, count: verify - 1), first: last)
+                logits = Array(out.logits[0..<decoder.vocabSize])
+                store(features: out.features, width: out.width, first: last, rows: verify)
+            }
+            return logits
+        }
+
+        mutating func inject(first: Int) throws {
+            let block = decoder.blockSize
+            var rows: [Float] = []
+            for position in first..<(first + block) {
+                guard let row = features[position] else {
+                    throw RuntimeError.badOutput(function: "inject_kv", reason: "no target features for position \(position)")
+                }
+                rows += row
+            }
+            let width = rows.count / block
+            _ = try call(decoder.injectKV!, [
+                "features": ShapedArray(float: rows, shape: [1, block, width]),
+                "position_ids": ShapedArray(int32: (0..<block).map { Int32(first + $0) }, shape: [block]),
+            ], first: first, length: block)
+        }
+
+        /// Whether a block of `length` positions from `first` fits the context; if not,
+        /// generation stops there.
+        mutating func roomFor(first: Int, length: Int) -> Bool {
+            if first + length > decoder.contextLength {
+                result.stopReason = .contextFull
+                return false
+            }
+            return true
+        }
+
+        mutating func speculative(proposals: Int) throws {
+            let block = decoder.blockSize
+            let vocab = decoder.vocabSize
+            let logits = try prefillPrompt()
+            var anchor = argmax(logits[...])
+            emit([anchor])
+            for start in prompt.count >= block ? try chunkStarts(prompt.count, block) : [0] {
+                try inject(first: start)
+            }
+            var anchorPosition = prompt.count
+            while !done, roomFor(first: anchorPosition, length: block) {
+                let drafted = try call(decoder.draft!, [
+                    "input_ids": ShapedArray(int32: [anchor] + [Int32](repeating: decoder.maskTokenID, count: block - 1), shape: [1, block]),
+                    "position_ids": ShapedArray(int32: (0..<block).map { Int32(anchorPosition + $0) }, shape: [block]),
+                ], first: anchorPosition, length: block)
+                let guesses: [Int32]
+                if let selected = drafted["draft_tokens"] {
+                    guesses = selected.int32s
+                    guard guesses.count == block - 1 else {
+                        throw RuntimeError.badOutput(function: "draft", reason: "\(guesses.count) draft_tokens for a block of \(block)")
+                    }
+                } else {
+                    guard let rows = drafted["logits"], rows.count == block * vocab else {
+                        throw RuntimeError.badOutput(function: "draft", reason: "no logits of \(block) x \(vocab)")
+                    }
+                    let values = rows.floats
+                    guesses = (1..<block).map { argmax(values[($0 * vocab)..<(($0 + 1) * vocab)]) }
+                }
+                let verified = try target(decoder.main, ids: [anchor] + guesses, first: anchorPosition)
+                guard verified.rows == block else {
+                    throw RuntimeError.badOutput(function: "main", reason: "\(verified.rows) logits rows for a block of \(block)")
+                }
+                var accepted = 0
+                var token = argmax(verified.logits[0..<vocab])
+                while accepted < proposals, guesses[accepted] == token {
+                    accepted += 1
+                    token = argmax(verified.logits[(accepted * vocab)..<((accepted + 1) * vocab)])
+                }
+                result.accepted.append(accepted)
+                emit(Array(guesses[..<accepted]) + [token])
+                // Rows 0 ... accepted saw correct tokens; later rows stand at positions the next
+                // verify call re-writes (they fill the inject window while fewer than a block
+                // of positions are known).
+                let last = anchorPosition + accepted
+                store(features: verified.features, width: verified.width, first: anchorPosition, rows: block)
+                try inject(first: max(0, last - block + 1 + decoder.faults.injectWindowShift))
+                for position in features.keys where position <= last - block { features[position] = nil }
+                anchor = token
+                anchorPosition = last + 1 + (decoder.faults.skipRejectedSlot && accepted < proposals ? 1 : 0)
+            }
+        }
+
+        mutating func targetOnly() throws {
+            let block = decoder.verifyLength
+            let vocab = decoder.vocabSize
+            let logits = try prefillPrompt()
+            features = [:]
+            var token = argmax(logits[...])
+            emit([token])
+            var position = prompt.count
+            while !done, roomFor(first: position, length: block) {
+                let out = try target(decoder.main, ids: [token] + [Int32](repeating: pad, count: block - 1), first: position)
+                token = argmax(out.logits[0..<vocab])
+                emit([token])
+                position += 1
+            }
+        }
+    }
+}
+
+/// Starts of fixed-size chunks covering 0 ..< length; the last one overlaps its predecessor
+/// instead of running past the end.
+func chunkStarts(_ length: Int, _ chunk: Int) throws -> [Int] {
+    guard length >= chunk, chunk > 0 else {
+        throw RuntimeError.badOption(reason: "\(length) positions cannot fill one chunk of \(chunk)")
+    }
+    var starts = Array(stride(from: 0, through: length - chunk, by: chunk))
+    if let last = starts.last, last + chunk < length { starts.append(length - chunk) }
+    return starts
+}
+
+/// The first index of the largest value (numpy's argmax; NaN counts as the largest).
+func argmax(_ values: ArraySlice<Float>) -> Int32 {
+    var best = values.startIndex
+    for index in values.indices {
+        if values[best].isNaN { break }
+        if values[index].isNaN || values[index] > values[best] { best = index }
+    }
+    return Int32(best - values.startIndex)
+}
+
+extension Duration {
+    var seconds: Double {
+        let parts = components
+        return Double(parts.seconds) + Double(parts.attoseconds) / 1e18
+    }
+}

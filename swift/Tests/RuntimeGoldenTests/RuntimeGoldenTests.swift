@@ -1,0 +1,201 @@
+import Foundation
+import MILInterpreter
+@testable import MuseflashRuntime
+import XCTest
+
+/// The Swift engine and interpreter against the Python reference, on a bundle Bazel exported
+/// and the golden file Python wrote from it in the same build (tests/runtime/BUILD.bazel):
+/// MUSEFLASH_EXPORT_DIR names the bundle, MUSEFLASH_GOLDENS the golden JSON
+/// (python/museflash/tools/runtime_goldens.py). Run with `./bazelw test //tests/runtime/...`.
+final class RuntimeGoldenTests: XCTestCase {
+    struct Case {
+        let name: String
+        let speculative: Bool
+        let prompt: [Int32]
+        let maxNewTokens: Int
+        let tokens: [Int32]
+        let accepted: [Int]
+        let calls: [String: Int]
+        let trace: [FunctionCall]
+    }
+
+    static let root: URL = {
+        let environment = ProcessInfo.processInfo.environment
+        let base = environment["TEST_SRCDIR"].map { URL(fileURLWithPath: $0).appendingPathComponent(environment["TEST_WORKSPACE"] ?? "museflash") }
+            ?? URL(fileURLWithPath: FileManager.default.currentDirectoryPath)
+        return base
+    }()
+
+    static func path(_ variable: String) throws -> URL {
+        guard let value = ProcessInfo.processInfo.environment[variable] else {
+            throw XCTSkip("\(variable) is not set; run through Bazel (tests/runtime)")
+        }
+        return value.hasPrefix("/") ? URL(fileURLWithPath: value) : root.appendingPathComponent(value)
+    }
+
+    static let goldens: [String: Any] = {
+        guard let url = try? path("MUSEFLASH_GOLDENS"), let data = try? Data(contentsOf: url),
+              let object = try? JSONSerialization.jsonObject(with: data) as? [String: Any] else { return [:] }
+        return object
+    }()
+
+    func bundle() throws -> MuseflashBundle {
+        try MuseflashBundle.open(Self.path("MUSEFLASH_EXPORT_DIR"))
+    }
+
+    func cases() throws -> [Case] {
+        guard let list = Self.goldens["cases"] as? [[String: Any]] else {
+            throw XCTSkip("no golden file (MUSEFLASH_GOLDENS)")
+        }
+        return list.compactMap { entry in
+            guard entry["skipped"] == nil, let name = entry["name"] as? String else { return nil }
+            let trace = (entry["trace"] as? [[String: Any]] ?? []).map {
+                FunctionCall(function: $0["function"] as? String ?? "", firstPosition: $0["first_position"] as? Int ?? -1,
+                             length: $0["length"] as? Int ?? -1)
+            }
+            return Case(name: name, speculative: entry["mode"] as? String == "speculative",
+                        prompt: (entry["prompt_ids"] as? [Int] ?? []).map(Int32.init),
+                        maxNewTokens: entry["max_new_tokens"] as? Int ?? 0,
+                        tokens: (entry["tokens"] as? [Int] ?? []).map(Int32.init),
+                        accepted: entry["accepted"] as? [Int] ?? [],
+                        calls: entry["calls"] as? [String: Int] ?? [:], trace: trace)
+        }
+    }
+
+    func options(_ golden: Case) -> GenerationOptions {
+        // The Python loop does not stop at the end-of-sequence token; neither does this check.
+        GenerationOptions(maxNewTokens: golden.maxNewTokens, useDrafter: golden.speculative, stopAtEndOfSequence: false)
+    }
+
+    /// Tokens, accepted drafts, call counts and the whole call trace of every golden case.
+    func checkAllCases(backend: any InferenceBackend, file: StaticString = #filePath, line: UInt = #line) throws {
+        let decoder = try SpeculativeDecoder(bundle: bundle(), backend: backend)
+        let all = try cases()
+        XCTAssertFalse(all.isEmpty, "the golden file has no cases", file: file, line: line)
+        for golden in all {
+            let result = try decoder.generate(prompt: golden.prompt, options: options(golden))
+            XCTAssertEqual(result.tokens, golden.tokens, "\(golden.name): tokens", file: file, line: line)
+            XCTAssertEqual(result.accepted, golden.accepted, "\(golden.name): accepted per step", file: file, line: line)
+            XCTAssertEqual(result.trace, golden.trace, "\(golden.name): call trace", file: file, line: line)
+            for (function, count) in golden.calls {
+                XCTAssertEqual(result.functions[function]?.calls ?? 0, count, "\(golden.name): \(function) calls", file: file, line: line)
+            }
+        }
+    }
+
+    func testInterpreterBackendDecodesAsThePythonLoop() throws {
+        try checkAllCases(backend: InterpreterBackend())
+    }
+
+    /// The Core ML backend's code path (on Linux, over CoreMLStandIn): MLModel per function,
+    /// MLState per state set, MLMultiArray in and out.
+    func testCoreMLBackendDecodesAsThePythonLoop() throws {
+        try checkAllCases(backend: CoreMLBackend())
+    }
+
+    /// Damaged cycles must fail the same check: it has to be able to see them.
+    func checkFaultIsCaught(_ configure: (inout SpeculativeDecoder.Faults) -> Void, what: String) throws {
+        let decoder = try SpeculativeDecoder(bundle: bundle(), backend: InterpreterBackend())
+        configure(&decoder.faults)
+        var caught = 0
+        let speculative = try cases().filter(\.speculative)
+        XCTAssertFalse(speculative.isEmpty)
+        for golden in speculative {
+            do {
+                let result = try decoder.generate(prompt: golden.prompt, options: options(golden))
+                if result.tokens != golden.tokens || result.trace != golden.trace || result.accepted != golden.accepted { caught += 1 }
+            } catch {
+                caught += 1
+            }
+        }
+        XCTAssertGreaterThan(caught, 0, "\(what): no golden case noticed it")
+    }
+
+    func testAnInjectWindowOffByOneIsCaught() throws {
+        try checkFaultIsCaught({ $0.injectWindowShift = -1 }, what: "inject window one position early")
+        try checkFaultIsCaught({ $0.injectWindowShift = 1 }, what: "inject window one position late")
+    }
+
+    func testARejectedSlotLeftUnwrittenIsCaught() throws {
+        try checkFaultIsCaught({ $0.skipRejectedSlot = true }, what: "rejected slot not overwritten")
+    }
+
+    // MARK: Function by function
+
+    static func tensor(_ object: Any?) throws -> Tensor {
+        guard let entry = object as? [String: Any], let dtype = entry["dtype"] as? String,
+              let shape = entry["shape"] as? [Int], let text = entry["base64"] as? String,
+              let data = Data(base64Encoded: text) else { throw XCTSkip("malformed tensor in the golden file") }
+        let bytes = [UInt8](data)
+        func word<T: FixedWidthInteger>(_: T.Type, _ index: Int) -> T {
+            (0..<MemoryLayout<T>.size).reversed().reduce(T.zero) { $0 << 8 | T(bytes[index * MemoryLayout<T>.size + $1]) }
+        }
+        let count = shape.reduce(1, *)
+        switch dtype {
+        case "float16": return .floats((0..<count).map { Half.toFloat(word(UInt16.self, $0)) }, shape: shape, type: .float16)
+        case "float32": return .floats((0..<count).map { Float(bitPattern: word(UInt32.self, $0)) }, shape: shape)
+        case "int32": return .ints((0..<count).map { Int32(bitPattern: word(UInt32.self, $0)) }, shape: shape)
+        default: throw XCTSkip("golden dtype \(dtype)")
+        }
+    }
+
+    /// Each function's outputs and written states against the Python interpreter's, on the same
+    /// inputs and states. Tolerance: both compute in fp32 from the same fp16 values, so they
+    /// differ only by fp32 summation order (numpy's BLAS and pairwise sums against Swift's SIMD
+    /// dot products), which can move a result across an fp16 rounding boundary: one fp16 unit
+    /// in the last place, and that difference carried through the later layers' rounding.
+    /// Allowed: |swift - python| <= 2^-7 * |python| + 2^-10 per element (a few fp16 ulps of
+    /// the value, or of 1 near zero), and at least 99% of elements bit-identical.
+    func testEachFunctionMatchesThePythonInterpreter() throws {
+        guard let records = Self.goldens["parity"] as? [[String: Any]], !records.isEmpty else {
+            throw XCTSkip("no parity records in the golden file")
+        }
+        let bundle = try bundle()
+        let backend = InterpreterBackend()
+        let program = try backend.program(of: bundle.packageURL(of: .target))
+        var checked = Set<String>()
+        for record in records {
+            let function = try XCTUnwrap(record["function"] as? String)
+            let label = record["label"] as? String ?? function
+            let compiled = try program.function(named: function)
+            let inputs = try (record["inputs"] as? [String: Any] ?? [:]).mapValues(Self.tensor)
+            let before = try (record["states_before"] as? [String: Any] ?? [:]).mapValues(Self.tensor)
+            let store = StateStore(specs: compiled.states)
+            for spec in compiled.states {
+                store.values[spec.name] = try XCTUnwrap(before[spec.name], "\(label): state \(spec.name)")
+            }
+            let outputs = try compiled.run(inputs: inputs, states: store)
+            let expected = try (record["outputs"] as? [String: Any] ?? [:]).mapValues(Self.tensor)
+            let after = try (record["states_after"] as? [String: Any] ?? [:]).mapValues(Self.tensor)
+            XCTAssertEqual(Set(outputs.keys), Set(expected.keys), "\(label): output names")
+            for (name, want) in expected {
+                try compare(try XCTUnwrap(outputs[name]), want, "\(label): output \(name)")
+            }
+            for spec in compiled.states {
+                try compare(try XCTUnwrap(store.values[spec.name]), try XCTUnwrap(after[spec.name]), "\(label): state \(spec.name) after")
+            }
+            checked.insert(function)
+        }
+        XCTAssertEqual(checked, ["main", "prefill", "inject_kv", "draft"], "parity records cover every function")
+    }
+
+    func compare(_ got: Tensor, _ want: Tensor, _ what: String) throws {
+        XCTAssertEqual(got.shape, want.shape, what)
+        if want.type.isInteger {
+            XCTAssertEqual(got.ints(), want.ints(), what)
+            return
+        }
+        let a = got.floats(), b = want.floats()
+        guard a.count == b.count else { return XCTFail("\(what): \(a.count) values, expected \(b.count)") }
+        var identical = 0
+        var worst: Float = 0
+        for (x, y) in zip(a, b) {
+            if x.bitPattern == y.bitPattern { identical += 1; continue }
+            let excess = abs(x - y) - (Float(1.0 / 128) * abs(y) + Float(1.0 / 1024))
+            worst = max(worst, excess)
+            if !(x.isFinite && y.isFinite) { worst = .infinity }
+        }
+        XCTAssertLessThanOrEqual(worst, 0, "\(what): an element beyond the fp16 tolerance")
+        XCTAssertGreaterThanOrEqual(Double(identical), 0.99 * Double(b.count), "\(what): \(identical) of \(b.count) bit-identical")
+    }
+}

@@ -1,0 +1,120 @@
+"""//:swift-generate on a real export: its JSON report, and one-line errors for bad input.
+
+The bundle is exported by Bazel (//tests/runtime:demo_bundle); each bad-input test copies it,
+breaks one thing, runs the swift-generate binary and checks for exit status 1 and a single
+line on stderr that names the problem (by a keyword, not the whole sentence).
+"""
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from coremltools.proto import Model_pb2
+
+BUNDLE = Path(os.environ.get("MUSEFLASH_EXPORT_DIR", "tests/runtime/demo_bundle"))
+GENERATE = Path(os.environ.get("MUSEFLASH_SWIFT_GENERATE", "swift/swift-generate"))
+SPEC = Path("target.mlpackage") / "Data" / "com.apple.CoreML" / "model.mlmodel"
+WEIGHTS = Path("target.mlpackage") / "Data" / "com.apple.CoreML" / "weights" / "weight.bin"
+
+
+def run(*args, timeout=300):
+    return subprocess.run([str(GENERATE), *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, check=False)
+
+
+def assert_one_line_error(result, *keywords):
+    assert result.returncode == 1, (result.returncode, result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("swift-generate: error:"), lines[0]
+    for keyword in keywords:
+        assert keyword in lines[0], (keyword, lines[0])
+    assert "Fatal error" not in result.stderr
+
+
+@pytest.fixture
+def bundle(tmp_path):
+    destination = tmp_path / "bundle"
+    shutil.copytree(BUNDLE, destination)
+    for path in destination.rglob("*"):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return destination
+
+
+def test_json_report_has_the_generation_and_its_figures():
+    result = run("--export-dir", BUNDLE, "--prompt-ids", "1,40,41,42,43,44,45",
+                 "--max-new-tokens", "20", "--format", "json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["prompt_ids"] == [1, 40, 41, 42, 43, 44, 45]
+    assert len(report["tokens"]) == 20 or report["stop_reason"] == "eos"
+    assert report["calls"]["prefill"] == 1
+    # One verify call per step, one inject after prefill and one per step; the 7-token prompt
+    # is shorter than a prefill chunk, so its last token also goes through main once.
+    assert report["calls"]["main"] == len(report["accepted"]) + 1
+    assert report["calls"]["inject_kv"] == len(report["accepted"]) + 1
+    assert all(0 <= a <= report["num_draft_tokens"] for a in report["accepted"])
+    assert report["peak_rss_bytes"] > report["weight_bytes"] > 0
+
+
+def test_no_draft_gives_the_same_greedy_tokens_with_one_main_call_per_token():
+    common = ["--export-dir", BUNDLE, "--prompt-ids", "1,40,41,42,43,44,45", "--max-new-tokens",
+              "12", "--format", "json"]
+    drafted = json.loads(run(*common).stdout)
+    alone = json.loads(run(*common, "--no-draft").stdout)
+    assert alone["tokens"] == drafted["tokens"]
+    # The first token comes from prefill's logits (plus the short prompt's one main call).
+    assert alone["calls"]["main"] == len(alone["tokens"]) - 1 + 1
+    assert "draft" not in alone["calls"]
+
+
+def test_missing_export_directory(tmp_path):
+    assert_one_line_error(run("--export-dir", tmp_path / "nowhere", "--prompt-ids", "1"),
+                          "does not exist")
+
+
+def test_package_lacking_a_function_metadata_lists(bundle):
+    spec = Model_pb2.Model()
+    spec.ParseFromString((bundle / SPEC).read_bytes())
+    del spec.mlProgram.functions["draft"]
+    kept = [f for f in spec.description.functions if f.name != "draft"]
+    del spec.description.functions[:]
+    spec.description.functions.extend(kept)
+    (bundle / SPEC).write_bytes(spec.SerializeToString())
+    assert_one_line_error(run("--export-dir", bundle, "--prompt-ids", "1,2,3"), "draft")
+
+
+def test_unknown_schema_version(bundle):
+    metadata = json.loads((bundle / "metadata.json").read_text())
+    metadata["schema_version"] = 99
+    (bundle / "metadata.json").write_text(json.dumps(metadata))
+    assert_one_line_error(run("--export-dir", bundle, "--prompt-ids", "1,2,3"), "99")
+
+
+@pytest.mark.parametrize("ids, keyword", [("", "empty"), ("1,,2", "integers"),
+                                          ("1,4096", "vocabulary"), ("-1", "vocabulary")])
+def test_empty_or_out_of_vocabulary_prompt(ids, keyword):
+    assert_one_line_error(run("--export-dir", BUNDLE, "--prompt-ids", ids), keyword)
+
+
+def test_prompt_longer_than_the_context():
+    context = json.loads((BUNDLE / "metadata.json").read_text())["context_length"]
+    ids = ",".join(["5"] * (context + 1))
+    assert_one_line_error(run("--export-dir", BUNDLE, "--prompt-ids", ids), "context_length")
+
+
+def test_truncated_weight_file(bundle):
+    weights = bundle / WEIGHTS
+    data = weights.read_bytes()
+    weights.write_bytes(data[:len(data) // 3])
+    assert_one_line_error(run("--export-dir", bundle, "--prompt-ids", "1,2,3"), "weight.bin")
+
+
+@pytest.mark.parametrize("flag, value", [("--max-new-tokens", "0"), ("--backend", "gpu"),
+                                         ("--format", "xml"), ("--num-draft-tokens", "99")])
+def test_bad_options(flag, value):
+    result = run("--export-dir", BUNDLE, "--prompt-ids", "1,2,3", flag, value)
+    assert_one_line_error(result, flag)
