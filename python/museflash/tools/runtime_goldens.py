@@ -34,11 +34,11 @@ largest ring (sliding_kv state) capacity, so both the target's sliding ring and 
 ring wrap while decoding; the other cases generate --max-new-tokens, all within the room the
 context leaves (prompt + new + block - 1 <= context_length).
 
-BLAS threads: the interpreter's matmuls give results that differ in the last fp16 bit or two
-with OpenBLAS's thread count, so the goldens are bitwise reproducible only at the thread count
-they were made with, which `environment` records. Run as a program, this tool defaults
-OPENBLAS_NUM_THREADS to 1 (set before numpy loads; the small matmuls are also several times
-faster on one thread on a busy 2-core machine); the Bazel rules set it explicitly.
+BLAS threads: the interpreter's float results can depend on OpenBLAS's thread count (with fp32
+accumulation in its matmuls they differed in the last fp16 bit or two between 1 and 2 threads),
+so `environment` records the setting the goldens were made with. Run as a program, this tool
+defaults OPENBLAS_NUM_THREADS to 1 (set before numpy loads; the small matmuls were also several
+times faster on one thread on a busy 2-core machine); the Bazel rules set it explicitly.
 """
 
 from __future__ import annotations
