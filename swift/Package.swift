@@ -47,8 +47,9 @@ let package = Package(
             name: "MuseflashContractTests",
             dependencies: ["MuseflashContract", "ExportMetadata", "MLPackage", "TestSupport"]
         ),
-        // The next two need files Bazel builds, named by environment variables (see each test's
-        // doc comment); without them run `swift test --skip ContractOnExportTests --skip MetadataExamplesTests`.
+        // The next three need files Bazel builds, named by environment variables (see each test's
+        // doc comment); without them run `swift test --skip ContractOnExportTests
+        // --skip MetadataExamplesTests --skip RuntimeGoldenTests`.
         // Needs MUSEFLASH_EXPORT_DIR.
         .testTarget(
             name: "ContractOnExportTests",

@@ -1,4 +1,4 @@
-"""Figures of an exported trained pair on held-out text: what the README's tables report.
+"""Figures of an exported trained pair on held-out text (the demo tables of docs/benchmarks.md).
 
     ./bazelw run //:demo_figures -- --export-dir exported [--output FILE.json]
 
