@@ -209,6 +209,10 @@ def _mean32(x: np.ndarray, axis: Any = None, keepdims: bool = False) -> np.ndarr
     return total / np.float32(count)
 
 
+def _l2_norm32(x: np.ndarray, **kwargs: Any) -> np.ndarray:
+    return np.sqrt(np.sum(np.asarray(x, np.float64) ** 2, **kwargs)).astype(np.float32)
+
+
 def _softmax(a: dict[str, Any]) -> np.ndarray:
     x = _f32(a["x"])
     axis = int(np.asarray(a["axis"])) if a.get("axis") is not None else -1
@@ -568,7 +572,7 @@ KERNELS: dict[str, Kernel] = {
     "reduce_prod": _reduction(np.prod),
     "reduce_sum_square": _reduction(lambda x, **k: _sum32(np.asarray(x, np.float64) ** 2, **k)),
     "reduce_l1_norm": _reduction(lambda x, **k: _sum32(np.abs(x), **k)),
-    "reduce_l2_norm": _reduction(lambda x, **k: np.sqrt(np.sum(np.asarray(x, np.float64) ** 2, **k)).astype(np.float32)),
+    "reduce_l2_norm": _reduction(_l2_norm32),
     "reduce_log_sum": _reduction(lambda x, **k: np.log(np.sum(x, **k))),
     "reduce_log_sum_exp": _reduction(_log_sum_exp),
     "reduce_argmax": _arg_reduction(np.argmax),

@@ -31,14 +31,14 @@ from absl import app, flags  # noqa: E402
 DEFAULT_PROMPT = ('def read_lines(path):\n    """Return the stripped lines of a text file."""\n'
                   '    with open(path) as handle:\n        return [line.strip() for line in')
 
+from museflash.bundle import Metadata  # noqa: E402
 from museflash.paths import resolve_user_path  # noqa: E402
+from museflash.runtime.generate import TextTokenizer  # noqa: E402
 from museflash.runtime.speculative import (  # noqa: E402
     load_exported_pair,
     speculative_generate,
     target_only_generate,
 )
-from museflash.bundle import Metadata  # noqa: E402
-from museflash.runtime.generate import TextTokenizer  # noqa: E402
 
 flags.DEFINE_string("export-dir", None, "Export directory (holds metadata.json).")
 flags.DEFINE_string("swift-generate", None, "The swift-generate binary (Bazel passes it).")
