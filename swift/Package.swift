@@ -28,14 +28,14 @@ let package = Package(
         // (Apple platforms build the backend against the real framework).
         .target(name: "CoreMLStandIn", dependencies: ["MILInterpreter"]),
         .target(name: "MuseflashRuntime",
-                dependencies: ["ExportMetadata", "MLPackage", "MILInterpreter",
+                dependencies: ["ExportMetadata", "MLPackage", "MILInterpreter", "MuseflashTokenizer",
                                .target(name: "CoreMLStandIn", condition: .when(platforms: [.linux]))]),
         .executableTarget(name: "swift-generate", dependencies: ["MuseflashRuntime"]),
         // Bazel and plain swiftc call this module CheckContract; main.swift never names its own module.
         .executableTarget(name: "check-contract", dependencies: ["MuseflashContract"]),
         // Test-only helpers (spec encoder, synthetic export bundles); no tests of its own.
         .target(name: "TestSupport", path: "Tests/TestSupport"),
-        .testTarget(name: "ProtoWireTests", dependencies: ["ProtoWire"]),
+        .testTarget(name: "ProtoWireTests", dependencies: ["ProtoWire", "TestSupport"]),
         .testTarget(
             name: "MLPackageTests",
             dependencies: ["MLPackage", "ProtoWire", "TestSupport"],
@@ -55,6 +55,7 @@ let package = Package(
             name: "ContractOnExportTests",
             dependencies: ["MuseflashContract", "ExportMetadata"]
         ),
+        .testTarget(name: "MuseflashRuntimeTests", dependencies: ["MuseflashRuntime", "ExportMetadata"]),
         // Needs MUSEFLASH_EXPORT_DIR and MUSEFLASH_GOLDENS (tests/runtime); skips without them.
         .testTarget(
             name: "RuntimeGoldenTests",

@@ -10,14 +10,24 @@ public struct GenerationOptions: Sendable {
     public var numDraftTokens: Int?
     /// Stop after the bundle's end-of-sequence token (the token is the last one returned).
     public var stopAtEndOfSequence: Bool
+    /// nil or temperature 0: greedy, token for token the target's own greedy output. Otherwise
+    /// drafts are sampled from the drafter's rows and accepted by the rejection rule, so the
+    /// output is distributed as the target's own sampling.
+    public var sampling: Sampling?
+    /// The seed of the generation's only randomness (`SeededGenerator`).
+    public var seed: UInt64
 
     public init(maxNewTokens: Int = 64, useDrafter: Bool = true, numDraftTokens: Int? = nil,
-                stopAtEndOfSequence: Bool = true) {
+                stopAtEndOfSequence: Bool = true, sampling: Sampling? = nil, seed: UInt64 = 0) {
         self.maxNewTokens = maxNewTokens
         self.useDrafter = useDrafter
         self.numDraftTokens = numDraftTokens
         self.stopAtEndOfSequence = stopAtEndOfSequence
+        self.sampling = sampling
+        self.seed = seed
     }
+
+    var sampled: Bool { sampling.map { !$0.isGreedy } ?? false }
 }
 
 public enum StopReason: String, Sendable, Equatable {
@@ -113,6 +123,9 @@ public final class SpeculativeDecoder {
         /// After a rejection, continue one position later, leaving the rejected slot's stale
         /// K/V in the caches instead of overwriting it.
         var skipRejectedSlot = false
+        /// Adds this much probability to one token in every sampled distribution (then
+        /// renormalises): the kind of bias the sampling test must detect.
+        var probabilityBias: (token: Int, amount: Double)?
     }
     var faults = Faults()
 
@@ -214,6 +227,7 @@ public final class SpeculativeDecoder {
         let options: GenerationOptions
         let onTokens: (([Int32]) -> Void)?
         var result: GenerationResult
+        var generator: SeededGenerator
         /// Target features of positions the drafter may still be given, by position.
         var features: [Int: ArraySlice<Float>] = [:]
         let pad: Int32
@@ -225,6 +239,23 @@ public final class SpeculativeDecoder {
             self.onTokens = onTokens
             self.result = GenerationResult(promptIDs: prompt)
             self.pad = decoder.bundle.padTokenID ?? 0
+            self.generator = SeededGenerator(seed: options.seed)
+        }
+
+        /// The token after one row of logits: its argmax, or a sample under the settings.
+        mutating func next(_ logits: ArraySlice<Float>) -> Int32 {
+            guard options.sampled, let sampling = options.sampling else { return argmax(logits) }
+            return Int32(SpeculativeSampling.sample(probabilities(sampling, logits), &generator))
+        }
+
+        func probabilities(_ sampling: Sampling, _ logits: ArraySlice<Float>) -> [Double] {
+            var result = sampling.probabilities(logits)
+            if let bias = decoder.faults.probabilityBias, bias.token < result.count {
+                result[bias.token] += bias.amount
+                let total = result.reduce(0, +)
+                result = result.map { $0 / total }
+            }
+            return result
         }
 
         var done: Bool { result.stopReason != .maxNewTokens || result.tokens.count >= options.maxNewTokens }
@@ -340,7 +371,7 @@ public final class SpeculativeDecoder {
             let block = decoder.blockSize
             let vocab = decoder.vocabSize
             let logits = try prefillPrompt()
-            var anchor = argmax(logits[...])
+            var anchor = next(logits[...])
             emit([anchor])
             for start in prompt.count >= block ? try chunkStarts(prompt.count, block) : [0] {
                 try inject(first: start)
@@ -351,7 +382,7 @@ public final class SpeculativeDecoder {
                     "input_ids": ShapedArray(int32: [anchor] + [Int32](repeating: decoder.maskTokenID, count: block - 1), shape: [1, block]),
                     "position_ids": ShapedArray(int32: (0..<block).map { Int32(anchorPosition + $0) }, shape: [block]),
                 ], first: anchorPosition, length: block)
-                let guesses: [Int32]
+                var guesses: [Int32]
                 if let selected = drafted["draft_tokens"] {
                     guesses = selected.int32s
                     guard guesses.count == block - 1 else {
@@ -364,15 +395,33 @@ public final class SpeculativeDecoder {
                     let values = rows.floats
                     guesses = (1..<block).map { argmax(values[($0 * vocab)..<(($0 + 1) * vocab)]) }
                 }
+                // Sampled: the judged drafts come from each drafter row's own distribution (a
+                // DFlash2 selector path is greedy only); later slots keep their greedy draft and
+                // their target rows are never used.
+                var q: [[Double]] = []
+                if options.sampled, let sampling = options.sampling {
+                    guard let rows = drafted["logits"], rows.count == block * vocab else {
+                        throw RuntimeError.badOutput(function: "draft", reason: "no logits of \(block) x \(vocab)")
+                    }
+                    let values = rows.floats
+                    q = (1...proposals).map { probabilities(sampling, values[($0 * vocab)..<(($0 + 1) * vocab)]) }
+                    for index in 0..<proposals { guesses[index] = Int32(SpeculativeSampling.sample(q[index], &generator)) }
+                }
                 let verified = try target(decoder.main, ids: [anchor] + guesses, first: anchorPosition)
                 guard verified.rows == block else {
                     throw RuntimeError.badOutput(function: "main", reason: "\(verified.rows) logits rows for a block of \(block)")
                 }
                 var accepted = 0
-                var token = argmax(verified.logits[0..<vocab])
-                while accepted < proposals, guesses[accepted] == token {
-                    accepted += 1
-                    token = argmax(verified.logits[(accepted * vocab)..<((accepted + 1) * vocab)])
+                var token: Int32
+                if options.sampled, let sampling = options.sampling {
+                    let p = (0...proposals).map { probabilities(sampling, verified.logits[($0 * vocab)..<(($0 + 1) * vocab)]) }
+                    (accepted, token) = SpeculativeSampling.accept(p: p, q: q, drafted: Array(guesses[..<proposals]), &generator)
+                } else {
+                    token = argmax(verified.logits[0..<vocab])
+                    while accepted < proposals, guesses[accepted] == token {
+                        accepted += 1
+                        token = argmax(verified.logits[(accepted * vocab)..<((accepted + 1) * vocab)])
+                    }
                 }
                 result.accepted.append(accepted)
                 emit(Array(guesses[..<accepted]) + [token])
@@ -393,12 +442,12 @@ public final class SpeculativeDecoder {
             let vocab = decoder.vocabSize
             let logits = try prefillPrompt()
             features = [:]
-            var token = argmax(logits[...])
+            var token = next(logits[...])
             emit([token])
             var position = prompt.count
             while !done, roomFor(first: position, length: block) {
                 let out = try target(decoder.main, ids: [token] + [Int32](repeating: pad, count: block - 1), first: position)
-                token = argmax(out.logits[0..<vocab])
+                token = next(out.logits[0..<vocab])
                 emit([token])
                 position += 1
             }

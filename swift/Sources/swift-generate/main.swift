@@ -3,12 +3,15 @@ import MuseflashRuntime
 
 // swift-generate: speculative decoding over an exported bundle, in Swift.
 //
-//   swift-generate --export-dir DIR --prompt-ids 1,2,3 [--max-new-tokens N] [--no-draft]
-//       [--num-draft-tokens K] [--backend interpreter|coreml] [--format text|json]
+//   swift-generate --export-dir DIR (--prompt TEXT | --prompt-file F | --prompt-ids 1,2,3)
+//       [--max-new-tokens N] [--temperature T] [--top-p P] [--seed S] [--no-draft]
+//       [--num-draft-tokens K] [--backend interpreter|coreml] [--format text|json] [--no-compare]
 //
-// Text: the generated ids as they are accepted, then the figures. JSON: one object. Bad input:
-// one line on stderr and exit status 1. Relative paths resolve against $BUILD_WORKING_DIRECTORY
-// (bazel run), else the current directory.
+// Text: the continuation streamed as it is accepted (decoded text for a text prompt, ids for
+// --prompt-ids), then the figures, and the drafter's speed-up against the target alone, timed in
+// the same run (--no-compare skips that run; --compare adds it to JSON). JSON: one object. Bad input: one line on stderr and
+// exit status 1. Relative paths resolve against $BUILD_WORKING_DIRECTORY (bazel run), else the
+// current directory.
 
 struct UsageError: Error, CustomStringConvertible {
     let description: String
@@ -17,14 +20,21 @@ struct UsageError: Error, CustomStringConvertible {
 struct Options {
     var exportDir = ""
     var promptIDs: [Int32] = []
+    var promptText: String?
+    var promptFile: String?
     var maxNewTokens = 64
     var useDrafter = true
     var numDraftTokens: Int?
     var backend = "interpreter"
     var json = false
+    var temperature = 0.0
+    var topP = 1.0
+    var seed: UInt64 = 0
+    /// Time the target alone too; default: in text format only.
+    var compare: Bool?
 }
 
-let usage = "usage: swift-generate --export-dir DIR --prompt-ids 1,2,3 [--max-new-tokens N] [--no-draft] [--num-draft-tokens K] [--backend interpreter|coreml] [--format text|json]"
+let usage = "usage: swift-generate --export-dir DIR (--prompt TEXT | --prompt-file F | --prompt-ids 1,2,3) [--max-new-tokens N] [--temperature T] [--top-p P] [--seed S] [--no-draft] [--num-draft-tokens K] [--backend interpreter|coreml] [--format text|json] [--compare | --no-compare]"
 
 func parse(_ arguments: [String]) throws -> Options {
     var options = Options()
@@ -37,6 +47,11 @@ func parse(_ arguments: [String]) throws -> Options {
     func integer(_ flag: String) throws -> Int {
         let text = try value(flag)
         guard let number = Int(text) else { throw UsageError(description: "\(flag) takes a whole number, got \"\(text)\"") }
+        return number
+    }
+    func real(_ flag: String) throws -> Double {
+        let text = try value(flag)
+        guard let number = Double(text), number.isFinite else { throw UsageError(description: "\(flag) takes a number, got \"\(text)\"") }
         return number
     }
     while index < arguments.count {
@@ -59,6 +74,16 @@ func parse(_ arguments: [String]) throws -> Options {
                 guard let id = Int32(part) else { throw UsageError(description: "--prompt-ids takes comma-separated integers, got \"\(part)\"") }
                 return id
             }
+        case "--prompt": options.promptText = try value(argument)
+        case "--prompt-file": options.promptFile = try value(argument)
+        case "--temperature": options.temperature = try real(argument)
+        case "--top-p": options.topP = try real(argument)
+        case "--seed":
+            let text = try value(argument)
+            guard let seed = UInt64(text) else { throw UsageError(description: "--seed takes a whole number >= 0, got \"\(text)\"") }
+            options.seed = seed
+        case "--no-compare": options.compare = false
+        case "--compare": options.compare = true
         case "--max-new-tokens": options.maxNewTokens = try integer(argument)
         case "--num-draft-tokens": options.numDraftTokens = try integer(argument)
         case "--no-draft": options.useDrafter = false
@@ -81,8 +106,13 @@ func parse(_ arguments: [String]) throws -> Options {
         index += 1
     }
     guard !options.exportDir.isEmpty else { throw UsageError(description: "--export-dir is required; \(usage)") }
-    guard !options.promptIDs.isEmpty else { throw UsageError(description: "--prompt-ids is required; \(usage)") }
+    let prompts = [!options.promptIDs.isEmpty, options.promptText != nil, options.promptFile != nil].filter { $0 }.count
+    guard prompts == 1 else {
+        throw UsageError(description: "give exactly one of --prompt, --prompt-file and --prompt-ids; \(usage)")
+    }
     guard options.maxNewTokens >= 1 else { throw UsageError(description: "--max-new-tokens must be at least 1, got \(options.maxNewTokens)") }
+    guard options.temperature >= 0 else { throw UsageError(description: "--temperature must be >= 0, got \(options.temperature)") }
+    guard options.topP > 0, options.topP <= 1 else { throw UsageError(description: "--top-p must be in (0, 1], got \(options.topP)") }
     return options
 }
 
@@ -121,7 +151,8 @@ func peakResidentBytes() -> Int {
 /// Before anything is opened: the process's own cost, apart from the bundle.
 let startupResidentBytes = peakResidentBytes()
 
-func report(_ result: GenerationResult, options: Options, backend: String, bundle: MuseflashBundle) -> [String: Any] {
+func report(_ result: GenerationResult, options: Options, backend: String, bundle: MuseflashBundle,
+            text: String?, alone: GenerationResult?) -> [String: Any] {
     var functions: [String: Any] = [:]
     for (name, stats) in result.functions {
         functions[name] = ["calls": stats.calls, "seconds": stats.seconds,
@@ -147,10 +178,15 @@ func report(_ result: GenerationResult, options: Options, backend: String, bundl
         "startup_rss_bytes": startupResidentBytes,
         "weight_bytes": bundle.weightFileBytes,
         "state_bytes": bundle.stateBytes,
-    ]
+        "temperature": options.temperature,
+        "top_p": options.topP,
+        "seed": options.seed,
+    ].merging(text.map { ["text": $0] } ?? [:]) { a, _ in a }
+        .merging(alone.map { ["target_alone_seconds": $0.seconds, "target_alone_tokens_per_second": $0.tokensPerSecond,
+                              "speedup": $0.tokensPerSecond > 0 ? result.tokensPerSecond / $0.tokensPerSecond : 0] } ?? [:]) { a, _ in a }
 }
 
-func summary(_ result: GenerationResult, backend: String) -> String {
+func summary(_ result: GenerationResult, backend: String, alone: GenerationResult?) -> String {
     var lines: [String] = []
     let stop = result.stopReason == .maxNewTokens ? "reached --max-new-tokens" : result.stopReason == .endOfSequence ? "end of sequence" : "context full"
     lines.append(String(format: "%d tokens in %.3f s (%.1f tokens/s, %@ backend), stopped: %@",
@@ -167,6 +203,11 @@ func summary(_ result: GenerationResult, backend: String) -> String {
         return String(format: "%@ %d x %.2f ms", name, stats.calls, 1000 * stats.seconds / Double(max(stats.calls, 1)))
     }
     lines.append("time per call: " + timing.joined(separator: ", "))
+    if let alone = alone {
+        lines.append(String(format: "target alone, same prompt and settings: %d tokens in %.3f s (%.1f tokens/s); drafter speed-up %.2fx",
+                            alone.tokens.count, alone.seconds, alone.tokensPerSecond,
+                            alone.tokensPerSecond > 0 ? result.tokensPerSecond / alone.tokensPerSecond : 0))
+    }
     return lines.joined(separator: "\n") + "\n"
 }
 
@@ -179,21 +220,51 @@ do {
 
 do {
     let bundle = try MuseflashBundle.open(resolve(options.exportDir))
+    var text: BundleText?
+    var prompt = options.promptIDs
+    var promptText = options.promptText
+    if let file = options.promptFile {
+        // The file's bytes as written (no newline stripped), as UTF-8.
+        let url = resolve(file)
+        guard let data = FileManager.default.contents(atPath: url.path) else { fail("--prompt-file \(url.path) cannot be read") }
+        guard let given = String(data: data, encoding: .utf8) else { fail("--prompt-file \(url.path) is not UTF-8 text") }
+        promptText = given
+    }
+    if let given = promptText {
+        text = try BundleText(bundle: bundle)
+        prompt = try text!.encode(given)
+    } else if bundle.metadata.tokenizer != nil {
+        text = try? BundleText(bundle: bundle)
+    }
     let backend: any InferenceBackend = options.backend == "coreml" ? try CoreMLBackend() : InterpreterBackend()
     let decoder = try SpeculativeDecoder(bundle: bundle, backend: backend)
     if options.useDrafter && !decoder.hasDrafter {
         fail("\(bundle.url.path) has no DFlash drafter; export with --fused-target --dflash-drafter, or pass --no-draft")
     }
-    let generation = GenerationOptions(maxNewTokens: options.maxNewTokens, useDrafter: options.useDrafter,
-                                       numDraftTokens: options.numDraftTokens)
-    let result = try decoder.generate(prompt: options.promptIDs, options: generation) { tokens in
-        if !options.json { write(tokens.map { String($0) }.joined(separator: " ") + " ") }
+    let sampling = try Sampling(temperature: options.temperature, topP: options.topP)
+    var generation = GenerationOptions(maxNewTokens: options.maxNewTokens, useDrafter: options.useDrafter,
+                                       numDraftTokens: options.numDraftTokens, sampling: sampling, seed: options.seed)
+    let streamText = options.promptIDs.isEmpty && !options.json
+    var stream = text?.stream()
+    if streamText, let given = promptText { write(given) }
+    let result = try decoder.generate(prompt: prompt, options: generation) { tokens in
+        if options.json { return }
+        if streamText, stream != nil { write(stream!.push(tokens)) } else { write(tokens.map { String($0) }.joined(separator: " ") + " ") }
+    }
+    if streamText, stream != nil { write(stream!.finish()) }
+    var alone: GenerationResult?
+    if options.compare ?? !options.json, options.useDrafter {
+        generation.useDrafter = false
+        generation.numDraftTokens = nil
+        alone = try decoder.generate(prompt: prompt, options: generation)
     }
     if options.json {
-        let data = try JSONSerialization.data(withJSONObject: report(result, options: options, backend: backend.name, bundle: bundle), options: [.sortedKeys])
+        let body = report(result, options: options, backend: backend.name, bundle: bundle,
+                          text: text?.decode(result.tokens), alone: alone)
+        let data = try JSONSerialization.data(withJSONObject: body, options: [.sortedKeys])
         write(String(decoding: data, as: UTF8.self) + "\n")
     } else {
-        write("\n" + summary(result, backend: backend.name))
+        write("\n" + summary(result, backend: backend.name, alone: alone))
     }
 } catch {
     fail("\(error)")
