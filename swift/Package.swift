@@ -47,9 +47,10 @@ let package = Package(
             name: "MuseflashContractTests",
             dependencies: ["MuseflashContract", "ExportMetadata", "MLPackage", "TestSupport"]
         ),
-        // The next three need files Bazel builds, named by environment variables (see each test's
-        // doc comment); without them run `swift test --skip ContractOnExportTests
-        // --skip MetadataExamplesTests --skip RuntimeGoldenTests`.
+        // The next three, and MuseflashTokenizerTests' ParityTests, need files Bazel builds, named
+        // by environment variables (see each test's doc comment); without them run
+        // `swift test --skip ContractOnExportTests --skip MetadataExamplesTests
+        // --skip RuntimeGoldenTests --skip MuseflashTokenizerTests.ParityTests`.
         // Needs MUSEFLASH_EXPORT_DIR.
         .testTarget(
             name: "ContractOnExportTests",

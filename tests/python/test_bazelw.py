@@ -49,8 +49,8 @@ def test_missing_swift_names_where_it_looked_and_the_fix(sandbox):
     result = _run(repo, bin_dir, "test", "//...")
     assert result.returncode == 2
     assert "bazel ran" not in result.stdout
-    assert "no Swift toolchain found (looked for swiftc in: PATH)" in result.stderr
-    assert "set SWIFT_HOME" in result.stderr
+    # Names what is missing, where it looked, and the setting that fixes it.
+    assert all(word in result.stderr for word in ("swiftc", "PATH", "SWIFT_HOME"))
 
 
 def test_bad_swift_home_lists_the_paths_tried(sandbox, tmp_path):
@@ -75,7 +75,8 @@ def test_failed_apt_install_says_how_to_fix(sandbox):
     _fake(bin_dir, "apt-get", "exit 100")
     result = _run(repo, bin_dir, "test", "//...")
     assert result.returncode == 2
-    assert "apt-get update && apt-get install -y bazel-bootstrap" in result.stderr
+    # The fix: the package to install, and how.
+    assert "apt-get install" in result.stderr and "bazel-bootstrap" in result.stderr
 
 
 def test_arguments_pass_through_unchanged(sandbox):

@@ -173,11 +173,22 @@ def test_asset_and_function_lookups_say_what_exists(examples):
         metadata.asset(AssetRole.TARGET).function(FunctionName.DRAFT)
 
 
-def test_names_are_spelled_as_in_the_bundle():
-    assert AssetRole.DFLASH_DRAFTER.package == "dflash_drafter.mlpackage"
-    assert f"{StateName.GLOBAL_VALUE_CACHE}" == "globalValueCache"
-    assert StateName.GLOBAL_VALUE_CACHE.kind == StateKind.GLOBAL_KV
-    assert StateName.SLIDING_KEY_CACHE.role == bundle.StateRole.KEY
-    assert StateName.DRAFTER_VALUE_CACHE.kind == StateKind.SLIDING_KV
-    assert StateName.DRAFTER_VALUE_CACHE.role == bundle.StateRole.VALUE
-    assert {"main": 1}[FunctionName.MAIN] == 1  # str-valued: usable wherever a name is
+def test_each_state_name_says_how_its_cache_is_addressed(examples):
+    """The kind and role written for a state follow from its name: in every valid example a
+    global cache holds the whole context, a sliding one is a ring shorter than it, and every
+    key cache has a value cache of the same shape beside it."""
+    for example in examples["valid"]:
+        metadata = Metadata.from_json(example["metadata"])
+        for role, asset in metadata.assets.items():
+            shapes = {(state.kind, state.role): state.shape for state in asset.states}
+            assert len(shapes) == len(asset.states), (example["name"], role)
+            for state in asset.states:
+                where = (example["name"], role, str(state.name))
+                assert (state.kind, state.role) == (state.name.kind, state.name.role), where
+                if state.kind == StateKind.GLOBAL_KV:
+                    assert state.capacity == metadata.context_length, where
+                else:
+                    assert state.capacity < metadata.context_length, where
+                other = (bundle.StateRole.VALUE if state.role == bundle.StateRole.KEY
+                         else bundle.StateRole.KEY)
+                assert shapes[(state.kind, other)] == state.shape, where

@@ -328,9 +328,10 @@ def test_coinciding_placeholder_rows_are_refused(tmp_path, monkeypatch):
     shard = tmp_path / "model.safetensors"
     placeholders.make(_location(shard, "model.a.weight"), torch.float16)
     placeholders.make(_location(shard, "model.a.weight"), torch.float16)  # the same tensor again
-    with pytest.raises(CheckpointError, match="placeholder rows of 'model.a.weight' and "
-                                              "'model.b.weight' coincide; rename one"):
+    with pytest.raises(CheckpointError) as error:
         placeholders.make(_location(shard, "model.b.weight"), torch.float16)
+    # The error names both tensors, so the user knows which to rename.
+    assert "model.a.weight" in str(error.value) and "model.b.weight" in str(error.value)
 
 
 def test_fresh_placeholder_instances_make_the_same_model(fp32_dirs):
@@ -380,11 +381,22 @@ def test_drafters_this_exporter_would_not_run_exactly_are_refused(copies, change
 
 
 def test_both_v1_architecture_names_and_neutral_settings_load(copies):
+    """Either v1 architecture name, or none, with settings stated at the values the v1 model
+    implements, loads the same fused target and drafter as the config as written."""
+    expected_target = load_target(*copies)
+    expected_drafter = load_drafter(copies[1], expected_target)
     for architectures in (["MuseGlimmerAssistantModel"], ["DFlashDraftModel"], None):
         config = dict(DEMO_DRAFTER_CONFIG, architectures=architectures, num_target_layers=8,
                       dflash_config={"output_multiplier": 1.0})
         (copies[1] / "config.json").write_text(json.dumps(config))
-        load_target(*copies)
+        target = load_target(*copies)
+        drafter = load_drafter(copies[1], target)
+        assert isinstance(target, MuseGlimmerWithDrafterFeatures), architectures
+        assert drafter.config == expected_drafter.config, architectures
+        for loaded, expected in ((target, expected_target), (drafter, expected_drafter)):
+            got, want = loaded.state_dict(), expected.state_dict()
+            assert got.keys() == want.keys(), architectures
+            assert all(torch.equal(got[name], want[name]) for name in want), architectures
 
 
 def test_zlab_layout_loads_the_same_encoder_with_a_per_query_window(copies):

@@ -1,6 +1,7 @@
 """The demo checkpoint generator: real layout, deterministic, command line."""
 
 import json
+import re
 
 import pytest
 from safetensors import safe_open
@@ -53,12 +54,12 @@ def test_builtin_pairs_and_their_errors(tmp_path, monkeypatch):
         assert check_configs(target, drafter).target.vocab_size == 512
     assert not target.exists()  # the tiny pair lives only inside the block
     monkeypatch.setattr(demo_checkpoint, "TRAINED_DEMO_DIR", tmp_path / "gone")
-    with pytest.raises(CheckpointError, match="trained demo pair is missing from .*gone; "
-                                              "restore it from git or rebuild it"):
+    # Each error names what it could not find: the missing directory, the unknown name.
+    with pytest.raises(CheckpointError, match=re.escape(str(tmp_path / "gone"))):
         with demo_checkpoint.builtin_checkpoints("demo"):
             pass
-    with pytest.raises(ValueError, match=r"no built-in pair 'huge'"):
+    with pytest.raises(ValueError, match="huge"):
         with demo_checkpoint.builtin_checkpoints("huge"):
             pass
-    with pytest.raises(ExportError, match=r"--builtin 'huge' is not a built-in pair"):
+    with pytest.raises(ExportError, match="--builtin 'huge'"):
         check_flag_rules(ExportOptions(output_dir=tmp_path / "out", builtin="huge"))

@@ -3,6 +3,7 @@
 import json
 import math
 import random
+import re
 
 import pytest
 import torch
@@ -221,16 +222,34 @@ def test_a_tiny_training_run_learns_and_writes_a_loadable_checkpoint(tmp_path, s
     assert any("perplexity per token" in line and "bits per byte" in line for line in lines)
 
 
-def test_a_time_budget_fixes_the_step_count_when_the_decay_starts():
+def test_a_time_budget_fixes_the_step_count_when_the_decay_starts(monkeypatch):
+    """Once the budget's decay fraction is left, the step count is fixed, announced with the
+    --steps that repeats the run, and the run ends exactly there. The clock is a fake one that
+    advances a second per reading, so the test does not depend on the machine's speed."""
+    class Clock:
+        now = 0.0
+
+        def perf_counter(self):
+            self.now += 1.0
+            return self.now
+
+    monkeypatch.setattr(td, "time", Clock())
     arch = td.Architecture(hidden_size=16, intermediate_size=32, num_hidden_layers=3,
                            num_attention_heads=2, num_key_value_heads=1, head_dim=8,
                            sliding_window=4)
     torch.set_num_threads(1)
     model = td.build_model(td.target_config(64, arch, 16), 16, seed=0)
-    settings = td.Settings(output_dir=None, minutes=0.03, warmup_steps=2, log_every=10**6)
-    batches = td.training_batches(torch.randint(4, 64, (2000,)), 4, 16, seed=0)
+    settings = td.Settings(output_dir=None, minutes=0.5, warmup_steps=2, log_every=10**6)
+    ids = torch.randint(4, 64, (2000,), generator=torch.Generator().manual_seed(0))
+    batches = td.training_batches(ids, 4, 16, seed=0)
     lines = []
     figures = td.train(model, batches, settings, lines.append)
-    announced = [line for line in lines if "reproduce with --steps" in line]
+    announced = [match for line in lines
+                 if (match := re.match(r"step (\d+):.*--steps (\d+)\)$", line))]
     assert len(announced) == 1
-    assert announced[0].endswith(f"(reproduce with --steps {figures['steps']})")
+    fixed_at, steps = (int(group) for group in announced[0].groups())
+    # Fixed when 80% of the 30 s budget had passed (a second per step on this clock) ...
+    assert fixed_at == pytest.approx(30 * (1 - td.DECAY_FRACTION), abs=2)
+    # ... to the shortest run whose decay starts there, and the run is exactly that long.
+    assert steps == td.total_steps_for(fixed_at) == figures["steps"] == len(figures["losses"])
+    assert steps - td.decay_steps(steps) >= fixed_at

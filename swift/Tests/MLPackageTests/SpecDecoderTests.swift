@@ -162,15 +162,11 @@ final class SpecDecoderTests: XCTestCase {
 
     func testRandomByteFlipsNeverTrap() {
         let valid = SpecBytes.model(version: 9, description: statefulDescription())
-        var state: UInt64 = 0x5EED
-        func nextRandom(_ bound: Int) -> Int {
-            state = state &* 6_364_136_223_846_793_005 &+ 1_442_695_040_888_963_407
-            return Int(truncatingIfNeeded: (state >> 33) % UInt64(bound))
-        }
+        var generator = FuzzGenerator(seed: 0x5EED)
         for _ in 0..<2000 {
             var bytes = valid
-            for _ in 0...nextRandom(3) {
-                bytes[nextRandom(bytes.count)] = UInt8(truncatingIfNeeded: nextRandom(256))
+            for _ in 0...Int.random(in: 0..<3, using: &generator) {
+                bytes[Int.random(in: 0..<bytes.count, using: &generator)] = UInt8.random(in: 0...255, using: &generator)
             }
             do {
                 _ = try ModelSpecification(serializedBytes: bytes)

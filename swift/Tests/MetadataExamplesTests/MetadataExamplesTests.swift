@@ -90,7 +90,8 @@ final class MetadataExamplesTests: XCTestCase {
 
     /// The package rules as this reader applies them (schema version 3): each asset's default
     /// function is one of its functions; assets sharing a package list distinct functions and
-    /// states; `compression.groups[i].packages` names only package owners.
+    /// states; `compression.groups[i].packages` names only package owners; the drafter kind
+    /// leads to the asset the exporter wrote; a state's kind and role follow from its name.
     func testValidExamplesFollowThePackageRules() throws {
         for example in try examples().valid {
             guard let metadata = try? ExportMetadata.decode(from: try text(of: example), path: example.name) else {
@@ -106,6 +107,10 @@ final class MetadataExamplesTests: XCTestCase {
                 XCTAssertEqual(Set(functions).count, functions.count, "\(example.name): \(package.path) functions \(functions)")
                 let states = assets.flatMap { $0.states.map(\.name) }
                 XCTAssertEqual(Set(states).count, states.count, "\(example.name): \(package.path) states \(states)")
+            }
+            if let speculative = metadata.speculativeDecoding {
+                XCTAssertNotNil(metadata.assets[speculative.drafterKind.assetRole],
+                                "\(example.name): drafter kind \(speculative.drafterKind) has no \(speculative.drafterKind.assetRole) asset")
             }
             let owners = Set(metadata.packages.map(\.owner))
             for (index, group) in (metadata.compression?.groups ?? []).enumerated() {

@@ -5,50 +5,32 @@ import TestSupport
 
 /// Shared by the contract test classes; holds no tests itself.
 enum ContractAssertions {
-    /// The properties of a DFlash export without compression up to the function maps; a DFlash2
-    /// bundle has the same ones. `owners`: the roles owning a package, which name the
-    /// per-package properties.
-    private static func dflashInterfaceProperties(owners: [String]) -> [String] {
-        ["metadata.schema_version", "metadata.assets_exist", "metadata.drafter_kind"]
-            + owners.map { "\($0).embedded_metadata" } + ["package.functions"]
-            + ["target.inputs", "target.outputs", "target.drafter_vocab_agree",
-               "drafter.functions", "drafter.shared_states", "drafter.inject_kv_signature", "drafter.draft_signature",
-               "drafter.draft_tokens",
-               "target.states", "dflash_drafter.states",
-               "target.function_map", "dflash_drafter.function_map"]
+    /// The properties the checker evaluates on an intact export, in its order. A damaged copy of
+    /// that export must still evaluate every one of them (`assertFailing`), so damage cannot hide
+    /// a property by making it not run; taken from the checker, so a new property needs no list
+    /// edited here. ValidBundleTests pins the properties each kind of bundle must have.
+    static func properties(of export: SyntheticExport) -> [String] {
+        do {
+            return try check(export).results.map(\.name)
+        } catch {
+            XCTFail("the intact export does not check: \(error)")
+            return []
+        }
     }
 
     /// Schema version 3: the target and the DFlash drafter share `target.mlpackage`, owned by
     /// `target`, so every per-package property runs once, as `target`'s.
-    static let dflashBundleProperties = dflashInterfaceProperties(owners: ["target"])
-        + ["target.compression.ops_declared", "target.weight_file"]
+    static let dflashBundleProperties = properties(of: .fusedTargetWithDFlashDrafter())
 
     /// Before schema version 3: a package per asset.
-    static let separateDFlashBundleProperties = dflashInterfaceProperties(owners: ["target", "dflash_drafter"])
-        + ["target.compression.ops_declared", "dflash_drafter.compression.ops_declared"]
-        + ["target.weight_file", "dflash_drafter.weight_file"]
-
-    static let compressionProperties = ["ops_declared", "stored_compressed", "bytes", "functions_agree"]
+    static let separateDFlashBundleProperties = properties(of: .fusedTargetWithSeparateDFlashDrafter())
 
     /// With `compression` in metadata.json.
-    static let compressedDFlashBundleProperties = dflashInterfaceProperties(owners: ["target"]) + ["metadata.compression"]
-        + compressionProperties.map { "target.compression.\($0)" } + ["target.weight_file"]
+    static let compressedDFlashBundleProperties = properties(of: .compressedFusedTargetWithDFlashDrafter())
 
-    static let compressedSeparateDFlashBundleProperties = dflashInterfaceProperties(owners: ["target", "dflash_drafter"])
-        + ["metadata.compression"]
-        + ["target", "dflash_drafter"].flatMap { role in compressionProperties.map { "\(role).compression.\($0)" } }
-        + ["target.weight_file", "dflash_drafter.weight_file"]
+    static let compressedSeparateDFlashBundleProperties = properties(of: .compressedFusedTargetWithSeparateDFlashDrafter())
 
-    static let ringBundleProperties = [
-        "metadata.schema_version", "metadata.assets_exist", "metadata.drafter_kind",
-        "target.embedded_metadata", "ring_drafter.embedded_metadata", "package.functions",
-        "target.inputs", "target.outputs", "target.drafter_vocab_agree",
-        "ring_drafter.main_signature",
-        "target.states", "ring_drafter.states",
-        "target.function_map", "ring_drafter.function_map",
-        "target.compression.ops_declared", "ring_drafter.compression.ops_declared",
-        "target.weight_file", "ring_drafter.weight_file",
-    ]
+    static let ringBundleProperties = properties(of: .targetWithRingDrafter())
 
     /// Evaluated only when metadata.json has a tokenizer; the last only with speculative_decoding.
     static let tokenizerProperties = ["tokenizer.files", "tokenizer.vocab_size", "tokenizer.mask_token"]
@@ -78,12 +60,15 @@ enum ContractAssertions {
         }
     }
 
-    /// Exactly `failing` fail, and every other property of `expected` runs and holds.
+    /// Exactly `failing` fail, and every other property of `expected` runs and holds; nothing
+    /// else runs, and nothing runs twice. Order is not compared.
     static func assertFailing(_ failing: Set<String>, in report: ContractReport,
                               expected names: [String] = dflashBundleProperties,
                               file: StaticString = #filePath, line: UInt = #line) {
         let verdict = report.verdictLines.joined(separator: "\n")
-        XCTAssertEqual(report.results.map(\.name), names, verdict, file: file, line: line)
+        let ran = report.results.map(\.name)
+        XCTAssertEqual(Set(ran).count, ran.count, "a property ran twice: " + verdict, file: file, line: line)
+        XCTAssertEqual(Set(ran), Set(names), verdict, file: file, line: line)
         XCTAssertEqual(Set(report.failures.map(\.name)), failing, verdict, file: file, line: line)
         for result in report.failures {
             XCTAssertFalse(result.detail.isEmpty, "\(result.name) fails without a reason", file: file, line: line)

@@ -226,15 +226,6 @@ final class DFlash2MetadataDecodingTests: XCTestCase {
         XCTAssertEqual(drafter.functions[.injectKV]?.outputs, [.lastInjectedPosition])
     }
 
-    func testDrafterKindsMapToTheirAssetRoles() {
-        XCTAssertEqual(ExportMetadata.DrafterKind.dflash.assetRole, .dflashDrafter)
-        XCTAssertEqual(ExportMetadata.DrafterKind.dflash2.assetRole, .dflashDrafter)
-        XCTAssertEqual(ExportMetadata.DrafterKind.ring.assetRole, .ringDrafter)
-        XCTAssertEqual(ExportMetadata.DrafterKind(rawValue: "dflash2"), .dflash2)
-        XCTAssertEqual(ExportMetadata.OutputName(rawValue: "draft_tokens"), .draftTokens)
-        XCTAssertEqual(ExportMetadata.SelectorDecoding.allCases, [.greedy])
-    }
-
     func testNullAndAbsentSettingsDecodeAsNil() throws {
         let dflash = SyntheticExport.fusedTargetWithDFlashDrafter()
         XCTAssertNil(try ExportMetadata.decode(from: try metadataData(dflash)).speculativeDecoding?.dflash2)

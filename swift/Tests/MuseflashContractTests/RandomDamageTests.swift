@@ -10,19 +10,6 @@ import TestSupport
 final class RandomDamageTests: XCTestCase {
     static let defaultSeed: UInt64 = 0x6D75_7365_666C_6173
 
-    /// SplitMix64: small, seedable and the same on every platform.
-    struct SeededGenerator: RandomNumberGenerator {
-        var state: UInt64
-
-        mutating func next() -> UInt64 {
-            state &+= 0x9E37_79B9_7F4A_7C15
-            var z = state
-            z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-            z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-            return z ^ (z >> 31)
-        }
-    }
-
     enum Damage: CaseIterable {
         /// One byte of metadata.json replaced by another byte.
         case metadataByte
@@ -42,18 +29,15 @@ final class RandomDamageTests: XCTestCase {
         (.fusedTargetWithSeparateDFlashDrafter(), [.target, .dflashDrafter], ContractAssertions.separateDFlashBundleProperties),
     ]
 
-    private static func seed() throws -> UInt64 {
-        guard let text = ProcessInfo.processInfo.environment["MUSEFLASH_RANDOM_DAMAGE_SEED"], !text.isEmpty else {
-            return defaultSeed
-        }
-        let parsed = text.hasPrefix("0x") ? UInt64(text.dropFirst(2), radix: 16) : UInt64(text)
-        return try XCTUnwrap(parsed, "MUSEFLASH_RANDOM_DAMAGE_SEED=\(text) is not a 64-bit unsigned integer")
+    static func seed() throws -> UInt64 {
+        try XCTUnwrap(FuzzGenerator.seed(orElse: defaultSeed),
+                      "\(FuzzGenerator.seedVariable) is not a 64-bit unsigned integer")
     }
 
     func testRandomDamageYieldsTheVerdictItMust() throws {
         let seed = try Self.seed()
         print("RandomDamageTests seed: \(seed) (replay with MUSEFLASH_RANDOM_DAMAGE_SEED=\(seed))")
-        var generator = SeededGenerator(state: seed)
+        var generator = FuzzGenerator(seed: seed)
         var pristine: [URL] = []
         defer { pristine.forEach(ScratchDirectory.remove) }
         for (export, _, _) in exports {
@@ -122,8 +106,8 @@ final class RandomDamageTests: XCTestCase {
 
     /// Replaces one byte at a random offset (within `range` if given) by `replacement(old)`
     /// and says what it did.
-    private func replaceByte(in url: URL, range: Range<Data.Index>?, using generator: inout SeededGenerator,
-                             _ replacement: (UInt8, inout SeededGenerator) -> UInt8) throws -> String {
+    private func replaceByte(in url: URL, range: Range<Data.Index>?, using generator: inout FuzzGenerator,
+                             _ replacement: (UInt8, inout FuzzGenerator) -> UInt8) throws -> String {
         var bytes = try Data(contentsOf: url)
         let offset = Int.random(in: range ?? bytes.startIndex..<bytes.endIndex, using: &generator)
         let old = bytes[offset]

@@ -184,12 +184,4 @@ final class SharedPackageTests: XCTestCase {
         let ring = try ExportMetadata.decode(from: Data(try SyntheticExport.targetWithRingDrafter(schemaVersion: 3).metadataText().utf8))
         XCTAssertEqual(ring.packages.map(\.owner), [.target, .ringDrafter])
     }
-
-    func testStateNamesDeriveTheirKindAndRole() {
-        typealias Name = ExportMetadata.StateName
-        XCTAssertEqual(Name.allCases.filter { $0.kind == .globalKV }, [.globalKeyCache, .globalValueCache])
-        XCTAssertEqual(Name.allCases.filter { $0.role == .key }, [.globalKeyCache, .slidingKeyCache, .drafterKeyCache])
-        XCTAssertEqual(Name(rawValue: "drafterValueCache")?.kind, .slidingKV)
-        XCTAssertEqual(Name(rawValue: "drafterValueCache")?.role, .value)
-    }
 }

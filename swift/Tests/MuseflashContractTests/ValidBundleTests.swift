@@ -21,6 +21,37 @@ final class ValidBundleTests: XCTestCase {
                                                                           roles: [.target, .dflashDrafter])])
     }
 
+    /// What each kind of bundle must be checked for, whatever else the checker grows: the lists
+    /// in ContractAssertions come from the checker itself, so this pins them from outside.
+    func testEachKindOfBundleIsCheckedForWhatItMustBe() {
+        let everyBundle: Set = ["metadata.schema_version", "metadata.assets_exist", "metadata.drafter_kind",
+                                "package.functions", "target.inputs", "target.outputs", "target.states",
+                                "target.function_map", "target.embedded_metadata", "target.weight_file"]
+        let dflash = everyBundle.union(["drafter.functions", "drafter.shared_states", "drafter.inject_kv_signature",
+                                        "drafter.draft_signature", "drafter.draft_tokens", "dflash_drafter.states",
+                                        "dflash_drafter.function_map"])
+        let ownPackage: Set = ["dflash_drafter.embedded_metadata", "dflash_drafter.weight_file"]
+        let compressed: Set = ["metadata.compression", "target.compression.ops_declared",
+                               "target.compression.stored_compressed", "target.compression.bytes",
+                               "target.compression.functions_agree"]
+        let cases: [(String, [String], Set<String>, Set<String>)] = [
+            ("dflash", ContractAssertions.dflashBundleProperties, dflash, ownPackage.union(["metadata.compression"])),
+            ("separate dflash", ContractAssertions.separateDFlashBundleProperties, dflash.union(ownPackage), []),
+            ("compressed dflash", ContractAssertions.compressedDFlashBundleProperties, dflash.union(compressed), ownPackage),
+            ("compressed separate dflash", ContractAssertions.compressedSeparateDFlashBundleProperties,
+             dflash.union(ownPackage).union(compressed).union(["dflash_drafter.compression.stored_compressed"]), []),
+            ("ring", ContractAssertions.ringBundleProperties,
+             everyBundle.union(["ring_drafter.main_signature", "ring_drafter.states", "ring_drafter.weight_file"]),
+             ["drafter.draft_signature", "dflash_drafter.states", "metadata.compression"]),
+        ]
+        for (kind, properties, required, absent) in cases {
+            let ran = Set(properties)
+            XCTAssertTrue(required.isSubset(of: ran), "\(kind) bundle is not checked for \(required.subtracting(ran).sorted())")
+            XCTAssertTrue(absent.isDisjoint(with: ran), "\(kind) bundle is checked for \(absent.intersection(ran).sorted())")
+            XCTAssertTrue(Set(ContractAssertions.tokenizerProperties).isDisjoint(with: ran), "\(kind) has no tokenizer")
+        }
+    }
+
     /// Before schema version 3 the DFlash drafter has a package of its own, with `sliding*` states.
     func testSeparateDFlashDrafterOfSchemaVersionsOneAndTwoPassesEveryProperty() throws {
         for version in [1, 2] {

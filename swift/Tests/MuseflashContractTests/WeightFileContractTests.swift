@@ -90,10 +90,9 @@ final class WeightFileContractTests: XCTestCase {
     /// the checker returns a report every time (never throws nor crashes) in which the property
     /// fails. MUSEFLASH_RANDOM_DAMAGE_SEED=<seed> replays a run, as in RandomDamageTests.
     func testTruncationAtRandomOffsetsAlwaysFailsTheProperty() throws {
-        let text = ProcessInfo.processInfo.environment["MUSEFLASH_RANDOM_DAMAGE_SEED"] ?? ""
-        let seed = UInt64(text) ?? RandomDamageTests.defaultSeed
+        let seed = try RandomDamageTests.seed()
         print("WeightFileContractTests seed: \(seed)")
-        var generator = RandomDamageTests.SeededGenerator(state: seed)
+        var generator = FuzzGenerator(seed: seed)
         for (label, export, expected) in exports {
             let end = try Self.payloadEnd(of: export)
             let pristine = try ScratchDirectory.make()

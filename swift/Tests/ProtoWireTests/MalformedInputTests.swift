@@ -1,5 +1,6 @@
 import XCTest
 import ProtoWire
+import TestSupport
 
 final class MalformedInputTests: XCTestCase {
     /// Walks every field and, like a schema-less consumer, tries nested
@@ -88,7 +89,7 @@ final class MalformedInputTests: XCTestCase {
     }
 
     func testRandomBytesNeverTrap() {
-        var generator = SeededGenerator(state: 0x6D75_7365)
+        var generator = FuzzGenerator(seed: 0x6D75_7365)
         for _ in 0..<3000 {
             let count = Int.random(in: 0...64, using: &generator)
             let bytes = (0..<count).map { _ in UInt8.random(in: 0...255, using: &generator) }
@@ -104,7 +105,7 @@ final class MalformedInputTests: XCTestCase {
         let valid = WireBytes.lengthDelimitedField(1, WireBytes.stringField(1, "name")
             + WireBytes.lengthDelimitedField(3, WireBytes.lengthDelimitedField(5, WireBytes.packedVarintField(1, [1, 4, 4]))))
             + WireBytes.varintField(2, 9)
-        var generator = SeededGenerator(state: 7)
+        var generator = FuzzGenerator(seed: 7)
         for _ in 0..<3000 {
             var bytes = valid
             for _ in 0..<Int.random(in: 1...3, using: &generator) {

@@ -1,5 +1,6 @@
 import XCTest
 import ProtoWire
+import TestSupport
 
 final class VarintTests: XCTestCase {
     private func decodeVarint(_ bytes: [UInt8]) throws -> (value: UInt64, consumed: Int) {
@@ -26,7 +27,7 @@ final class VarintTests: XCTestCase {
     }
 
     func testRoundTripsTestEncoderAcrossBitWidths() throws {
-        var generator = SeededGenerator(state: 42)
+        var generator = FuzzGenerator(seed: 42)
         for bits in 0...64 {
             let value: UInt64 = bits == 0 ? 0 : (UInt64.random(in: 0...UInt64.max, using: &generator) >> (64 - bits)) | (1 << (bits - 1))
             let bytes = WireBytes.varint(value)

@@ -45,16 +45,3 @@ enum WireBytes {
         lengthDelimitedField(fieldNumber, values.flatMap { varint($0) })
     }
 }
-
-/// Reproducible pseudo-random bytes (SplitMix64) so a fuzz failure replays exactly.
-struct SeededGenerator: RandomNumberGenerator {
-    var state: UInt64
-
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var mixed = state
-        mixed = (mixed ^ (mixed >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        mixed = (mixed ^ (mixed >> 27)) &* 0x94D0_49BB_1331_11EB
-        return mixed ^ (mixed >> 31)
-    }
-}
