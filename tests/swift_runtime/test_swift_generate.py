@@ -7,41 +7,20 @@ line on stderr that names the problem (by a keyword, not the whole sentence).
 
 import json
 import os
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 from coremltools.proto import Model_pb2
+from swift_generate_support import assert_one_line_error, run, writable_copy
 
 BUNDLE = Path(os.environ.get("MUSEFLASH_EXPORT_DIR", "tests/runtime/demo_bundle"))
-GENERATE = Path(os.environ.get("MUSEFLASH_SWIFT_GENERATE", "swift/swift-generate"))
 SPEC = Path("target.mlpackage") / "Data" / "com.apple.CoreML" / "model.mlmodel"
 WEIGHTS = Path("target.mlpackage") / "Data" / "com.apple.CoreML" / "weights" / "weight.bin"
 
 
-def run(*args, timeout=300):
-    return subprocess.run([str(GENERATE), *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, check=False)
-
-
-def assert_one_line_error(result, *keywords):
-    assert result.returncode == 1, (result.returncode, result.stdout, result.stderr)
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("swift-generate: error:"), lines[0]
-    for keyword in keywords:
-        assert keyword in lines[0], (keyword, lines[0])
-    assert "Fatal error" not in result.stderr
-
-
 @pytest.fixture
 def bundle(tmp_path):
-    destination = tmp_path / "bundle"
-    shutil.copytree(BUNDLE, destination)
-    for path in destination.rglob("*"):
-        path.chmod(0o755 if path.is_dir() else 0o644)
-    return destination
+    return writable_copy(BUNDLE, tmp_path / "bundle")
 
 
 def test_json_report_has_the_generation_and_its_figures():

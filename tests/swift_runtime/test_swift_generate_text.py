@@ -8,22 +8,16 @@ interpreter, Swift with its own interpreter and tokenizer.
 
 import json
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
+from swift_generate_support import assert_one_line_error, writable_copy
+from swift_generate_support import run as swift
 
 from museflash.runtime.generate import GenerateOptions, generate
 
 DEMO = Path(os.environ.get("MUSEFLASH_EXPORT_DIR", "tests/runtime/demo_bundle"))
 DFLASH2 = Path(os.environ.get("MUSEFLASH_DFLASH2_EXPORT_DIR", "tests/runtime/dflash2_bundle"))
-GENERATE = Path(os.environ.get("MUSEFLASH_SWIFT_GENERATE", "swift/swift-generate"))
-
-
-def swift(*args):
-    done = subprocess.run([str(GENERATE), *map(str, args)], capture_output=True, text=True,
-                          timeout=600, check=False)
-    return done
 
 
 def python_text(bundle: Path, prompt: str, tokens: int, draft: bool = True) -> str:
@@ -78,9 +72,7 @@ def test_sampled_generation_is_seeded():
 
 
 def one_line_error(done, keyword):
-    assert done.returncode == 1, (done.returncode, done.stdout, done.stderr)
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and keyword in lines[0], done.stderr
+    assert_one_line_error(done, keyword)
 
 
 @pytest.mark.parametrize("flags, keyword", [
@@ -97,12 +89,7 @@ def test_bad_text_options(flags, keyword):
 
 @pytest.fixture
 def copy(tmp_path):
-    import shutil
-    destination = tmp_path / "bundle"
-    shutil.copytree(DEMO, destination)
-    for path in destination.rglob("*"):
-        path.chmod(0o755 if path.is_dir() else 0o644)
-    return destination
+    return writable_copy(DEMO, tmp_path / "bundle")
 
 
 def test_export_without_a_tokenizer(copy):

@@ -83,6 +83,14 @@ func reshapeTarget(_ requested: [Int], input: [Int]) throws -> [Int] {
     return shape
 }
 
+/// A tensor of `shape` holding `value` (a scalar; 0.0 when absent) everywhere.
+func filled(_ shape: [Int], with value: Tensor?) -> Tensor {
+    let count = elementCount(shape)
+    if let value = value, value.type.isInteger { return .ints([Int32](repeating: value.ints().first ?? 0, count: count), shape: shape) }
+    if let value = value, value.type == .bool { return .bools([Bool](repeating: value.bools().first ?? false, count: count), shape: shape) }
+    return .floats([Float](repeating: value?.floats().first ?? 0, count: count), shape: shape)
+}
+
 func checkedIndex(_ index: Int32, size: Int, op: String) throws -> Int {
     let value = Int(index)
     guard value >= -size, value < size else {
@@ -280,22 +288,8 @@ let dataMovementKernels: [String: Kernel] = [
         }
         return [x.picking(sources, shape: indices.shape)]
     },
-    "fill": { args in
-        let shape = try args.ints("shape")
-        let value = try args.optional("value")
-        let count = elementCount(shape)
-        if let value = value, value.type.isInteger { return [.ints([Int32](repeating: value.ints()[0], count: count), shape: shape)] }
-        if let value = value, value.type == .bool { return [.bools([Bool](repeating: value.bools()[0], count: count), shape: shape)] }
-        return [.floats([Float](repeating: value?.floats().first ?? 0, count: count), shape: shape)]
-    },
-    "fill_like": { args in
-        let reference = try args.tensor("ref_tensor")
-        let value = try args.optional("value")
-        let count = reference.count
-        if let value = value, value.type.isInteger { return [.ints([Int32](repeating: value.ints()[0], count: count), shape: reference.shape)] }
-        if let value = value, value.type == .bool { return [.bools([Bool](repeating: value.bools()[0], count: count), shape: reference.shape)] }
-        return [.floats([Float](repeating: value?.floats().first ?? 0, count: count), shape: reference.shape)]
-    },
+    "fill": { args in [filled(try args.ints("shape"), with: try args.optional("value"))] },
+    "fill_like": { args in [filled(try args.tensor("ref_tensor").shape, with: try args.optional("value"))] },
     "range_1d": { args in
         let start = try args.tensor("start"), end = try args.tensor("end"), step = try args.tensor("step")
         if start.type.isFloat || end.type.isFloat || step.type.isFloat {
@@ -339,6 +333,22 @@ let dataMovementKernels: [String: Kernel] = [
     },
 ]
 
+/// For each element of a tensor of `shape` cut into `grid` equal blocks along every axis, the
+/// row-major index of its block in the grid (which scale or look-up table it reads).
+func blockIndices(shape: [Int], grid: [Int]) -> [Int] {
+    let blocks = zip(shape, grid).map { $0 / $1 }
+    let gridStrides = rowMajorStrides(grid)
+    let strides = rowMajorStrides(shape)
+    return (0..<elementCount(shape)).map { position in
+        var rest = position, index = 0
+        for axis in 0..<shape.count {
+            index += (rest / strides[axis] / blocks[axis]) * gridStrides[axis]
+            rest %= strides[axis]
+        }
+        return index
+    }
+}
+
 /// constexpr ops, evaluated once when a function is compiled.
 let decompressors: [String: Kernel] = [
     "constexpr_blockwise_shift_scale": { args in
@@ -348,19 +358,7 @@ let decompressors: [String: Kernel] = [
             throw KernelError("scale \(scale.shape) does not tile data \(data.shape)")
         }
         if let offset = offset, offset.shape != scale.shape { throw KernelError("offset \(offset.shape) differs from scale \(scale.shape)") }
-        let blocks = zip(data.shape, scale.shape).map { $0 / $1 }
-        let scaleStrides = rowMajorStrides(scale.shape)
-        var scaleIndex = [Int](repeating: 0, count: data.count)
-        let dataStrides = rowMajorStrides(data.shape)
-        for position in 0..<data.count {
-            var rest = position, index = 0
-            for axis in 0..<data.rank {
-                let coordinate = rest / dataStrides[axis]
-                rest %= dataStrides[axis]
-                index += (coordinate / blocks[axis]) * scaleStrides[axis]
-            }
-            scaleIndex[position] = index
-        }
+        let scaleIndex = blockIndices(shape: data.shape, grid: scale.shape)
         let values = data.floats(), scales = scale.floats(), offsets = offset?.floats()
         var out = [Float](repeating: 0, count: data.count)
         for position in 0..<data.count {
@@ -380,18 +378,11 @@ let decompressors: [String: Kernel] = [
         guard zip(indices.shape, groups).allSatisfy({ $1 > 0 && $0 % $1 == 0 }) else {
             throw KernelError("look-up table groups \(groups) do not tile indices \(indices.shape)")
         }
-        let sizes = zip(indices.shape, groups).map { $0 / $1 }
-        let groupStrides = rowMajorStrides(groups)
-        let strides = rowMajorStrides(indices.shape)
+        let groupOf = blockIndices(shape: indices.shape, grid: groups)
         let table = lut.floats(), picks = indices.ints()
         var out = [Float](repeating: 0, count: indices.count)
         for position in 0..<indices.count {
-            var rest = position, group = 0
-            for axis in 0..<indices.rank {
-                let coordinate = rest / strides[axis]
-                rest %= strides[axis]
-                group += (coordinate / sizes[axis]) * groupStrides[axis]
-            }
+            let group = groupOf[position]
             let entry = Int(picks[position])
             guard entry >= 0, entry < entries else { throw KernelError("index \(entry) past the \(entries)-entry table") }
             out[position] = table[group * entries + entry]
