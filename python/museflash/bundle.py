@@ -45,7 +45,6 @@ EMBEDDED_METADATA_KEY = "museflash.metadata"
 # `tiny-dflash2` the same target with a random DFlash2 drafter in z-lab's layout.
 BUILTIN_PREFIX = "builtin:"
 BUILTIN_PAIRS = ("demo", "tiny", "tiny-dflash2")
-BUILTIN_DEMO = BUILTIN_PREFIX + "demo"
 COMPUTE_PRECISION = "float16"
 STATE_DTYPE = "float16"
 

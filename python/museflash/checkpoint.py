@@ -650,11 +650,6 @@ def check_drafter_against_target(
         validate_drafter_against_target(raw, target_cfg)
     except DrafterTargetMismatchError as error:
         raise CheckpointError(f"{where}: {error}") from error
-    if drafter_cfg.hidden_size != target_cfg.hidden_size:
-        raise CheckpointError(
-            f"{where}: hidden_size: drafter has {drafter_cfg.hidden_size} but target has "
-            f"{target_cfg.hidden_size} (the drafter borrows the target's embedding and lm_head)"
-        )
     _check_token_ids(drafter_dir / CONFIG_FILE, raw,
                      ("mask_token_id", "draft_mask_token_id") + TOKEN_ID_KEYS,
                      target_cfg.vocab_size)

@@ -270,28 +270,6 @@ def write_demo_checkpoints(
     return out_dir / "target", out_dir / "drafter"
 
 
-def to_zlab_layout(drafter_dir: Path, *, is_causal: bool = False) -> None:
-    """Rewrites a drafter checkpoint written here (Meta layout) in z-lab's DFlashDraftModel
-    layout, as z-lab/dflash's tests/fixtures show it: the encoder as `fc` / `hidden_norm`, the
-    DFlash settings under `dflash_config`, model_type `qwen3`, `is_causal` and `layer_types`
-    and `num_target_layers` stated. The weights are unchanged."""
-    from safetensors.torch import load_file, save_file
-
-    weights_path = Path(drafter_dir) / "model.safetensors"
-    tensors = load_file(str(weights_path))
-    for name, key in ZLAB_ENCODER_KEYS.items():
-        tensors[key] = tensors.pop(name)
-    save_file(tensors, str(weights_path))
-    config_path = Path(drafter_dir) / "config.json"
-    config = json.loads(config_path.read_text())
-    moved = {k: config.pop(k) for k in ("block_size", "mask_token_id", "target_layer_ids")}
-    target_depth = DEMO_TARGET_CONFIG["text_config"]["num_hidden_layers"]
-    config.update(model_type="qwen3", architectures=["DFlashDraftModel"], is_causal=is_causal,
-                  dflash_config=moved, num_target_layers=target_depth,
-                  layer_types=["sliding_attention"] * config["num_hidden_layers"])
-    config_path.write_text(json.dumps(config, indent=2) + "\n")
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--output-dir", required=True, type=Path)

@@ -6,13 +6,13 @@ import struct
 
 import pytest
 import torch
+from zlab_layout import to_zlab_layout
 
 from museflash.checkpoint import CheckpointError, load_drafter, load_target
 from museflash.demo_checkpoint import (
     DEMO_DRAFTER_CONFIG,
     DEMO_TARGET_CONFIG,
     build_demo_models,
-    to_zlab_layout,
     write_demo_checkpoints,
 )
 from museflash.models.base import RotaryTables

@@ -98,7 +98,7 @@ def test_cli_resolves_relative_paths_against_the_bazel_working_directory(tmp_pat
 def test_zlab_layout_drafter_exports_and_verifies(tmp_path):
     """A DFlash v1 drafter in z-lab's layout (fc / hidden_norm, dflash_config, is_causal false)
     exports with its per-query sliding window, and the exported draft matches eager."""
-    from museflash.demo_checkpoint import to_zlab_layout
+    from zlab_layout import to_zlab_layout
 
     target_dir, drafter_dir = write_demo_checkpoints(tmp_path / "pair")
     to_zlab_layout(drafter_dir)

@@ -42,7 +42,6 @@ from museflash.models.dflash import (
 
 # dflash_config keys DFlash2 needs beyond DFlash v1's, and the optional ones with defaults.
 REQUIRED_SETTINGS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
-SELECTOR_DECODING = "greedy"
 
 
 @dataclass(kw_only=True)
@@ -67,10 +66,6 @@ class DFlash2Config(DFlashConfig):
         if self.final_logit_softcapping is not None and not self.final_logit_softcapping > 0:
             raise ValueError("final_logit_softcapping must be positive or absent, got "
                              f"{self.final_logit_softcapping}")
-
-    @property
-    def conv_groups(self) -> int:
-        return self.hidden_size // self.conv_group_size
 
     @classmethod
     def from_dict(cls, config: dict[str, Any]) -> DFlash2Config:
