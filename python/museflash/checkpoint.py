@@ -22,7 +22,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from museflash.bundle import TOKENIZER_FILE, TOKENIZER_FILES, DrafterKind, Tokenizer
+from museflash.bundle import TOKENIZER_FILE, TOKENIZER_FILES, DrafterKind, LayerType, Tokenizer
 from museflash.compression import Rule, Scheme, compress, expand, plan_compression
 from museflash.models.base import RotaryTables
 from museflash.models.dflash import (
@@ -621,7 +621,7 @@ def check_drafter_architecture(path: Path, raw: dict[str, Any], kind: DrafterKin
         raise CheckpointError(
             f"{path}: selector_top_k {top_k} exceeds the target vocabulary "
             f"{target_cfg.vocab_size}; the selector keeps at most every token")
-    kinds = sorted(set(raw.get("layer_types") or []) - {"sliding_attention"})
+    kinds = sorted(set(raw.get("layer_types") or []) - {LayerType.SLIDING_ATTENTION.value})
     if kinds:
         raise CheckpointError(
             f"{path}: layer_types include {kinds}; the {kind} drafter here has sliding "

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from museflash.bundle import BUILTIN_PAIRS
+from museflash.bundle import BUILTIN_PAIRS, LayerType
 from museflash.checkpoint import (
     DRAFTER_MODELS,
     DTYPES,
@@ -39,7 +39,7 @@ from museflash.models.dflash2 import DFlash2Drafter
 from museflash.models.muse_glimmer import MuseGlimmerConfig, MuseGlimmerWithDrafterFeatures
 from museflash.paths import resolve_user_path
 
-_S, _G = "sliding_attention", "full_attention"
+_S, _G = LayerType.SLIDING_ATTENTION.value, LayerType.FULL_ATTENTION.value
 
 DEMO_TARGET_CONFIG: dict[str, Any] = {
     "architectures": ["MuseGlimmerForConditionalGeneration"],
@@ -107,7 +107,7 @@ DEMO_DFLASH2_CONFIG: dict[str, Any] = {
     "hidden_size": 64,
     "initializer_range": 0.02,
     "intermediate_size": 128,
-    "layer_types": ["sliding_attention"] * 2,
+    "layer_types": [_S] * 2,
     "max_position_embeddings": 256,
     "max_window_layers": 2,
     "model_type": "qwen3",

@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from museflash.bundle import LayerType
 from museflash.tools import benchmark
 
 pytest.importorskip("coremltools")
@@ -16,7 +17,8 @@ def test_synthetic_configs_scale_depth_and_width():
     small, large = small_target["text_config"], large_target["text_config"]
     assert large["num_hidden_layers"] > small["num_hidden_layers"]
     assert large["hidden_size"] > small["hidden_size"]
-    assert small["layer_types"][:4] == ["sliding_attention"] * 3 + ["full_attention"]
+    sliding, full = LayerType.SLIDING_ATTENTION, LayerType.FULL_ATTENTION
+    assert small["layer_types"][:4] == [sliding] * 3 + [full]
     assert small["num_hidden_layers"] % 4 == 0
     assert small_drafter["hidden_size"] == small["hidden_size"]
 

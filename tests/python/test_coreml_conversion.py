@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 
+from museflash.bundle import StateName
 from museflash.demo_checkpoint import DEMO_DRAFTER_CONFIG, DEMO_TARGET_CONFIG, build_demo_models
 
 ct = pytest.importorskip("coremltools")
@@ -50,8 +51,9 @@ def models():
                              drafter_config=drafter, max_context=64, max_query_len=4)
 
 
-TARGET_STATES = ["globalKeyCache", "globalValueCache", "slidingKeyCache", "slidingValueCache"]
-DRAFTER_STATES = ["drafterKeyCache", "drafterValueCache"]
+TARGET_STATES = [StateName.GLOBAL_KEY_CACHE, StateName.GLOBAL_VALUE_CACHE,
+                 StateName.SLIDING_KEY_CACHE, StateName.SLIDING_VALUE_CACHE]
+DRAFTER_STATES = [StateName.DRAFTER_KEY_CACHE, StateName.DRAFTER_VALUE_CACHE]
 
 
 def _int_inputs(length, first="input_ids", shape=None):

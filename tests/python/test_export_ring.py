@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from museflash.bundle import StateName
 from museflash.demo_checkpoint import DEMO_DRAFTER_CONFIG, DEMO_TARGET_CONFIG
 from museflash.export.options import ExportOptions
 from museflash.export.pipeline import export_bundle
@@ -38,7 +39,7 @@ def test_ring_drafter_signature_and_states(bundle):
     assert list(logits.type.multiArrayType.shape) == [1, 1, vocab]
     shapes = {s.name: list(s.type.stateType.arrayType.shape) for s in function.state}
     layers = DEMO_DRAFTER_CONFIG["num_hidden_layers"]
-    assert sorted(shapes) == ["slidingKeyCache", "slidingValueCache"]
+    assert sorted(shapes) == [StateName.SLIDING_KEY_CACHE, StateName.SLIDING_VALUE_CACHE]
     assert all(shape[0] == layers for shape in shapes.values())
 
 

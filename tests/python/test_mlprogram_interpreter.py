@@ -12,6 +12,7 @@ import pytest
 import torch
 from package_surgery import swap_blobs
 
+from museflash.bundle import StateName
 from museflash.demo_checkpoint import DEMO_DRAFTER_CONFIG, DEMO_TARGET_CONFIG, build_demo_models
 from museflash.models.dflash import DFlashRingDrafter
 from museflash.runtime.interpreter import (
@@ -27,9 +28,10 @@ from museflash.runtime.parity import ParityError, Tolerance, module_states, pari
 
 ct = pytest.importorskip("coremltools")
 
-TARGET_STATES = ["globalKeyCache", "globalValueCache", "slidingKeyCache", "slidingValueCache"]
-DRAFTER_STATES = ["drafterKeyCache", "drafterValueCache"]
-RING_STATES = ["slidingKeyCache", "slidingValueCache"]
+TARGET_STATES = [StateName.GLOBAL_KEY_CACHE, StateName.GLOBAL_VALUE_CACHE,
+                 StateName.SLIDING_KEY_CACHE, StateName.SLIDING_VALUE_CACHE]
+DRAFTER_STATES = [StateName.DRAFTER_KEY_CACHE, StateName.DRAFTER_VALUE_CACHE]
+RING_STATES = [StateName.SLIDING_KEY_CACHE, StateName.SLIDING_VALUE_CACHE]
 QUERY_LEN = 8  # target chunk and inject_kv length; also max_query_len, so ring capacity is 32
 HIDDEN = 64
 # Long enough for positions above 2048, which fp16 cannot even represent; the global cache and
@@ -194,9 +196,10 @@ def test_states_must_be_caller_owned_fp16_arrays(exported):
     states = interpreter.zero_states()
     inputs = {"input_ids": np.array([[3]], np.int32), "position_ids": np.array([0], np.int32)}
     interpreter.run(inputs, states)
-    assert np.any(states["slidingKeyCache"] != 0), "the state write must land in the caller's array"
-    wrong = dict(states, slidingKeyCache=states["slidingKeyCache"].astype(np.float32))
-    with pytest.raises(ValueError, match="slidingKeyCache"):
+    key = StateName.SLIDING_KEY_CACHE
+    assert np.any(states[key] != 0), "the state write must land in the caller's array"
+    wrong = {**states, key: states[key].astype(np.float32)}
+    with pytest.raises(ValueError, match=str(key)):
         interpreter.run(inputs, wrong)
     with pytest.raises(ValueError, match="missing"):
         interpreter.run({"input_ids": inputs["input_ids"]}, states)
@@ -313,8 +316,8 @@ def test_swapped_weights_fail_the_parity_check(exported):
               "position_ids": np.arange(QUERY_LEN, dtype=np.int32)}
     report = parity_step(inject, drafter.with_entry_point("inject_kv"), inputs, states)
     print(report)
-    assert report.states["drafterKeyCache"].max_rel > 0.3, str(report)
-    with pytest.raises(ParityError, match="drafterKeyCache"):
+    assert report.states[StateName.DRAFTER_KEY_CACHE].max_rel > 0.3, str(report)
+    with pytest.raises(ParityError, match=str(StateName.DRAFTER_KEY_CACHE)):
         report.check(OUTPUT_TOLERANCE, STATE_TOLERANCE)
 
 

@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 from reference_rope import rotate
 
+from museflash.bundle import LayerType
 from museflash.demo_checkpoint import DEMO_TARGET_CONFIG, build_demo_models
 from museflash.models.base import RotaryTables, apply_rope, sliding_causal_mask
 from museflash.models.muse_glimmer import MuseGlimmerConfig
@@ -43,7 +44,7 @@ def reference_logits(model, tokens):
             q = rotate(q.transpose(0, 1), positions, theta).transpose(0, 1)
             k = rotate(k.transpose(0, 1), positions, theta).transpose(0, 1)
         allowed = j <= i
-        if cfg.layer_types[layer] == "sliding_attention":
+        if cfg.layer_types[layer] == LayerType.SLIDING_ATTENTION:
             allowed = allowed & (i - j < cfg.sliding_window)
         group = cfg.num_attention_heads // cfg.num_key_value_heads
         k = k.repeat_interleave(group, dim=1)

@@ -8,6 +8,7 @@ import re
 import pytest
 import torch
 
+from museflash.bundle import LayerType
 from museflash.checkpoint import check_configs, load_target, read_tokenizer
 from museflash.tools import train_demo as td
 
@@ -212,7 +213,8 @@ def test_a_tiny_training_run_learns_and_writes_a_loadable_checkpoint(tmp_path, s
         "config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
     checked = check_configs(target_dir)
     assert checked.target.vocab_size == 320 == checked.tokenizer.vocab_size
-    assert checked.target.layer_types == ["sliding_attention"] * 2 + ["full_attention"]
+    sliding, full = LayerType.SLIDING_ATTENTION, LayerType.FULL_ATTENTION
+    assert checked.target.layer_types == [sliding] * 2 + [full]
     config = json.loads((target_dir / "config.json").read_text())
     assert config["text_config"]["eos_token_id"] == td.EOS_ID == config["eos_token_id"]
     model = load_target(target_dir, dtype=torch.float32, max_context=32)

@@ -4,6 +4,7 @@ museflash.demo_checkpoint, for the tests that load that layout."""
 import json
 from pathlib import Path
 
+from museflash.bundle import LayerType
 from museflash.checkpoint import ZLAB_ENCODER_KEYS
 from museflash.demo_checkpoint import DEMO_TARGET_CONFIG
 
@@ -26,5 +27,5 @@ def to_zlab_layout(drafter_dir: Path, *, is_causal: bool = False) -> None:
     target_depth = DEMO_TARGET_CONFIG["text_config"]["num_hidden_layers"]
     config.update(model_type="qwen3", architectures=["DFlashDraftModel"], is_causal=is_causal,
                   dflash_config=moved, num_target_layers=target_depth,
-                  layer_types=["sliding_attention"] * config["num_hidden_layers"])
+                  layer_types=[LayerType.SLIDING_ATTENTION.value] * config["num_hidden_layers"])
     config_path.write_text(json.dumps(config, indent=2) + "\n")

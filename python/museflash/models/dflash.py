@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from museflash.bundle import StateName
 from museflash.models.base import (
     RMSNorm,
     RotaryTables,
@@ -255,7 +256,7 @@ class DFlashDrafter(nn.Module):
     layer_class: type[nn.Module] = DFlashDecoderLayer
     # The ring caches' buffer names, which are the Core ML state names: the block drafter's
     # share a package with the target's caches (docs/metadata.md), so they are named apart.
-    cache_names = ("drafterKeyCache", "drafterValueCache")
+    cache_names = (StateName.DRAFTER_KEY_CACHE.value, StateName.DRAFTER_VALUE_CACHE.value)
 
     def __init__(
         self,
@@ -371,7 +372,7 @@ class DFlashRingDrafter(DFlashDrafter):
     export): forward(input_ids [1, T], positions [T]) -> logits, causal sliding-window ring.
     Its package is its own, so its caches keep the names they always had."""
 
-    cache_names = ("slidingKeyCache", "slidingValueCache")
+    cache_names = (StateName.SLIDING_KEY_CACHE.value, StateName.SLIDING_VALUE_CACHE.value)
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from museflash.bundle import LayerType, StateName
 from museflash.models.base import (
     RMSNorm,
     RotaryTables,
@@ -30,8 +31,8 @@ from museflash.models.base import (
 )
 from museflash.models.dflash import DFlashConfig, DFlashEncoder
 
-SLIDING = "sliding_attention"
-FULL = "full_attention"
+SLIDING = LayerType.SLIDING_ATTENTION.value
+FULL = LayerType.FULL_ATTENTION.value
 
 
 @dataclass
@@ -274,11 +275,13 @@ class MuseGlimmerForCausalLM(nn.Module):
         """(Re)creates zeroed caches on the CPU; also used after building on `meta`."""
         cfg = self.config
         kv, dim = cfg.num_key_value_heads, cfg.head_dim
+        global_shape = (len(cfg.global_layer_ids), kv, self.max_context, dim)
+        sliding_shape = (len(cfg.sliding_layer_ids), kv, self.ring_capacity, dim)
         shapes = {
-            "globalKeyCache": (len(cfg.global_layer_ids), kv, self.max_context, dim),
-            "globalValueCache": (len(cfg.global_layer_ids), kv, self.max_context, dim),
-            "slidingKeyCache": (len(cfg.sliding_layer_ids), kv, self.ring_capacity, dim),
-            "slidingValueCache": (len(cfg.sliding_layer_ids), kv, self.ring_capacity, dim),
+            StateName.GLOBAL_KEY_CACHE.value: global_shape,
+            StateName.GLOBAL_VALUE_CACHE.value: global_shape,
+            StateName.SLIDING_KEY_CACHE.value: sliding_shape,
+            StateName.SLIDING_VALUE_CACHE.value: sliding_shape,
         }
         for name, shape in shapes.items():
             self.register_buffer(name, torch.zeros(shape, dtype=self.cache_dtype, device="cpu"))

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from museflash.bundle import PACKAGE_SPEC, PACKAGE_WEIGHT_FILE, AssetRole
+from museflash.bundle import PACKAGE_SPEC, PACKAGE_WEIGHT_FILE, AssetRole, LayerType
 from museflash.demo_checkpoint import DEMO_DRAFTER_CONFIG, DEMO_TARGET_CONFIG
 from museflash.export.progress import tree_bytes
 
@@ -41,7 +41,7 @@ GB = 10**9
 SAMPLE_INTERVAL_S = 0.05
 EXPORT_ARGS = dict(max_context_length=256, prefill_length=16)
 
-_S, _G = "sliding_attention", "full_attention"
+_S, _G = LayerType.SLIDING_ATTENTION.value, LayerType.FULL_ATTENTION.value
 
 
 # --- Synthetic checkpoints -------------------------------------------------------------------

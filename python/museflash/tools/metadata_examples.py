@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from museflash.bundle import SUPPORTED_SCHEMA_VERSIONS, Metadata, Source
+from museflash.bundle import SUPPORTED_SCHEMA_VERSIONS, Metadata, Name, Source
 
 # name -> export flags, and the demo pair it exports: "plain", "with_tokenizer" (the target
 # checkpoint has a tokenizer) or "dflash2" (the drafter is a DFlash2 in z-lab's layout)
@@ -207,11 +207,19 @@ def _invalid(base: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
+def contract_names() -> dict[str, list[str]]:
+    """Every closed set of contract names (bundle.Name's subclasses), class name -> spellings,
+    so the Swift reader can compare its enums with them as sets."""
+    return {names.__name__: [str(name) for name in names]
+            for names in sorted(Name.__subclasses__(), key=lambda names: names.__name__)}
+
+
 def examples() -> dict[str, Any]:
     valid = {name: metadata.to_json() for name, metadata in
              {**exported_metadata(), **compressed_metadata()}.items()}
     return {
         "supported_schema_versions": list(SUPPORTED_SCHEMA_VERSIONS),
+        "names": contract_names(),
         "valid": [{"name": name, "metadata": raw} for name, raw in valid.items()],
         "forward_compatible": [{"name": f"{name}_with_unknown_keys", "base": name,
                                 "metadata": _with_unknown_keys(raw)}

@@ -56,6 +56,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, vmap
 
+from museflash.bundle import StateName
 from museflash.checkpoint import (
     check_configs,
     drafter_checkpoint_tensors,
@@ -156,7 +157,9 @@ def generate_corpus(target, prompts: list[list[int]], length: int) -> Corpus:
 # torch.func.vmap over the real entry points, each sequence with its own caches (passed in
 # through functional_call). There is no second copy of the maths here.
 
-TARGET_CACHES = ("globalKeyCache", "globalValueCache", "slidingKeyCache", "slidingValueCache")
+TARGET_CACHES = tuple(name.value for name in (
+    StateName.GLOBAL_KEY_CACHE, StateName.GLOBAL_VALUE_CACHE,
+    StateName.SLIDING_KEY_CACHE, StateName.SLIDING_VALUE_CACHE))
 DRAFTER_CACHES = DFlashDrafter.cache_names
 
 

@@ -10,12 +10,15 @@ import ExportMetadata
 final class MetadataExamplesTests: XCTestCase {
     struct Examples: Decodable {
         var supportedSchemaVersions: [Int]
+        /// Every closed set of contract names on the Python side: class name -> spellings.
+        var names: [String: [String]]
         var valid: [Example]
         var forwardCompatible: [Example]
         var invalid: [Example]
 
         enum CodingKeys: String, CodingKey {
             case supportedSchemaVersions = "supported_schema_versions"
+            case names
             case valid
             case forwardCompatible = "forward_compatible"
             case invalid
@@ -67,6 +70,39 @@ final class MetadataExamplesTests: XCTestCase {
 
     func testSupportedSchemaVersionsAgree() throws {
         XCTAssertEqual(try examples().supportedSchemaVersions, ExportMetadata.supportedSchemaVersions)
+    }
+
+    /// Each Swift enum of contract names has exactly the spellings of its Python namesake
+    /// (python/museflash/bundle.py), and every Python set has a Swift enum: a name added,
+    /// removed or respelled on one side fails here.
+    func testContractNameSetsAgreeWithPython() throws {
+        let python = try examples().names
+        var compared: Set<String> = []
+        func compare<Name: ContractName>(_: Name.Type, as pythonName: String) {
+            compared.insert(pythonName)
+            guard let spellings = python[pythonName] else {
+                return XCTFail("Python has no contract name set \(pythonName) (it has \(python.keys.sorted()))")
+            }
+            XCTAssertEqual(Set(Name.allCases.map(\.rawValue)), Set(spellings),
+                           "\(pythonName): first Swift's, second Python's")
+        }
+        typealias M = ExportMetadata
+        compare(M.AssetRole.self, as: "AssetRole")
+        compare(M.AssetKind.self, as: "AssetKind")
+        compare(M.FunctionName.self, as: "FunctionName")
+        compare(M.FunctionRole.self, as: "FunctionRole")
+        compare(M.InputName.self, as: "InputName")
+        compare(M.OutputName.self, as: "OutputName")
+        compare(M.StateName.self, as: "StateName")
+        compare(M.StateKind.self, as: "StateKind")
+        compare(M.StateRole.self, as: "StateRole")
+        compare(M.DrafterKind.self, as: "DrafterKind")
+        compare(M.SelectorDecoding.self, as: "SelectorDecoding")
+        compare(M.LayerType.self, as: "LayerType")
+        compare(M.CompressionMode.self, as: "CompressionMode")
+        compare(M.CompressionPreset.self, as: "CompressionPreset")
+        XCTAssertEqual(Set(python.keys).subtracting(compared), [],
+                       "Python contract name sets with no Swift enum compared here")
     }
 
     /// Every valid example decodes, and encoding it again gives the same JSON: every field the
