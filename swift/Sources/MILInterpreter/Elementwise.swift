@@ -72,6 +72,40 @@ func floatBinary(_ f: @escaping (Float, Float) -> Float, int: ((Int32, Int32) th
     }
 }
 
+/// An elementwise binary op known at compile time, so that its generic kernel is specialised
+/// and the per-element call inlined (a stored closure would be an indirect call per element).
+protocol BinaryArithmetic {
+    static func apply(_ a: Float, _ b: Float) -> Float
+    static func apply(_ a: Int32, _ b: Int32) -> Int32
+}
+
+enum Addition: BinaryArithmetic {
+    @inline(__always) static func apply(_ a: Float, _ b: Float) -> Float { a + b }
+    @inline(__always) static func apply(_ a: Int32, _ b: Int32) -> Int32 { a &+ b }
+}
+
+enum Subtraction: BinaryArithmetic {
+    @inline(__always) static func apply(_ a: Float, _ b: Float) -> Float { a - b }
+    @inline(__always) static func apply(_ a: Int32, _ b: Int32) -> Int32 { a &- b }
+}
+
+enum Multiplication: BinaryArithmetic {
+    @inline(__always) static func apply(_ a: Float, _ b: Float) -> Float { a * b }
+    @inline(__always) static func apply(_ a: Int32, _ b: Int32) -> Int32 { a &* b }
+}
+
+func arithmetic<Op: BinaryArithmetic>(_: Op.Type) -> Kernel {
+    { args in
+        let x = try args.tensor("x"), y = try args.tensor("y")
+        if !x.type.isFloat, !y.type.isFloat {
+            let (values, shape) = try mapBroadcast(x.ints(), x.shape, y.ints(), y.shape) { Op.apply($0, $1) }
+            return [.ints(values, shape: shape)]
+        }
+        let (values, shape) = try mapBroadcast(x.floats(), x.shape, y.floats(), y.shape) { Op.apply($0, $1) }
+        return [.floats(values, shape: shape)]
+    }
+}
+
 func comparison(_ f: @escaping (Float, Float) -> Bool, int: @escaping (Int32, Int32) -> Bool) -> Kernel {
     { args in
         let x = try args.tensor("x"), y = try args.tensor("y")
@@ -166,9 +200,9 @@ func roundHalfAway(_ x: Float) -> Float {
 func signOf(_ x: Float) -> Float { x > 0 ? 1 : (x < 0 ? -1 : x) }
 
 let elementwiseKernels: [String: Kernel] = [
-    "add": floatBinary(+, int: { $0 &+ $1 }),
-    "sub": floatBinary(-, int: { $0 &- $1 }),
-    "mul": floatBinary(*, int: { $0 &* $1 }),
+    "add": arithmetic(Addition.self),
+    "sub": arithmetic(Subtraction.self),
+    "mul": arithmetic(Multiplication.self),
     "real_div": floatBinary(/),
     "floor_div": floatBinary({ Foundation.floor($0 / $1) }, int: floorDivide),
     "mod": floatBinary(floatModulo, int: floorModulo),

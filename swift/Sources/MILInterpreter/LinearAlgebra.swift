@@ -2,54 +2,51 @@
 
 /// A dot product summed in float64 and rounded once to fp32, as the numpy reference computes
 /// it: the result does not depend on the summation order (float64's error is far below fp32's
-/// rounding step), so the two interpreters agree bit for bit.
+/// rounding step), so the two interpreters agree bit for bit. The operands are widened to
+/// float64 once per call (see `rowDots`), so the loop is only multiplies and adds.
 @inline(__always)
-func dot(_ a: UnsafePointer<Float>, _ b: UnsafePointer<Float>, _ count: Int) -> Float {
+func dot(_ a: UnsafePointer<Double>, _ b: UnsafePointer<Double>, _ count: Int) -> Float {
     var s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0
     var index = 0
     while index + 4 <= count {
-        s0 += Double(a[index]) * Double(b[index])
-        s1 += Double(a[index + 1]) * Double(b[index + 1])
-        s2 += Double(a[index + 2]) * Double(b[index + 2])
-        s3 += Double(a[index + 3]) * Double(b[index + 3])
+        s0 += a[index] * b[index]
+        s1 += a[index + 1] * b[index + 1]
+        s2 += a[index + 2] * b[index + 2]
+        s3 += a[index + 3] * b[index + 3]
         index += 4
     }
     while index < count {
-        s0 += Double(a[index]) * Double(b[index])
+        s0 += a[index] * b[index]
         index += 1
     }
     return Float((s0 + s1) + (s2 + s3))
 }
 
-/// out[m, n] = dot(x[m, :], w[n, :]) (+ bias[n]) for x [M, K] and w [N, K]. Weights are read
-/// four rows at a time (fp16 ones widened into a scratch block) and dotted with every row of x.
+/// out[m, n] = dot(x[m, :], w[n, :]) (+ bias[n]) for x [M, K] and w [N, K]: x widened to
+/// float64 once, each weight row (fp16 or fp32) widened once into a scratch row and dotted
+/// with every row of x.
 func rowDots(x: [Float], rows: Int, depth: Int, weight: TensorData, outputs: Int, bias: [Float]?) -> [Float] {
     var out = [Float](repeating: 0, count: rows * outputs)
-    let block = 4
-    var scratch = [Float](repeating: 0, count: block * depth)
+    let wide = x.map(Double.init)
+    var scratch = [Double](repeating: 0, count: depth)
     let floatWeights: [Float]
     if case .float(let values) = weight { floatWeights = values } else { floatWeights = [] }
-    x.withUnsafeBufferPointer { xs in
+    wide.withUnsafeBufferPointer { xs in
         out.withUnsafeMutableBufferPointer { result in
-            scratch.withUnsafeMutableBufferPointer { tile in
+            scratch.withUnsafeMutableBufferPointer { row in
                 floatWeights.withUnsafeBufferPointer { fw in
-                    var n = 0
-                    while n < outputs {
-                        let width = min(block, outputs - n)
-                        let w: UnsafePointer<Float>
+                    for n in 0..<outputs {
                         if case .half(let storage) = weight {
-                            Half.widen(storage.values.baseAddress! + n * depth, into: tile.baseAddress!, count: width * depth)
-                            w = UnsafePointer(tile.baseAddress!)
+                            let source = storage.values.baseAddress! + n * depth
+                            for k in 0..<depth { row[k] = Double(Half.widen(source[k])) }
                         } else {
-                            w = fw.baseAddress! + n * depth
+                            let source = fw.baseAddress! + n * depth
+                            for k in 0..<depth { row[k] = Double(source[k]) }
                         }
+                        let offset = bias?[n] ?? 0
                         for m in 0..<rows {
-                            let xRow = xs.baseAddress! + m * depth
-                            for j in 0..<width {
-                                result[m * outputs + n + j] = dot(xRow, w + j * depth, depth) + (bias?[n + j] ?? 0)
-                            }
+                            result[m * outputs + n] = dot(xs.baseAddress! + m * depth, UnsafePointer(row.baseAddress!), depth) + offset
                         }
-                        n += width
                     }
                 }
             }
@@ -100,7 +97,7 @@ let linearAlgebraKernels: [String: Kernel] = [
         let batch = try broadcastShape([xBatch, yBatch])
         let batches = elementCount(batch)
         let xIndex = broadcastIndices(from: xBatch, to: batch), yIndex = broadcastIndices(from: yBatch, to: batch)
-        let xs = x.floats(), ys = yT.floats()
+        let xs = x.floats().map(Double.init), ys = yT.floats().map(Double.init)
         var out = [Float](repeating: 0, count: batches * m * n)
         xs.withUnsafeBufferPointer { xp in
             ys.withUnsafeBufferPointer { yp in
