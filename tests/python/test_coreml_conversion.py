@@ -88,7 +88,7 @@ def test_drafter_converts(models, tmp_path, entry_point):
 
 
 def test_constants_deduplicate_as_coremltools_groups_them_with_placeholders_read_by_row():
-    """export.convert._find_constants against coremltools' own find_constants on consts that
+    """export.coreml_patches._find_constants against coremltools' own find_constants on consts that
     are broadcast rows (as placeholders are): equal rows, a slightly moved row, another row,
     and a materialised copy of the first."""
     from coremltools.converters.mil import Builder as mb
@@ -97,7 +97,7 @@ def test_constants_deduplicate_as_coremltools_groups_them_with_placeholders_read
         const_deduplication,
     )
 
-    from museflash.export.convert import _broadcast_row, _find_constants
+    from museflash.export.coreml_patches import _broadcast_row, _find_constants
 
     row = np.linspace(-1, 1, 64).astype(np.float16)
     values = [np.broadcast_to(row, (32, 64)), np.broadcast_to(row.copy(), (32, 64)),

@@ -36,7 +36,7 @@ from museflash.bundle import PACKAGE_SPEC, PACKAGE_WEIGHT_FILE
 from museflash.checkpoint import PlaceholderWeights, WeightLocation
 from museflash.compression import Scheme
 from museflash.export import blobfile
-from museflash.export.convert import all_close, flat_prefix
+from museflash.export.coreml_patches import all_close, flat_prefix
 from museflash.export.weights import (
     CompressedWeight,
     StoredWeight,
@@ -332,7 +332,7 @@ class _MergedWeights:
 
 def compact_placeholder(blob: _Blob, size: int) -> bool:
     """A 2-D fp16 blob of exactly one row for a larger shape: how a part package stores a
-    placeholder, its row alone (`export.convert.placeholders_written_compactly`)."""
+    placeholder, its row alone (`export.coreml_patches.placeholders_written_compactly`)."""
     from coremltools.proto import MIL_pb2
 
     return (len(blob.shape) == 2 and blob.shape[0] > 1 and size == 2 * blob.shape[1]
