@@ -22,7 +22,12 @@ SwiftModuleInfo = provider(
     },
 )
 
-_COMMON_FLAGS = ["-swift-version", "5", "-enable-testing", "-g", "-Onone"]
+_COMMON_FLAGS = ["-swift-version", "5", "-g", "-Onone"]
+
+def _testing_flags(ctx):
+    # -enable-testing lets `@testable import` reach internal declarations; it also keeps the
+    # optimiser from treating them as private, so hot libraries turn it off (`testable = False`).
+    return ["-enable-testing"] if getattr(ctx.attr, "testable", True) else []
 
 def _module_name(ctx):
     return ctx.attr.module_name or ctx.label.name
@@ -84,7 +89,7 @@ def _compile_module(ctx, name, prefix = "", symbol_graph = None):
         outputs.append(symbol_graph)
         args += ["-emit-symbol-graph", "-emit-symbol-graph-dir", symbol_graph.path]
         args += ["-symbol-graph-minimum-access-level", "private"]
-    args += _COMMON_FLAGS + _include_flags(modules) + ctx.attr.copts
+    args += _COMMON_FLAGS + _testing_flags(ctx) + _include_flags(modules) + ctx.attr.copts
     args += [f.path for f in ctx.files.srcs]
     _run_swiftc(
         ctx,
@@ -107,7 +112,7 @@ def _link_executable(ctx, srcs, name, linked = []):
     """Compiles srcs as the main module `name` and links it with deps and `linked` modules."""
     executable = ctx.actions.declare_file(ctx.label.name)
     modules, archives = _collect(linked + [d[SwiftModuleInfo] for d in ctx.attr.deps])
-    args = ["-module-name", name, "-o", executable.path] + _COMMON_FLAGS
+    args = ["-module-name", name, "-o", executable.path] + _COMMON_FLAGS + _testing_flags(ctx)
     args += _include_flags(modules) + ctx.attr.copts
     args += [f.path for f in srcs]
     args += [a.path for a in archives.to_list()]
@@ -161,7 +166,13 @@ _RUNNABLE_ATTRS = dict(_COMMON_ATTRS, data = attr.label_list(allow_files = True)
 
 swift_library = rule(
     implementation = _swift_library_impl,
-    attrs = _COMMON_ATTRS,
+    attrs = dict(
+        _COMMON_ATTRS,
+        testable = attr.bool(
+            default = True,
+            doc = "Compile with -enable-testing, so tests can `@testable import` the module.",
+        ),
+    ),
 )
 
 swift_binary = rule(

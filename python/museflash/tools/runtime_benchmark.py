@@ -26,7 +26,7 @@ import sys  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from absl import app, flags  # noqa: E402
+from absl import app, flags, logging  # noqa: E402
 
 DEFAULT_PROMPT = ('def read_lines(path):\n    """Return the stripped lines of a text file."""\n'
                   '    with open(path) as handle:\n        return [line.strip() for line in')
@@ -120,6 +120,8 @@ def main(argv: list[str]) -> int:
         print("runtime_benchmark: error: --export-dir and --swift-generate are required",
               file=sys.stderr)
         return 1
+    # coremltools logs every loaded var at INFO through absl's handler.
+    logging.set_verbosity(logging.WARNING)
     export_dir = resolve_user_path(FLAGS["export-dir"].value)
     binary = Path(FLAGS["swift-generate"].value).resolve()
     target, drafter, metadata = load_exported_pair(export_dir)
