@@ -544,13 +544,14 @@ def test_exported_files_are_readable_by_everyone(bundle):
 
 def _large_consts(package):
     """Const name -> (shape, stored bytes) of every 2-D weight in the package's weight file."""
-    from museflash.export.merge import _BLOB_METADATA, blob_constants, read_spec
+    from museflash.export.blobfile import read_record
+    from museflash.export.merge import blob_constants, read_spec
 
     blob = (package / "Data" / "com.apple.CoreML" / "weights" / "weight.bin").read_bytes()
     found = {}
     for function in read_spec(package).mlProgram.functions.values():
         for const in blob_constants(function):
-            _, _, size, start = _BLOB_METADATA.unpack_from(blob, const.offset)
+            _, _, size, start = read_record(blob, const.offset)
             if len(const.shape) == 2 and size >= 8192:
                 found[const.name] = (list(const.shape), blob[start:start + size])
     return found

@@ -17,6 +17,7 @@ from museflash.bundle import COMPRESSION_OPS, PACKAGE_WEIGHT_FILE, AssetRole, Me
 from museflash.checkpoint import SafetensorsReader
 from museflash.compression import MIN_ELEMENTS, palettize, quantize_linear
 from museflash.demo_checkpoint import builtin_checkpoints
+from museflash.export.blobfile import read_record
 from museflash.export.merge import read_spec
 from museflash.export.options import ExportError, ExportOptions
 from museflash.export.pipeline import export_bundle
@@ -165,7 +166,6 @@ def test_weight_bytes_are_what_the_metadata_declares(mixed):
 
 
 def _constexpr_payload_bytes(package: Path) -> int:
-    import struct
 
     data = (package / PACKAGE_WEIGHT_FILE).read_bytes()
     offsets = set()
@@ -173,7 +173,7 @@ def _constexpr_payload_bytes(package: Path) -> int:
         for op in function_ops:
             for argument in op.inputs.values():
                 offsets.add(argument.arguments[0].value.blobFileValue.offset)
-    return sum(struct.unpack_from("<IIQQ", data, offset)[2] for offset in offsets)
+    return sum(read_record(data, offset)[2] for offset in offsets)
 
 
 def test_verify_passes_on_the_compressed_export_and_reports_quality(mixed):

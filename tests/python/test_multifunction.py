@@ -10,9 +10,9 @@ import torch
 from museflash.bundle import PACKAGE_SPEC, PACKAGE_WEIGHT_FILE
 from museflash.checkpoint import PlaceholderWeights, WeightLocation
 from museflash.demo_checkpoint import write_demo_checkpoints
+from museflash.export.blobfile import read_record
 from museflash.export.convert import convert_function
 from museflash.export.merge import (
-    _BLOB_METADATA,
     MergeError,
     blob_constants,
     merge_packages,
@@ -114,7 +114,7 @@ def test_weights_written_ahead_are_pointed_at_not_written_again(parts, tmp_path)
 def _first_placeholder_blob(part, placeholders):
     data = (part / PACKAGE_WEIGHT_FILE).read_bytes()
     for const in blob_constants(read_spec(part).mlProgram.functions["main"]):
-        _, _, size, start = _BLOB_METADATA.unpack_from(data, const.offset)
+        _, _, size, start = read_record(data, const.offset)
         if len(const.shape) == 2 and data[start:start + 2 * const.shape[1]] in placeholders.by_row:
             return start, size
     raise AssertionError(f"no placeholder blob in {part}")

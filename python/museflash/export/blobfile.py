@@ -27,6 +27,9 @@ SENTINEL = 0xDEADBEEF
 VERSION = 2
 _HEADER = struct.Struct("<II56x")  # count, version
 _METADATA = struct.Struct("<IIQQQ32x")  # sentinel, dtype, payload bytes, payload offset, padding
+# What a reader needs, the record's first four fields: sentinel, dtype, payload bytes, offset.
+_RECORD_FIELDS = struct.Struct(_METADATA.format[:5])
+RECORD_FIELDS_BYTES = _RECORD_FIELDS.size
 
 # Blob dtype codes (4-bit values are handed over one per byte, as int8/uint8; other dtypes are
 # written as their bytes, so any array of the element size will do, fp16 as float16).
@@ -35,6 +38,12 @@ FLOAT16, FLOAT32, UINT8, INT8, INT16, UINT16, INT4, UINT4, INT32, UINT32 = (
 _ELEMENT_BYTES = {FLOAT16: 2, FLOAT32: 4, UINT8: 1, INT8: 1, INT16: 2, UINT16: 2, INT32: 4,
                   UINT32: 4}
 _NIBBLES = {INT4, UINT4}
+
+
+def read_record(data: bytes, offset: int = 0) -> tuple[int, int, int, int]:
+    """(sentinel, dtype, payload bytes, payload offset) of the blob whose metadata record is at
+    `offset` of weight-file bytes `data` (the offset a const op's BlobFileValue names)."""
+    return _RECORD_FIELDS.unpack_from(data, offset)
 
 
 class BlobFileWriter:

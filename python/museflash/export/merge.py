@@ -25,7 +25,6 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,8 +46,6 @@ from museflash.export.weights import (
 
 IOS18_SPECIFICATION_VERSION = 9
 
-_BLOB_SENTINEL = 0xDEADBEEF
-_BLOB_METADATA = struct.Struct("<IIQQ")  # sentinel, dtype, size in bytes, data offset
 _VERIFY_CHUNK_BYTES = 32 << 20
 
 
@@ -144,8 +141,9 @@ class _WeightFile:
     def header(self, blob: _Blob) -> tuple[int, int]:
         """(data offset, size in bytes) of the blob."""
         self.handle.seek(blob.offset)
-        sentinel, _, size, start = _BLOB_METADATA.unpack(self.handle.read(_BLOB_METADATA.size))
-        if sentinel != _BLOB_SENTINEL:
+        sentinel, _, size, start = blobfile.read_record(
+            self.handle.read(blobfile.RECORD_FIELDS_BYTES))
+        if sentinel != blobfile.SENTINEL:
             raise MergeError(f"{self.path}: const {blob.name} points at offset {blob.offset}, "
                              "which holds no blob header")
         return start, size

@@ -481,7 +481,7 @@ def _op_counts(spec) -> dict[str, int]:
 
 def _const_values(package: Path, spec) -> dict[str, bytes]:
     """(function, const name) -> the stored bytes, for every const in the weight file."""
-    from museflash.export.merge import _BLOB_METADATA
+    from museflash.export.blobfile import read_record
 
     blob = (package / PACKAGE_WEIGHT_FILE).read_bytes()
     values = {}
@@ -489,7 +489,7 @@ def _const_values(package: Path, spec) -> dict[str, bytes]:
         if op.type == "const" and "val" in op.attributes and \
                 op.attributes["val"].WhichOneof("value") == "blobFileValue":
             offset = op.attributes["val"].blobFileValue.offset
-            _, _, size, start = _BLOB_METADATA.unpack_from(blob, offset)
+            _, _, size, start = read_record(blob, offset)
             values[f"{function}:{op.outputs[0].name}"] = blob[start:start + size]
     return values
 
