@@ -41,7 +41,7 @@ from museflash.paths import resolve_user_path
 
 _S, _G = LayerType.SLIDING_ATTENTION.value, LayerType.FULL_ATTENTION.value
 
-DEMO_TARGET_CONFIG: dict[str, Any] = {
+TINY_TARGET_CONFIG: dict[str, Any] = {
     "architectures": ["MuseGlimmerForConditionalGeneration"],
     "model_type": "muse_glimmer",
     "tie_word_embeddings": False,
@@ -66,7 +66,7 @@ DEMO_TARGET_CONFIG: dict[str, Any] = {
     "vision_config": {"hidden_size": 32, "patch_size": 4},
 }
 
-DEMO_DRAFTER_CONFIG: dict[str, Any] = {
+TINY_DRAFTER_CONFIG: dict[str, Any] = {
     "architectures": ["DFlashDraftModel"],
     "model_type": "dflash",
     "hidden_size": 64,
@@ -85,7 +85,7 @@ DEMO_DRAFTER_CONFIG: dict[str, Any] = {
 
 # A DFlash2 drafter for the tiny target, in z-lab's layout: the keys of z-lab/dflash's
 # tests/fixtures/dflash2-config.json (the real checkpoint's), at tiny sizes.
-DEMO_DFLASH2_CONFIG: dict[str, Any] = {
+TINY_DFLASH2_CONFIG: dict[str, Any] = {
     "architectures": ["DFlash2DraftModel"],
     "attention_bias": False,
     "attention_dropout": 0.0,
@@ -150,7 +150,7 @@ def _is_unit_offset(module: nn.Module, param_name: str) -> bool:
     return bool(getattr(owner, "unit_offset", False))
 
 
-def build_demo_models(
+def build_tiny_models(
     seed: int = 0,
     target_config: dict[str, Any] | None = None,
     drafter_config: dict[str, Any] | None = None,
@@ -161,8 +161,8 @@ def build_demo_models(
 ) -> tuple[MuseGlimmerWithDrafterFeatures, DFlashDrafter]:
     """Randomly initialised (seeded) fused target and drafter sharing its embedding/lm_head;
     the drafter's model follows its config's `architectures` (DFlash v1 or DFlash2)."""
-    target_cfg = MuseGlimmerConfig.from_dict(target_config or DEMO_TARGET_CONFIG)
-    drafter_config = drafter_config or DEMO_DRAFTER_CONFIG
+    target_cfg = MuseGlimmerConfig.from_dict(target_config or TINY_TARGET_CONFIG)
+    drafter_config = drafter_config or TINY_DRAFTER_CONFIG
     config_class, drafter_class = DRAFTER_MODELS[
         drafter_architecture(Path("<drafter config>"), drafter_config)]
     drafter_cfg = config_class.from_dict(drafter_config)
@@ -209,11 +209,11 @@ def builtin_checkpoints(name: str) -> Iterator[tuple[Path, Path]]:
         yield target, drafter
     elif name == "tiny":
         with tempfile.TemporaryDirectory(prefix="museflash-tiny-") as scratch:
-            yield write_demo_checkpoints(scratch, tokenizer=True)
+            yield write_tiny_checkpoints(scratch, tokenizer=True)
     elif name == "tiny-dflash2":
         with tempfile.TemporaryDirectory(prefix="museflash-tiny-dflash2-") as scratch:
-            yield write_demo_checkpoints(scratch, tokenizer=True,
-                                         drafter_config=DEMO_DFLASH2_CONFIG)
+            yield write_tiny_checkpoints(scratch, tokenizer=True,
+                                         drafter_config=TINY_DFLASH2_CONFIG)
     else:
         raise ValueError(f"no built-in pair {name!r}; choose one of {list(BUILTIN_PAIRS)}")
 
@@ -235,7 +235,7 @@ def write_word_tokenizer(directory: Path, vocab_size: int, special: dict[str, in
     (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
-def write_demo_checkpoints(
+def write_tiny_checkpoints(
     out_dir: str | Path,
     seed: int = 0,
     dtype: str | torch.dtype = "bf16",
@@ -249,9 +249,9 @@ def write_demo_checkpoints(
     target also gets a word-level tokenizer.json whose ids are the vocabulary (`w<id>`, the
     drafter's mask token special), so text tools work on the random pair."""
     out_dir = Path(out_dir)
-    target_config = copy.deepcopy(target_config or DEMO_TARGET_CONFIG)
-    drafter_config = copy.deepcopy(drafter_config or DEMO_DRAFTER_CONFIG)
-    target, drafter = build_demo_models(seed, target_config, drafter_config)
+    target_config = copy.deepcopy(target_config or TINY_TARGET_CONFIG)
+    drafter_config = copy.deepcopy(drafter_config or TINY_DRAFTER_CONFIG)
+    target, drafter = build_tiny_models(seed, target_config, drafter_config)
     generator = torch.Generator().manual_seed(seed + 1)
     target_tensors = target_checkpoint_tensors(target)
     for key, shape in _VISION_SHAPES.items():
@@ -279,7 +279,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="write model-0000N-of-0000M.safetensors shards of at most this size")
     args = parser.parse_args(argv)
     output_dir = resolve_user_path(args.output_dir)
-    target_dir, drafter_dir = write_demo_checkpoints(
+    target_dir, drafter_dir = write_tiny_checkpoints(
         output_dir, args.seed, args.dtype, max_shard_bytes=args.max_shard_bytes
     )
     print(f"wrote {target_dir} and {drafter_dir}")

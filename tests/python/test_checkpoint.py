@@ -10,10 +10,10 @@ from zlab_layout import to_zlab_layout
 
 from museflash.checkpoint import CheckpointError, load_drafter, load_target
 from museflash.demo_checkpoint import (
-    DEMO_DRAFTER_CONFIG,
-    DEMO_TARGET_CONFIG,
-    build_demo_models,
-    write_demo_checkpoints,
+    TINY_DRAFTER_CONFIG,
+    TINY_TARGET_CONFIG,
+    build_tiny_models,
+    write_tiny_checkpoints,
 )
 from museflash.models.base import RotaryTables
 from museflash.models.muse_glimmer import MuseGlimmerWithDrafterFeatures
@@ -44,12 +44,12 @@ def _load(target_dir, drafter_dir, dtype=torch.float32):
 
 @pytest.fixture(scope="module")
 def fp32_dirs(tmp_path_factory):
-    return write_demo_checkpoints(tmp_path_factory.mktemp("fp32"), seed=SEED, dtype="fp32")
+    return write_tiny_checkpoints(tmp_path_factory.mktemp("fp32"), seed=SEED, dtype="fp32")
 
 
 @pytest.fixture(scope="module")
 def expected():
-    target, drafter = build_demo_models(SEED, max_context=64, max_query_len=10)
+    target, drafter = build_tiny_models(SEED, max_context=64, max_query_len=10)
     return _outputs(target, drafter)
 
 
@@ -63,7 +63,7 @@ def test_fp32_round_trip_gives_identical_outputs(fp32_dirs, expected):
 
 @pytest.mark.parametrize("sharded", [False, True])
 def test_bf16_checkpoints_load(tmp_path, expected, sharded):
-    dirs = write_demo_checkpoints(tmp_path, seed=SEED, dtype="bf16",
+    dirs = write_tiny_checkpoints(tmp_path, seed=SEED, dtype="bf16",
                                   max_shard_bytes=50_000 if sharded else None)
     if sharded:
         assert (dirs[0] / "model.safetensors.index.json").is_file()
@@ -78,7 +78,7 @@ def test_bf16_checkpoints_load(tmp_path, expected, sharded):
 
 
 def test_fp16_checkpoint_loads_into_fp16_compute(tmp_path):
-    dirs = write_demo_checkpoints(tmp_path, seed=SEED, dtype="fp16")
+    dirs = write_tiny_checkpoints(tmp_path, seed=SEED, dtype="fp16")
     target = load_target(dirs[0], dtype="fp16")
     assert target.norm.weight.dtype == torch.float16
     assert not isinstance(target, MuseGlimmerWithDrafterFeatures)
@@ -87,7 +87,7 @@ def test_fp16_checkpoint_loads_into_fp16_compute(tmp_path):
 def test_flat_target_config_loads(tmp_path, fp32_dirs, expected):
     target_dir = tmp_path / "target"
     shutil.copytree(fp32_dirs[0], target_dir)
-    (target_dir / "config.json").write_text(json.dumps(DEMO_TARGET_CONFIG["text_config"]))
+    (target_dir / "config.json").write_text(json.dumps(TINY_TARGET_CONFIG["text_config"]))
     target, drafter = _load(target_dir, fp32_dirs[1])
     assert torch.equal(_outputs(target, drafter)[0], expected[0])
 
@@ -121,7 +121,7 @@ def test_missing_weights_file(copies):
 
 
 def test_missing_shard(tmp_path):
-    target_dir, _ = write_demo_checkpoints(tmp_path, seed=SEED, max_shard_bytes=50_000)
+    target_dir, _ = write_tiny_checkpoints(tmp_path, seed=SEED, max_shard_bytes=50_000)
     shard = sorted(target_dir.glob("model-*-of-*.safetensors"))[1]
     shard.unlink()
     with pytest.raises(CheckpointError) as error:
@@ -189,7 +189,7 @@ def test_extra_layers_are_reported(copies):
 
 
 def test_drafter_vocab_disagreement(copies):
-    config = dict(DEMO_DRAFTER_CONFIG, vocab_size=262144)
+    config = dict(TINY_DRAFTER_CONFIG, vocab_size=262144)
     (copies[1] / "config.json").write_text(json.dumps(config))
     with pytest.raises(CheckpointError) as error:
         load_target(*copies)
@@ -199,14 +199,14 @@ def test_drafter_vocab_disagreement(copies):
 
 
 def test_drafter_layer_ids_beyond_target_depth(copies):
-    config = dict(DEMO_DRAFTER_CONFIG, target_layer_ids=[1, 4, 12])
+    config = dict(TINY_DRAFTER_CONFIG, target_layer_ids=[1, 4, 12])
     (copies[1] / "config.json").write_text(json.dumps(config))
     with pytest.raises(CheckpointError, match=r"target_layer_ids.*12.*num_hidden_layers 8"):
         load_target(*copies)
 
 
 def test_encoder_width_disagreement(copies):
-    config = dict(DEMO_DRAFTER_CONFIG, target_layer_ids=[1, 4])
+    config = dict(TINY_DRAFTER_CONFIG, target_layer_ids=[1, 4])
     (copies[1] / "config.json").write_text(json.dumps(config))
     with pytest.raises(CheckpointError, match=r"encoder.fc.weight' input width is 192.* = 128"):
         load_target(*copies)
@@ -373,7 +373,7 @@ def test_fresh_placeholder_instances_make_the_same_model(fp32_dirs):
 def test_drafters_this_exporter_would_not_run_exactly_are_refused(copies, change, named):
     """A DFlash2 or unknown architecture, or a v1 drafter stating settings the v1 model does
     not implement, is a one-line error before any weight is read, not a silent export."""
-    config = dict(DEMO_DRAFTER_CONFIG, **change)
+    config = dict(TINY_DRAFTER_CONFIG, **change)
     (copies[1] / "config.json").write_text(json.dumps(config))
     with pytest.raises(CheckpointError) as error:
         load_target(*copies)
@@ -386,7 +386,7 @@ def test_both_v1_architecture_names_and_neutral_settings_load(copies):
     expected_target = load_target(*copies)
     expected_drafter = load_drafter(copies[1], expected_target)
     for architectures in (["MuseGlimmerAssistantModel"], ["DFlashDraftModel"], None):
-        config = dict(DEMO_DRAFTER_CONFIG, architectures=architectures, num_target_layers=8,
+        config = dict(TINY_DRAFTER_CONFIG, architectures=architectures, num_target_layers=8,
                       dflash_config={"output_multiplier": 1.0})
         (copies[1] / "config.json").write_text(json.dumps(config))
         target = load_target(*copies)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from museflash.bundle import StateName
-from museflash.demo_checkpoint import DEMO_DRAFTER_CONFIG, DEMO_TARGET_CONFIG, build_demo_models
+from museflash.demo_checkpoint import TINY_DRAFTER_CONFIG, TINY_TARGET_CONFIG, build_tiny_models
 
 ct = pytest.importorskip("coremltools")
 
@@ -43,11 +43,11 @@ def _convert(module, example_args, input_specs, state_names, tmp_path, name):
 def models():
     # A shallower model than the demo keeps conversion quick; one [S, S, S, G] period covers
     # both cache kinds.
-    text = dict(DEMO_TARGET_CONFIG["text_config"], num_hidden_layers=4,
-                layer_types=DEMO_TARGET_CONFIG["text_config"]["layer_types"][:4],
-                layer_rope_theta=DEMO_TARGET_CONFIG["text_config"]["layer_rope_theta"][:4])
-    drafter = dict(DEMO_DRAFTER_CONFIG, num_hidden_layers=1, target_layer_ids=[1, 3])
-    return build_demo_models(seed=0, target_config={"text_config": text},
+    text = dict(TINY_TARGET_CONFIG["text_config"], num_hidden_layers=4,
+                layer_types=TINY_TARGET_CONFIG["text_config"]["layer_types"][:4],
+                layer_rope_theta=TINY_TARGET_CONFIG["text_config"]["layer_rope_theta"][:4])
+    drafter = dict(TINY_DRAFTER_CONFIG, num_hidden_layers=1, target_layer_ids=[1, 3])
+    return build_tiny_models(seed=0, target_config={"text_config": text},
                              drafter_config=drafter, max_context=64, max_query_len=4)
 
 

@@ -8,7 +8,7 @@ from safetensors import safe_open
 
 from museflash import demo_checkpoint
 from museflash.checkpoint import CheckpointError, check_configs
-from museflash.demo_checkpoint import main, write_demo_checkpoints
+from museflash.demo_checkpoint import main, write_tiny_checkpoints
 from museflash.export.options import ExportError, ExportOptions, check_flag_rules
 
 
@@ -17,9 +17,9 @@ def _tensor_bytes(directory):
 
 
 def test_layout_and_determinism(tmp_path):
-    first = write_demo_checkpoints(tmp_path / "a", seed=1)
-    second = write_demo_checkpoints(tmp_path / "b", seed=1)
-    other = write_demo_checkpoints(tmp_path / "c", seed=2)
+    first = write_tiny_checkpoints(tmp_path / "a", seed=1)
+    second = write_tiny_checkpoints(tmp_path / "b", seed=1)
+    other = write_tiny_checkpoints(tmp_path / "c", seed=2)
     for a, b, c in zip(first, second, other, strict=True):
         assert _tensor_bytes(a) == _tensor_bytes(b)
         assert _tensor_bytes(a) != _tensor_bytes(c)

@@ -8,7 +8,7 @@ import torch
 
 from museflash.bundle import Metadata
 from museflash.checkpoint import load_target
-from museflash.demo_checkpoint import write_demo_checkpoints
+from museflash.demo_checkpoint import write_tiny_checkpoints
 from museflash.export.options import ExportOptions
 from museflash.export.pipeline import export_bundle
 from museflash.export.progress import Progress
@@ -19,7 +19,7 @@ from museflash.tools.demo_figures import exported_perplexity, prompts_from
 @pytest.fixture(scope="module")
 def export(tmp_path_factory):
     root = tmp_path_factory.mktemp("figures")
-    target, drafter = write_demo_checkpoints(root / "pair")
+    target, drafter = write_tiny_checkpoints(root / "pair")
     out = root / "export"
     export_bundle(ExportOptions(output_dir=out, checkpoint=target, drafter_checkpoint=drafter,
                                 fused_target=True, dflash_drafter=True, max_context_length=64,

@@ -13,9 +13,9 @@ from reference_rope import rotate
 from museflash.bundle import DrafterKind, FunctionName, Metadata, OutputName
 from museflash.checkpoint import CheckpointError, load_drafter, load_target
 from museflash.demo_checkpoint import (
-    DEMO_DFLASH2_CONFIG,
-    build_demo_models,
-    write_demo_checkpoints,
+    TINY_DFLASH2_CONFIG,
+    build_tiny_models,
+    write_tiny_checkpoints,
 )
 from museflash.models.dflash2 import DFlash2Config
 from museflash.runtime.speculative import (
@@ -44,7 +44,7 @@ ZLAB_MODEL_KEYS = (
 
 @pytest.fixture(scope="module")
 def models():
-    return build_demo_models(seed=5, drafter_config=DEMO_DFLASH2_CONFIG,
+    return build_tiny_models(seed=5, drafter_config=TINY_DFLASH2_CONFIG,
                              cache_dtype=torch.float32, max_context=128)
 
 
@@ -162,7 +162,7 @@ def test_the_selector_path_is_not_the_rows_argmax(models):
 
 
 def _pair(tmp_path, **drafter_changes):
-    config = copy.deepcopy(DEMO_DFLASH2_CONFIG)
+    config = copy.deepcopy(TINY_DFLASH2_CONFIG)
     for key, value in drafter_changes.items():
         if value is None:
             config.pop(key, None)
@@ -171,7 +171,7 @@ def _pair(tmp_path, **drafter_changes):
             config["dflash_config"][key] = value
         else:
             config[key] = value
-    return write_demo_checkpoints(tmp_path / "pair", seed=5, drafter_config=config)
+    return write_tiny_checkpoints(tmp_path / "pair", seed=5, drafter_config=config)
 
 
 def test_the_written_checkpoint_has_zlab_layout_and_loads_back(tmp_path, models):
@@ -180,7 +180,7 @@ def test_the_written_checkpoint_has_zlab_layout_and_loads_back(tmp_path, models)
     target_dir, drafter_dir = _pair(tmp_path)
     with safe_open(str(drafter_dir / "model.safetensors"), "pt") as weights:
         keys = set(weights.keys())
-    layers = DEMO_DFLASH2_CONFIG["num_hidden_layers"]
+    layers = TINY_DFLASH2_CONFIG["num_hidden_layers"]
     assert keys == {f"layers.{i}.{k}" for i in range(layers) for k in ZLAB_LAYER_KEYS} | set(
         ZLAB_MODEL_KEYS)
     config = json.loads((drafter_dir / "config.json").read_text())
@@ -286,7 +286,7 @@ def test_the_export_declares_dflash2_and_draft_tokens(exported):
     metadata = Metadata.read(exported)
     spec = metadata.speculative_decoding
     assert spec.drafter_kind == DrafterKind.DFLASH2
-    assert spec.dflash2.selector_top_k == DEMO_DFLASH2_CONFIG["dflash_config"]["selector_top_k"]
+    assert spec.dflash2.selector_top_k == TINY_DFLASH2_CONFIG["dflash_config"]["selector_top_k"]
     assert spec.dflash2.output_multiplier == 0.5
     draft = metadata.asset(metadata.drafter_role).function(FunctionName.DRAFT)
     assert draft.outputs == [OutputName.LOGITS, OutputName.DRAFT_TOKENS]

@@ -23,7 +23,7 @@ from museflash.bundle import (
     OutputName,
 )
 from museflash.checkpoint import CheckpointError, check_configs
-from museflash.demo_checkpoint import DEMO_DRAFTER_CONFIG, DEMO_TARGET_CONFIG
+from museflash.demo_checkpoint import TINY_DRAFTER_CONFIG, TINY_TARGET_CONFIG
 from museflash.export import pipeline as pipeline_module
 from museflash.export import plan as plan_module
 from museflash.export.convert import (
@@ -128,7 +128,7 @@ def test_cli_prints_a_one_line_error_and_exits_2(tmp_path):
 def test_cli_names_an_out_of_range_token_id_in_one_line(tmp_path):
     target_dir, drafter_dir = _write_pair(tmp_path)
     config = json.loads((drafter_dir / "config.json").read_text())
-    config["mask_token_id"] = DEMO_TARGET_CONFIG["text_config"]["vocab_size"]
+    config["mask_token_id"] = TINY_TARGET_CONFIG["text_config"]["vocab_size"]
     (drafter_dir / "config.json").write_text(json.dumps(config))
     result = _export_cli("--fused-target", "--dflash-drafter", f"--checkpoint={target_dir}",
                          f"--drafter-checkpoint={drafter_dir}", f"--output-dir={tmp_path / 'out'}",
@@ -197,19 +197,19 @@ def _spec(raw, num_draft_tokens=None):
 
 
 def test_speculative_block_comes_from_the_drafter_config():
-    block = _spec(DEMO_DRAFTER_CONFIG)
+    block = _spec(TINY_DRAFTER_CONFIG)
     assert block.drafter_kind == DrafterKind.DFLASH
-    assert block.block_size == DEMO_DRAFTER_CONFIG["block_size"]
-    assert block.mask_token_id == DEMO_DRAFTER_CONFIG["mask_token_id"]
-    assert block.target_layer_ids == DEMO_DRAFTER_CONFIG["target_layer_ids"]
-    assert block.drafter_hidden_size == DEMO_DRAFTER_CONFIG["hidden_size"]
-    assert block.num_draft_tokens == DEMO_DRAFTER_CONFIG["block_size"] - 1
+    assert block.block_size == TINY_DRAFTER_CONFIG["block_size"]
+    assert block.mask_token_id == TINY_DRAFTER_CONFIG["mask_token_id"]
+    assert block.target_layer_ids == TINY_DRAFTER_CONFIG["target_layer_ids"]
+    assert block.drafter_hidden_size == TINY_DRAFTER_CONFIG["hidden_size"]
+    assert block.num_draft_tokens == TINY_DRAFTER_CONFIG["block_size"] - 1
     assert block.shared_embeddings is True
-    assert block.drafter.num_hidden_layers == DEMO_DRAFTER_CONFIG["num_hidden_layers"]
+    assert block.drafter.num_hidden_layers == TINY_DRAFTER_CONFIG["num_hidden_layers"]
 
 
 def test_dflash_config_form_and_mask_alias_are_merged_and_renamed():
-    raw = {k: v for k, v in DEMO_DRAFTER_CONFIG.items()
+    raw = {k: v for k, v in TINY_DRAFTER_CONFIG.items()
            if k not in ("block_size", "mask_token_id", "target_layer_ids")}
     raw["dflash_config"] = {"block_size": 8, "draft_mask_token_id": 7,
                             "target_layer_ids": [0, 2]}
@@ -218,22 +218,22 @@ def test_dflash_config_form_and_mask_alias_are_merged_and_renamed():
 
 
 def test_drafter_hidden_size_is_preferred_and_falls_back_to_hidden_size():
-    raw = dict(DEMO_DRAFTER_CONFIG, drafter_hidden_size=64)
+    raw = dict(TINY_DRAFTER_CONFIG, drafter_hidden_size=64)
     assert _spec(raw).drafter_hidden_size == 64
-    assert "drafter_hidden_size" not in DEMO_DRAFTER_CONFIG
-    assert _spec(DEMO_DRAFTER_CONFIG).drafter_hidden_size == DEMO_DRAFTER_CONFIG["hidden_size"]
+    assert "drafter_hidden_size" not in TINY_DRAFTER_CONFIG
+    assert _spec(TINY_DRAFTER_CONFIG).drafter_hidden_size == TINY_DRAFTER_CONFIG["hidden_size"]
 
 
 def test_command_line_overrides_the_runtime_knob_within_the_block():
-    assert _spec(DEMO_DRAFTER_CONFIG, num_draft_tokens=2).num_draft_tokens == 2
+    assert _spec(TINY_DRAFTER_CONFIG, num_draft_tokens=2).num_draft_tokens == 2
     with pytest.raises(ExportError, match="--num-draft-tokens 4 must be between 1 and"):
-        _spec(DEMO_DRAFTER_CONFIG, num_draft_tokens=DEMO_DRAFTER_CONFIG["block_size"])
+        _spec(TINY_DRAFTER_CONFIG, num_draft_tokens=TINY_DRAFTER_CONFIG["block_size"])
 
 
 def _write_pair(tmp_path, target_text=None, drafter=None):
-    from museflash.demo_checkpoint import write_demo_checkpoints
+    from museflash.demo_checkpoint import write_tiny_checkpoints
 
-    return write_demo_checkpoints(tmp_path / "ckpt", dtype="fp16",
+    return write_tiny_checkpoints(tmp_path / "ckpt", dtype="fp16",
                                   target_config=target_text, drafter_config=drafter)
 
 
@@ -260,7 +260,7 @@ def test_divergent_drafter_fails_before_writing(tmp_path, monkeypatch, key, draf
 
 
 def test_target_layer_ids_beyond_the_target_fail(tmp_path, monkeypatch):
-    demo_before = copy.deepcopy(DEMO_DRAFTER_CONFIG)
+    demo_before = copy.deepcopy(TINY_DRAFTER_CONFIG)
     target_dir, drafter_dir = _write_pair(tmp_path)
     config = json.loads((drafter_dir / "config.json").read_text())
     config["target_layer_ids"] = [1, 4, 8]
@@ -274,7 +274,7 @@ def test_target_layer_ids_beyond_the_target_fail(tmp_path, monkeypatch):
     assert not (tmp_path / "out").exists()
     # The check only reads: neither the user's config nor the shared demo config is changed.
     assert (drafter_dir / "config.json").read_text() == written
-    assert DEMO_DRAFTER_CONFIG == demo_before
+    assert TINY_DRAFTER_CONFIG == demo_before
 
 
 @pytest.mark.parametrize(
@@ -459,9 +459,9 @@ def test_target_package_functions_and_signatures(bundle):
     functions = _functions(spec)
     assert sorted(functions) == ["draft", "inject_kv", "main", "prefill"]
     assert spec.description.defaultFunctionName == "main"
-    block = DEMO_DRAFTER_CONFIG["block_size"]
-    vocab = DEMO_TARGET_CONFIG["text_config"]["vocab_size"]
-    hidden = DEMO_DRAFTER_CONFIG["hidden_size"]
+    block = TINY_DRAFTER_CONFIG["block_size"]
+    vocab = TINY_TARGET_CONFIG["text_config"]["vocab_size"]
+    hidden = TINY_DRAFTER_CONFIG["hidden_size"]
     main = functions["main"]
     assert _features(main.input) == {"input_ids": ("multiArrayType", [1, block], INT32),
                                      "position_ids": ("multiArrayType", [block], INT32)}
@@ -485,8 +485,8 @@ def test_drafter_functions_share_one_state_set(bundle):
     assert inject == draft
     assert sorted(inject) == sorted(DRAFTER_STATES)
     assert not set(inject) & set(TARGET_STATES)
-    block = DEMO_DRAFTER_CONFIG["block_size"]
-    vocab = DEMO_TARGET_CONFIG["text_config"]["vocab_size"]
+    block = TINY_DRAFTER_CONFIG["block_size"]
+    vocab = TINY_TARGET_CONFIG["text_config"]["vocab_size"]
     assert set(_features(functions["inject_kv"].input)) == {"features", "position_ids"}
     assert len(functions["inject_kv"].output) == 1
     assert _features(functions["draft"].input)["input_ids"][1] == [1, block]
@@ -499,15 +499,15 @@ def test_every_weight_is_stored_once_in_the_bundle(bundle, tmp_path):
     borrowed embedding and lm_head are the target's, and inject_kv and draft share the
     drafter's projections. Only small constants (RoPE tables, masks) come on top."""
     from museflash.checkpoint import TARGET_IGNORED_PREFIXES, checkpoint_shapes
-    from museflash.demo_checkpoint import write_demo_checkpoints
+    from museflash.demo_checkpoint import write_tiny_checkpoints
 
     out, _ = bundle
     stored = sum(p.stat().st_size for p in out.rglob("weight.bin"))
-    target_dir, drafter_dir = write_demo_checkpoints(tmp_path / "pair")
+    target_dir, drafter_dir = write_tiny_checkpoints(tmp_path / "pair")
     unique = sum(2 * math.prod(shape) for key, shape in
                  checkpoint_shapes(target_dir, drafter_dir).items()
                  if not key.startswith(TARGET_IGNORED_PREFIXES))
-    text = DEMO_TARGET_CONFIG["text_config"]
+    text = TINY_TARGET_CONFIG["text_config"]
     embedding = text["vocab_size"] * text["hidden_size"] * 2
     print(f"bundle weight bytes {stored}, unique checkpoint weights {unique}")
     assert unique <= stored < unique + embedding // 4
@@ -561,7 +561,7 @@ def test_real_weights_replace_every_placeholder(bundle, tmp_path):
     """The export converts stand-ins (one row repeated) and writes the real weights after;
     none may be left behind, and the embedding must be the checkpoint's, bit for bit."""
     from museflash.checkpoint import load_target
-    from museflash.demo_checkpoint import write_demo_checkpoints
+    from museflash.demo_checkpoint import write_tiny_checkpoints
 
     out, _ = bundle
     consts = _large_consts(out / "target.mlpackage")
@@ -569,7 +569,7 @@ def test_real_weights_replace_every_placeholder(bundle, tmp_path):
     for name, (shape, data) in consts.items():
         rows = torch.frombuffer(bytearray(data), dtype=torch.float16).reshape(shape)
         assert not bool((rows == rows[0]).all()), f"{name} still holds a placeholder"
-    target_dir, drafter_dir = write_demo_checkpoints(tmp_path / "demo")
+    target_dir, drafter_dir = write_tiny_checkpoints(tmp_path / "demo")
     target = load_target(target_dir, drafter_dir, dtype=torch.float16, max_context=64)
     embedding = target.embed_tokens.weight.detach().numpy().tobytes()
     assert embedding in {data for _, data in consts.values()}
@@ -582,9 +582,9 @@ def test_conversion_keeps_placeholders_unmaterialised(tmp_path):
     import numpy as np
 
     from museflash.checkpoint import PlaceholderWeights, load_target
-    from museflash.demo_checkpoint import write_demo_checkpoints
+    from museflash.demo_checkpoint import write_tiny_checkpoints
 
-    target_dir, drafter_dir = write_demo_checkpoints(tmp_path)
+    target_dir, drafter_dir = write_tiny_checkpoints(tmp_path)
     placeholders = PlaceholderWeights()
     target = load_target(target_dir, drafter_dir, dtype=torch.float16, max_context=64,
                          max_query_len=4, placeholders=placeholders)
@@ -629,8 +629,8 @@ def test_context_defaults_to_the_trained_positions_and_refuses_more(tmp_path):
         with pytest.raises(ExportError, match=f"max_position_embeddings {trained}"):
             plan_module.plan_export(ExportOptions(output_dir=tmp_path / "out",
                                                   max_context_length=512), target_dir, None)
-    from museflash.demo_checkpoint import write_demo_checkpoints
+    from museflash.demo_checkpoint import write_tiny_checkpoints
 
-    tiny_target, _ = write_demo_checkpoints(tmp_path / "tiny")
+    tiny_target, _ = write_tiny_checkpoints(tmp_path / "tiny")
     assert plan_module.plan_export(ExportOptions(output_dir=tmp_path / "out"), tiny_target,
                                    None).context_length == 512

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from museflash.bundle import StateName
-from museflash.demo_checkpoint import DEMO_DRAFTER_CONFIG, DEMO_TARGET_CONFIG
+from museflash.demo_checkpoint import TINY_DRAFTER_CONFIG, TINY_TARGET_CONFIG
 from museflash.export.options import ExportOptions
 from museflash.export.pipeline import export_bundle
 from museflash.export.progress import Progress
@@ -35,10 +35,10 @@ def test_ring_drafter_signature_and_states(bundle):
     assert function.name == "main"
     assert [f.name for f in function.input] == ["input_ids", "position_ids"]
     (logits,) = function.output
-    vocab = DEMO_TARGET_CONFIG["text_config"]["vocab_size"]
+    vocab = TINY_TARGET_CONFIG["text_config"]["vocab_size"]
     assert list(logits.type.multiArrayType.shape) == [1, 1, vocab]
     shapes = {s.name: list(s.type.stateType.arrayType.shape) for s in function.state}
-    layers = DEMO_DRAFTER_CONFIG["num_hidden_layers"]
+    layers = TINY_DRAFTER_CONFIG["num_hidden_layers"]
     assert sorted(shapes) == [StateName.SLIDING_KEY_CACHE, StateName.SLIDING_VALUE_CACHE]
     assert all(shape[0] == layers for shape in shapes.values())
 

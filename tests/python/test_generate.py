@@ -2,7 +2,7 @@
 
 import pytest
 
-from museflash.demo_checkpoint import write_demo_checkpoints, write_word_tokenizer
+from museflash.demo_checkpoint import write_tiny_checkpoints, write_word_tokenizer
 from museflash.export.options import ExportOptions
 from museflash.export.pipeline import export_bundle
 from museflash.export.progress import Progress
@@ -20,7 +20,7 @@ MASK = 511
 @pytest.fixture(scope="module")
 def exports(tmp_path_factory):
     root = tmp_path_factory.mktemp("generate")
-    target, drafter = write_demo_checkpoints(root / "plain")
+    target, drafter = write_tiny_checkpoints(root / "plain")
     plain = root / "plain_export"
     export_bundle(ExportOptions(output_dir=plain, fused_target=True, dflash_drafter=True,
                                 checkpoint=target, drafter_checkpoint=drafter,

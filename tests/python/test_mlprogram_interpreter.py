@@ -13,7 +13,7 @@ import torch
 from package_surgery import swap_blobs
 
 from museflash.bundle import StateName
-from museflash.demo_checkpoint import DEMO_DRAFTER_CONFIG, DEMO_TARGET_CONFIG, build_demo_models
+from museflash.demo_checkpoint import TINY_DRAFTER_CONFIG, TINY_TARGET_CONFIG, build_tiny_models
 from museflash.models.dflash import DFlashRingDrafter
 from museflash.runtime.interpreter import (
     KERNELS,
@@ -54,11 +54,11 @@ STATE_TOLERANCE = Tolerance(rel_tol=1.5e-2)
 
 
 def _shallow_configs():
-    text = DEMO_TARGET_CONFIG["text_config"]
+    text = TINY_TARGET_CONFIG["text_config"]
     # One [S, S, S, G] period: both cache kinds, and a stack of sliding layers.
     target = {"text_config": dict(text, num_hidden_layers=4, layer_types=text["layer_types"][:4],
                                   layer_rope_theta=text["layer_rope_theta"][:4])}
-    drafter = dict(DEMO_DRAFTER_CONFIG, target_layer_ids=[1, 3])
+    drafter = dict(TINY_DRAFTER_CONFIG, target_layer_ids=[1, 3])
     return target, drafter
 
 
@@ -108,7 +108,7 @@ def exported(tmp_path_factory):
     the ring drafter (single-function decode)."""
     work = tmp_path_factory.mktemp("packages")
     target_config, drafter_config = _shallow_configs()
-    target, drafter = build_demo_models(seed=0, target_config=target_config,
+    target, drafter = build_tiny_models(seed=0, target_config=target_config,
                                         drafter_config=drafter_config,
                                         max_context=MAX_CONTEXT, max_query_len=QUERY_LEN)
     # As the exporter does: every package gets the same max_context, so each RoPE table

@@ -9,7 +9,7 @@ import torch
 
 from museflash.bundle import PACKAGE_SPEC, PACKAGE_WEIGHT_FILE
 from museflash.checkpoint import PlaceholderWeights, WeightLocation
-from museflash.demo_checkpoint import write_demo_checkpoints
+from museflash.demo_checkpoint import write_tiny_checkpoints
 from museflash.export.blobfile import read_record
 from museflash.export.convert import convert_function
 from museflash.export.merge import (
@@ -38,7 +38,7 @@ def parts(tmp_path_factory):
     """The demo target's two functions converted into single-function packages, once with the
     real weights and once with placeholders."""
     root = tmp_path_factory.mktemp("parts")
-    target_dir, drafter_dir = write_demo_checkpoints(root / "demo")
+    target_dir, drafter_dir = write_tiny_checkpoints(root / "demo")
     options = ExportOptions(output_dir=root / "unused", builtin="tiny", fused_target=True,
                             max_context_length=64, prefill_length=8)
     plan = plan_export(options, target_dir, drafter_dir)

@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from reference_rope import rotate
 
 from museflash.bundle import LayerType
-from museflash.demo_checkpoint import DEMO_TARGET_CONFIG, build_demo_models
+from museflash.demo_checkpoint import TINY_TARGET_CONFIG, build_tiny_models
 from museflash.models.base import RotaryTables, apply_rope, sliding_causal_mask
 from museflash.models.muse_glimmer import MuseGlimmerConfig
 
@@ -71,7 +71,7 @@ def reference_logits(model, tokens):
 
 @pytest.fixture(scope="module")
 def models():
-    return build_demo_models(seed=3, cache_dtype=torch.float32, max_context=128)
+    return build_tiny_models(seed=3, cache_dtype=torch.float32, max_context=128)
 
 
 def _tokens(n, seed=0):
@@ -112,7 +112,7 @@ def test_cached_decoding_matches_full_forward_across_ring_wrap(models, chunk_siz
 
 def test_fp16_cache_stays_close_to_reference(models):
     target, _ = models
-    fp16_target, _ = build_demo_models(seed=3, cache_dtype=torch.float16, max_context=128)
+    fp16_target, _ = build_tiny_models(seed=3, cache_dtype=torch.float16, max_context=128)
     tokens = _tokens(40, seed=5)
     expected, _ = reference_logits(target, tokens)
     with torch.no_grad():
@@ -193,15 +193,15 @@ def test_drafter_features_match_encoder_on_hooked_layer_outputs(models):
 
 
 def test_config_nested_and_flat_are_equivalent():
-    nested = MuseGlimmerConfig.from_dict(DEMO_TARGET_CONFIG)
-    flat = MuseGlimmerConfig.from_dict(dict(DEMO_TARGET_CONFIG["text_config"]))
+    nested = MuseGlimmerConfig.from_dict(TINY_TARGET_CONFIG)
+    flat = MuseGlimmerConfig.from_dict(dict(TINY_TARGET_CONFIG["text_config"]))
     assert nested == flat
     assert nested.global_layer_ids == [3, 7]
     assert nested.post_norm_eps == 1e-5
 
 
 def test_config_rejects_inconsistent_layer_lists():
-    text = dict(DEMO_TARGET_CONFIG["text_config"], layer_rope_theta=[0.0] * 3)
+    text = dict(TINY_TARGET_CONFIG["text_config"], layer_rope_theta=[0.0] * 3)
     with pytest.raises(ValueError, match="layer_rope_theta has 3 entries"):
         MuseGlimmerConfig.from_dict(text)
 
@@ -314,7 +314,7 @@ def test_batched_hidden_states_capture_the_layers_the_reference_computes(models)
 
 
 def test_batched_forward_trains_every_decoder_weight_and_refuses_overlong_input():
-    target, _ = build_demo_models(seed=4, max_context=32)
+    target, _ = build_tiny_models(seed=4, max_context=32)
     target.requires_grad_(True)
     ids = _batch(2, 33, seed=14)
     logits = target.batch_logits(ids[:, :-1])

@@ -15,7 +15,7 @@ from package_surgery import swap_blobs
 
 from museflash.bundle import FunctionName, Metadata
 from museflash.checkpoint import load_target
-from museflash.demo_checkpoint import write_demo_checkpoints
+from museflash.demo_checkpoint import write_tiny_checkpoints
 from museflash.export.options import ExportOptions
 from museflash.export.pipeline import export_bundle
 from museflash.export.progress import Progress
@@ -48,7 +48,7 @@ def _prompts():
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory):
     work = tmp_path_factory.mktemp("speculative")
-    target_dir, drafter_dir = write_demo_checkpoints(work / "demo")
+    target_dir, drafter_dir = write_tiny_checkpoints(work / "demo")
     torch.manual_seed(0)
     target, drafter = trainer.load_pair(target_dir, drafter_dir)
     # Continuations fitted only up to position 30: the longer prompts run past what the drafter

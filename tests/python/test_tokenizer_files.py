@@ -9,8 +9,8 @@ import pytest
 from museflash.bundle import TOKENIZER_FILE, Metadata
 from museflash.checkpoint import CheckpointError, check_configs, read_tokenizer
 from museflash.demo_checkpoint import (
-    DEMO_DRAFTER_CONFIG,
-    write_demo_checkpoints,
+    TINY_DRAFTER_CONFIG,
+    write_tiny_checkpoints,
     write_word_tokenizer,
 )
 from museflash.export.options import ExportOptions
@@ -18,13 +18,13 @@ from museflash.export.pipeline import export_bundle
 from museflash.export.progress import Progress
 
 VOCAB = 512
-MASK = DEMO_DRAFTER_CONFIG["mask_token_id"]
+MASK = TINY_DRAFTER_CONFIG["mask_token_id"]
 
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
     root = tmp_path_factory.mktemp("checkpoints")
-    target, drafter = write_demo_checkpoints(root)
+    target, drafter = write_tiny_checkpoints(root)
     write_word_tokenizer(target, VOCAB, {"<pad>": 0, "<mask>": MASK})
     return target, drafter
 
@@ -38,7 +38,7 @@ def test_the_tokenizer_is_described_from_the_file(checkpoints):
 
 
 def test_a_checkpoint_without_tokenizer_has_none(tmp_path):
-    target, drafter = write_demo_checkpoints(tmp_path)
+    target, drafter = write_tiny_checkpoints(tmp_path)
     assert check_configs(target, drafter).tokenizer is None
 
 

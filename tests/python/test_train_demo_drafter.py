@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from museflash.checkpoint import check_configs, load_drafter, load_target, read_config
-from museflash.demo_checkpoint import DEMO_DRAFTER_CONFIG, write_demo_checkpoints
+from museflash.demo_checkpoint import TINY_DRAFTER_CONFIG, write_tiny_checkpoints
 from museflash.tools import train_demo_drafter as trainer
 
 # Small matrices: one thread is several times faster than two on a shared 2-core machine.
@@ -20,8 +20,8 @@ torch.set_num_threads(1)
 # layer writes in place (the case training needs allow_mutation_on_saved_tensors for).
 @pytest.fixture(scope="module", params=[2, 1], ids=["kv2", "kv1"])
 def pair(tmp_path_factory, request):
-    drafter_config = dict(DEMO_DRAFTER_CONFIG, num_key_value_heads=request.param)
-    target_dir, drafter_dir = write_demo_checkpoints(tmp_path_factory.mktemp("demo"),
+    drafter_config = dict(TINY_DRAFTER_CONFIG, num_key_value_heads=request.param)
+    target_dir, drafter_dir = write_tiny_checkpoints(tmp_path_factory.mktemp("demo"),
                                                      drafter_config=drafter_config)
     target, drafter = trainer.load_pair(target_dir, drafter_dir, max_context=64, max_query=16)
     prompts = trainer.random_prompts(4, trainer.PROMPT_LENGTH, target.config.vocab_size,

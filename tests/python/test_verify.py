@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from museflash.demo_checkpoint import write_demo_checkpoints
+from museflash.demo_checkpoint import write_tiny_checkpoints
 from museflash.export.options import ExportOptions
 from museflash.export.pipeline import export_bundle
 from museflash.export.progress import Progress
@@ -55,7 +55,7 @@ def test_builtin_demo_export_verifies(bundle):
 def test_checkpoint_of_another_seed_is_a_mismatch(bundle, tmp_path):
     copy = tmp_path / "bundle"
     shutil.copytree(bundle, copy)
-    target_dir, drafter_dir = write_demo_checkpoints(tmp_path / "seed1", seed=1)
+    target_dir, drafter_dir = write_tiny_checkpoints(tmp_path / "seed1", seed=1)
     metadata = json.loads((copy / "metadata.json").read_text())
     metadata["source"] = {"checkpoint": str(target_dir), "drafter_checkpoint": str(drafter_dir)}
     (copy / "metadata.json").write_text(json.dumps(metadata))
@@ -100,7 +100,7 @@ def test_zlab_layout_drafter_exports_and_verifies(tmp_path):
     exports with its per-query sliding window, and the exported draft matches eager."""
     from zlab_layout import to_zlab_layout
 
-    target_dir, drafter_dir = write_demo_checkpoints(tmp_path / "pair")
+    target_dir, drafter_dir = write_tiny_checkpoints(tmp_path / "pair")
     to_zlab_layout(drafter_dir)
     out = tmp_path / "bundle"
     export_bundle(ExportOptions(output_dir=out, checkpoint=target_dir,

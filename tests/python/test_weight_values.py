@@ -120,9 +120,9 @@ def test_a_scale_that_overflows_fp16_is_refused(tmp_path, monkeypatch):
 
 def _tiny_pair(tmp_path, damage):
     """The tiny random pair, fp32, with `damage(tensors)` applied to the target's tensors."""
-    from museflash.demo_checkpoint import write_demo_checkpoints
+    from museflash.demo_checkpoint import write_tiny_checkpoints
 
-    target_dir, drafter_dir = write_demo_checkpoints(tmp_path / "pair", dtype="fp32",
+    target_dir, drafter_dir = write_tiny_checkpoints(tmp_path / "pair", dtype="fp32",
                                                      tokenizer=True)
     path = target_dir / "model.safetensors"
     tensors = load_file(path)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from museflash.bundle import LayerType
 from museflash.checkpoint import ZLAB_ENCODER_KEYS
-from museflash.demo_checkpoint import DEMO_TARGET_CONFIG
+from museflash.demo_checkpoint import TINY_TARGET_CONFIG
 
 
 def to_zlab_layout(drafter_dir: Path, *, is_causal: bool = False) -> None:
@@ -24,7 +24,7 @@ def to_zlab_layout(drafter_dir: Path, *, is_causal: bool = False) -> None:
     config_path = Path(drafter_dir) / "config.json"
     config = json.loads(config_path.read_text())
     moved = {k: config.pop(k) for k in ("block_size", "mask_token_id", "target_layer_ids")}
-    target_depth = DEMO_TARGET_CONFIG["text_config"]["num_hidden_layers"]
+    target_depth = TINY_TARGET_CONFIG["text_config"]["num_hidden_layers"]
     config.update(model_type="qwen3", architectures=["DFlashDraftModel"], is_causal=is_causal,
                   dflash_config=moved, num_target_layers=target_depth,
                   layer_types=[LayerType.SLIDING_ATTENTION.value] * config["num_hidden_layers"])

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from museflash.bundle import PACKAGE_SPEC, PACKAGE_WEIGHT_FILE, AssetRole, LayerType
-from museflash.demo_checkpoint import DEMO_DRAFTER_CONFIG, DEMO_TARGET_CONFIG
+from museflash.demo_checkpoint import TINY_DRAFTER_CONFIG, TINY_TARGET_CONFIG
 from museflash.export.progress import tree_bytes
 
 PATHS = ("naive", "streaming")
@@ -86,7 +86,7 @@ def synthetic_configs(weight_bytes: float,
     fixed += drafter_layers * per_layer
     groups = max(1, round((weight_bytes - fixed) / per_layer / 4))
     layers = 4 * groups
-    text = copy.deepcopy(DEMO_TARGET_CONFIG["text_config"])
+    text = copy.deepcopy(TINY_TARGET_CONFIG["text_config"])
     text.update({
         "vocab_size": vocab,
         "hidden_size": hidden,
@@ -99,9 +99,9 @@ def synthetic_configs(weight_bytes: float,
         "layer_rope_theta": [10000.0, 10000.0, 10000.0, 0.0] * groups,
         "sliding_window": 64,
     })
-    target = copy.deepcopy(DEMO_TARGET_CONFIG)
+    target = copy.deepcopy(TINY_TARGET_CONFIG)
     target["text_config"] = text
-    drafter = copy.deepcopy(DEMO_DRAFTER_CONFIG)
+    drafter = copy.deepcopy(TINY_DRAFTER_CONFIG)
     drafter.update({
         "hidden_size": hidden,
         "num_hidden_layers": drafter_layers,

@@ -39,8 +39,8 @@ def exported_metadata() -> dict[str, Metadata]:
     """The metadata the exporter writes for each of EXPORT_KINDS (demo pair, default knobs)."""
     from museflash.checkpoint import PlaceholderWeights
     from museflash.demo_checkpoint import (
-        DEMO_DFLASH2_CONFIG,
-        write_demo_checkpoints,
+        TINY_DFLASH2_CONFIG,
+        write_tiny_checkpoints,
         write_word_tokenizer,
     )
     from museflash.export.describe import bundle_metadata
@@ -50,7 +50,7 @@ def exported_metadata() -> dict[str, Metadata]:
 
     examples = {}
     with tempfile.TemporaryDirectory(prefix="museflash-examples-") as scratch:
-        target_dir, drafter_dir = write_demo_checkpoints(Path(scratch) / "plain")
+        target_dir, drafter_dir = write_tiny_checkpoints(Path(scratch) / "plain")
         with_tokenizer = Path(scratch) / "with_tokenizer"
         shutil.copytree(Path(scratch) / "plain", with_tokenizer)
         config = json.loads((drafter_dir / "config.json").read_text())
@@ -58,7 +58,7 @@ def exported_metadata() -> dict[str, Metadata]:
                              json.loads((target_dir / "config.json").read_text())
                              ["text_config"]["vocab_size"],
                              {"<mask>": config["mask_token_id"]})
-        write_demo_checkpoints(Path(scratch) / "dflash2", drafter_config=DEMO_DFLASH2_CONFIG)
+        write_tiny_checkpoints(Path(scratch) / "dflash2", drafter_config=TINY_DFLASH2_CONFIG)
         for name, (flags, pair) in EXPORT_KINDS.items():
             options = ExportOptions(output_dir=Path(scratch) / name, **flags)
             root = Path(scratch) / pair

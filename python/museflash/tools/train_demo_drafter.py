@@ -423,7 +423,7 @@ def spread_layer_ids(depth: int, count: int = 3) -> list[int]:
 def drafter_config(target_dir: Path, *, layers: int, window: int,
                    target_layer_ids: list[int] | None = None,
                    block_size: int = BLOCK_SIZE) -> dict[str, Any]:
-    """A flat DFlash config.json (like demo_checkpoint.DEMO_DRAFTER_CONFIG) for the target in
+    """A flat DFlash config.json (like demo_checkpoint.TINY_DRAFTER_CONFIG) for the target in
     `target_dir`: its hidden size, heads and MLP width, the tokenizer's `<mask>` as mask token
     (the last vocabulary id when the checkpoint has no tokenizer, as in the random demo)."""
     checked = check_configs(target_dir)
