@@ -66,6 +66,18 @@ def test_package_lacking_a_function_metadata_lists(bundle):
     assert_one_line_error(run("--export-dir", bundle, "--prompt-ids", "1,2,3"), "draft")
 
 
+def test_an_op_the_interpreter_does_not_know_is_named_with_its_function(bundle):
+    spec = Model_pb2.Model()
+    spec.ParseFromString((bundle / SPEC).read_bytes())
+    function = spec.mlProgram.functions["main"]
+    block = function.block_specializations[function.opset]
+    op = next(op for op in block.operations if op.type == "tanh")
+    op.type = "tanh_with_a_new_name"
+    (bundle / SPEC).write_bytes(spec.SerializeToString())
+    assert_one_line_error(run("--export-dir", bundle, "--prompt-ids", "1,2,3"),
+                          "tanh_with_a_new_name", "main")
+
+
 def test_unknown_schema_version(bundle):
     metadata = json.loads((bundle / "metadata.json").read_text())
     metadata["schema_version"] = 99

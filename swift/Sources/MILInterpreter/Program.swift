@@ -201,6 +201,9 @@ public final class CompiledFunction: @unchecked Sendable {
                 if !unsupported.contains(where: { $0.hasPrefix(op.type + " ") }) {
                     unsupported.append("\(op.type) (op \(opName))")
                 }
+                // Its outputs still get slots, so that the ops reading them do not fail first:
+                // the whole list of unknown op types is the error.
+                for output in op.outputs { _ = slot(output.name) }
                 continue
             }
             var arguments: [String: [ArgumentItem]] = [:]
