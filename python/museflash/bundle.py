@@ -45,6 +45,18 @@ EMBEDDED_METADATA_KEY = "museflash.metadata"
 # `tiny-dflash2` the same target with a random DFlash2 drafter in z-lab's layout.
 BUILTIN_PREFIX = "builtin:"
 BUILTIN_PAIRS = ("demo", "tiny", "tiny-dflash2")
+
+
+def builtin_source(pair: str) -> str:
+    """The `source.checkpoint` an export of the built-in pair `pair` records."""
+    return BUILTIN_PREFIX + pair
+
+
+def builtin_pair(checkpoint: str) -> str | None:
+    """The built-in pair a `source.checkpoint` value names; None when it is a directory."""
+    return checkpoint[len(BUILTIN_PREFIX):] if checkpoint.startswith(BUILTIN_PREFIX) else None
+
+
 COMPUTE_PRECISION = "float16"
 STATE_DTYPE = "float16"
 

@@ -10,7 +10,6 @@ import torch
 
 from museflash import __version__
 from museflash.bundle import (
-    BUILTIN_PREFIX,
     COMPUTE_PRECISION,
     EMBEDDED_METADATA_KEY,
     PACKAGE_SPEC,
@@ -32,6 +31,7 @@ from museflash.bundle import (
     StateName,
     StoredCount,
     TargetSettings,
+    builtin_pair,
     schema_errors,
 )
 from museflash.compression import first_matching_rule
@@ -143,9 +143,9 @@ def bundle_metadata(plan: ExportPlan, modules: dict[str, torch.nn.Module], sourc
 
 
 def default_model_name(source: Source) -> str:
-    if source.checkpoint.startswith(BUILTIN_PREFIX):
-        return {"demo": "muse-glimmer-demo"}.get(source.checkpoint[len(BUILTIN_PREFIX):],
-                                                 "muse-glimmer-tiny-demo")
+    pair = builtin_pair(source.checkpoint)
+    if pair is not None:
+        return {"demo": "muse-glimmer-demo"}.get(pair, "muse-glimmer-tiny-demo")
     return Path(source.checkpoint).name
 
 

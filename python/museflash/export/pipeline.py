@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from museflash.bundle import BUILTIN_PREFIX, METADATA_FILE, Source
+from museflash.bundle import METADATA_FILE, Source, builtin_source
 from museflash.checkpoint import PlaceholderWeights, WeightLocation
 from museflash.compression import Scheme
 from museflash.export.convert import convert_function
@@ -98,7 +98,7 @@ def checkpoint_sources(options: ExportOptions) -> Iterator[tuple[Path, Path | No
         return
     from museflash.demo_checkpoint import builtin_checkpoints
 
-    name = BUILTIN_PREFIX + options.builtin
+    name = builtin_source(options.builtin)
     with builtin_checkpoints(options.builtin) as (target_dir, drafter_dir):
         yield target_dir, drafter_dir, Source(checkpoint=name, drafter_checkpoint=name)
 

@@ -25,7 +25,6 @@ import numpy as np
 import torch
 
 from museflash.bundle import (
-    BUILTIN_PREFIX,
     METADATA_FILE,
     AssetKind,
     AssetRole,
@@ -35,6 +34,7 @@ from museflash.bundle import (
     Metadata,
     OutputName,
     StateKind,
+    builtin_pair,
 )
 from museflash.checkpoint import (
     CheckpointError,
@@ -155,8 +155,7 @@ def checkpoint_dirs(metadata: Metadata, checkpoint: Path | None,
             value = wanted[key]
             if value is None:
                 resolved[key] = None
-            elif value.startswith(BUILTIN_PREFIX):
-                name = value[len(BUILTIN_PREFIX):]
+            elif (name := builtin_pair(value)) is not None:
                 if name not in builtin:
                     try:
                         builtin[name] = stack.enter_context(builtin_checkpoints(name))
