@@ -295,7 +295,7 @@ public final class CompiledFunction: @unchecked Sendable {
             }
         }
         for op in operations {
-            let results: [Tensor]
+            var results: [Tensor]
             do {
                 let arguments = OpArguments(arguments: op.arguments, frame: frame, states: states,
                                             outputTypes: op.outputSpecs.map(\.type))
@@ -307,13 +307,14 @@ public final class CompiledFunction: @unchecked Sendable {
                 throw InterpreterError.opFailed(function: name, op: "\(op.type) \(op.name)",
                                                 reason: "produced \(results.count) values for \(op.outputSlots.count) outputs")
             }
-            for (index, result) in results.enumerated() {
+            for index in results.indices {
                 let spec = op.outputSpecs[index]
-                if let shape = spec.shape, shape != result.shape {
+                if let shape = spec.shape, shape != results[index].shape {
                     throw InterpreterError.opFailed(function: name, op: "\(op.type) \(op.name)",
-                                                    reason: "produced shape \(result.shape), the program declares \(shape)")
+                                                    reason: "produced shape \(results[index].shape), the program declares \(shape)")
                 }
-                frame.slots[op.outputSlots[index]] = result.converted(to: spec.type)
+                results[index].convert(to: spec.type)
+                frame.slots[op.outputSlots[index]] = results[index]
             }
             for slot in op.releases { frame.slots[slot] = nil }
         }

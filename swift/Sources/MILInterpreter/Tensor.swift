@@ -197,6 +197,19 @@ public struct Tensor: @unchecked Sendable {
         return Int32(value.rounded(.towardZero))
     }
 
+    /// `converted(to:)` in place: an fp32 result becoming fp16 is rounded in its own buffer
+    /// instead of a copy (the common case of every fp16 op's output).
+    public mutating func convert(to target: ElementType) {
+        if target == .float16, type != .float16, case .float(var values) = data {
+            data = .bool([])  // drop the enum's reference, so `values` is unique
+            Half.roundInPlace(&values)
+            data = .float(values)
+            type = .float16
+            return
+        }
+        self = converted(to: target)
+    }
+
     /// This tensor stored as `type`: the conversion every op's output goes through.
     public func converted(to target: ElementType) -> Tensor {
         switch target {
