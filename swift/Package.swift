@@ -56,7 +56,7 @@ let package = Package(
             name: "ContractOnExportTests",
             dependencies: ["MuseflashContract", "ExportMetadata"]
         ),
-        .testTarget(name: "MuseflashRuntimeTests", dependencies: ["MuseflashRuntime", "ExportMetadata"]),
+        .testTarget(name: "MuseflashRuntimeTests", dependencies: ["MuseflashRuntime", "ExportMetadata", "MILInterpreter"]),
         // Needs MUSEFLASH_EXPORT_DIR and MUSEFLASH_GOLDENS (tests/runtime); skips without them.
         .testTarget(
             name: "RuntimeGoldenTests",

@@ -1,30 +1,12 @@
 /// IEEE 754 binary16 conversions written out, not through `Float16`, which Swift does not offer
 /// on every platform (macOS on Intel) and which converts through library calls here.
-/// `halfToFloat` is exact; `floatToHalf` rounds to nearest, ties to even, as numpy's
-/// `astype(np.float16)` and Core ML's fp16 storage do.
+/// `toFloat` is exact; `fromFloat` and `round` round to nearest, ties to even, as numpy's
+/// `astype(np.float16)` and Core ML's fp16 storage do. MuseflashRuntimeTests checks all three
+/// against the standard library's `Float16` where it exists.
 public enum Half {
-    /// Every fp16 bit pattern's fp32 value (256 KiB, built on first use).
-    static let table: [Float] = (0...UInt16.max).map { Half.decode($0) }
-
+    /// One fp16 value as fp32, exactly (see `widen`).
     @inline(__always)
-    public static func toFloat(_ bits: UInt16) -> Float {
-        table.withUnsafeBufferPointer { $0[Int(bits)] }
-    }
-
-    static func decode(_ bits: UInt16) -> Float {
-        let sign = UInt32(bits & 0x8000) << 16
-        let exponent = UInt32(bits >> 10) & 0x1F
-        let mantissa = UInt32(bits & 0x3FF)
-        if exponent == 0 {
-            // Zero or subnormal: mantissa * 2^-24, exact in fp32.
-            let magnitude = Float(mantissa) * Float(sign: .plus, exponent: -24, significand: 1)
-            return sign == 0 ? magnitude : -magnitude
-        }
-        if exponent == 0x1F {
-            return Float(bitPattern: sign | 0x7F80_0000 | (mantissa << 13))
-        }
-        return Float(bitPattern: sign | ((exponent + 112) << 23) | (mantissa << 13))
-    }
+    public static func toFloat(_ bits: UInt16) -> Float { widen(bits) }
 
     @inline(__always)
     public static func fromFloat(_ value: Float) -> UInt16 {
@@ -60,11 +42,9 @@ public enum Half {
         return sign | UInt16(result)
     }
 
-    /// The fp16 value nearest to `value`, as fp32.
+    /// The fp16 value nearest to `value`, as fp32 (see `roundFast`).
     @inline(__always)
-    public static func round(_ value: Float) -> Float {
-        toFloat(fromFloat(value))
-    }
+    public static func round(_ value: Float) -> Float { roundFast(value) }
 
     /// `count` fp16 values from `source` as fp32 into `destination` (a plain loop over
     /// `widen`, which the compiler vectorizes).
@@ -75,7 +55,7 @@ public enum Half {
 
     /// One fp16 value as fp32, without a table: the magnitude's bits moved into fp32 position
     /// and scaled by 2^112 (which also normalises subnormals exactly), inf and NaN given the
-    /// all-ones exponent, then the sign. Equal to `toFloat` for every bit pattern (tested).
+    /// all-ones exponent, then the sign.
     @inline(__always)
     static func widen(_ half: UInt16) -> Float {
         let bits = UInt32(half)
@@ -87,8 +67,8 @@ public enum Half {
 
     /// `value` rounded to the nearest fp16 (ties to even) and kept as fp32, without leaving
     /// fp32: 10 mantissa bits kept in the normal range, multiples of 2^-24 below it (an fp32
-    /// addition at that spacing rounds them), inf from 65520 up. Equal to
-    /// `toFloat(fromFloat(value))` (tested), but branch-free enough to vectorize.
+    /// addition at that spacing rounds them), inf from 65520 up: `toFloat(fromFloat(value))`
+    /// without leaving fp32, branch-free enough to vectorize.
     @inline(__always)
     static func roundFast(_ value: Float) -> Float {
         let bits = value.bitPattern
