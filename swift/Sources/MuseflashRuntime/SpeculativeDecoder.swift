@@ -197,10 +197,11 @@ public final class SpeculativeDecoder {
         guard options.maxNewTokens >= 1 else {
             throw RuntimeError.badOption(reason: "--max-new-tokens must be at least 1, got \(options.maxNewTokens)")
         }
-        let speculative = options.useDrafter && hasDrafter
-        if options.useDrafter && !hasDrafter && options.numDraftTokens != nil {
-            throw RuntimeError.notSpeculative(reason: "\(bundle.url.path) has no DFlash drafter; export with --fused-target --dflash-drafter or decode with --no-draft")
+        // A bundle without a drafter is never decoded with the target alone unasked.
+        if options.useDrafter && !hasDrafter {
+            throw RuntimeError.notSpeculative(reason: "\(bundle.url.path) has no DFlash drafter; export with --fused-target --dflash-drafter, or pass --no-draft")
         }
+        let speculative = options.useDrafter
         let proposals = speculative ? (options.numDraftTokens ?? defaultDraftTokens) : 0
         if speculative, !(1...(blockSize - 1)).contains(proposals) {
             throw RuntimeError.badOption(reason: "--num-draft-tokens \(proposals) must be in 1...\(blockSize - 1) for this bundle's block of \(blockSize)")

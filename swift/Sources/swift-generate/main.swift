@@ -238,9 +238,6 @@ do {
     }
     let backend: any InferenceBackend = options.backend == "coreml" ? try CoreMLBackend() : InterpreterBackend()
     let decoder = try SpeculativeDecoder(bundle: bundle, backend: backend)
-    if options.useDrafter && !decoder.hasDrafter {
-        fail("\(bundle.url.path) has no DFlash drafter; export with --fused-target --dflash-drafter, or pass --no-draft")
-    }
     let sampling = try Sampling(temperature: options.temperature, topP: options.topP)
     var generation = GenerationOptions(maxNewTokens: options.maxNewTokens, useDrafter: options.useDrafter,
                                        numDraftTokens: options.numDraftTokens, sampling: sampling, seed: options.seed)

@@ -125,6 +125,17 @@ final class SamplingTests: XCTestCase {
         }
     }
 
+    func testABundleWithoutADrafterIsDecodedAloneOnlyWhenAsked() throws {
+        let decoder = try SpeculativeDecoder(bundle: StandIn.bundle(drafter: false), backend: MarkovBackend(close: true))
+        XCTAssertFalse(decoder.hasDrafter)
+        XCTAssertThrowsError(try decoder.generate(prompt: Self.prompt, options: GenerationOptions(maxNewTokens: 5))) {
+            XCTAssertTrue("\($0)".contains("--no-draft"))
+        }
+        let alone = try decoder.generate(prompt: Self.prompt, options: GenerationOptions(maxNewTokens: 5, useDrafter: false))
+        XCTAssertEqual(alone.tokens.count, 5)
+        XCTAssertNil(alone.functions["draft"])
+    }
+
     func testSettingsAreValidatedNamingTheFlag() {
         XCTAssertThrowsError(try Sampling(temperature: -1)) { XCTAssertTrue("\($0)".contains("--temperature")) }
         XCTAssertThrowsError(try Sampling(temperature: .nan)) { XCTAssertTrue("\($0)".contains("--temperature")) }

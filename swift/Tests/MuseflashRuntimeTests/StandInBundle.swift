@@ -11,11 +11,11 @@ enum StandIn {
     static let block = 4
     static let mask: Int32 = 6
 
-    static func bundle(contextLength: Int = 1 << 30) throws -> MuseflashBundle {
+    static func bundle(contextLength: Int = 1 << 30, drafter: Bool = true) throws -> MuseflashBundle {
         let function = { (role: String, query: Int, inputs: [String], outputs: [String]) -> [String: Any] in
             ["role": role, "query_length": query, "inputs": inputs, "outputs": outputs]
         }
-        let object: [String: Any] = [
+        var object: [String: Any] = [
             "schema_version": 3, "generator": ["name": "museflash", "version": "test"], "model_name": "markov",
             "vocab_size": vocab, "context_length": contextLength, "compute_precision": "float16",
             "target": ["num_hidden_layers": 1, "hidden_size": 1, "num_attention_heads": 1, "num_key_value_heads": 1,
@@ -34,6 +34,12 @@ enum StandIn {
                                                  "head_dim": 1, "sliding_window": 4]],
             "source": ["checkpoint": "test"],
         ]
+        if !drafter {
+            object["speculative_decoding"] = NSNull()
+            var assets = object["assets"] as! [String: Any]
+            assets["dflash_drafter"] = nil
+            object["assets"] = assets
+        }
         let data = try JSONSerialization.data(withJSONObject: object)
         return MuseflashBundle(url: URL(fileURLWithPath: "/nonexistent"), metadata: try ExportMetadata.decode(from: data),
                                padTokenID: 0, eosTokenID: nil)
