@@ -275,12 +275,14 @@ class DFlash2Settings:
 @dataclass(frozen=True)
 class SpeculativeDecoding:
     drafter_kind: DrafterKind
-    block_size: int = _doc("the drafter's block: anchor + drafted tokens; `draft` query length")
+    block_size: int = _doc("the exported block, anchor + drafted tokens (num_draft_tokens + 1): "
+                          "the query length of `draft`, `inject_kv` and `main`")
     mask_token_id: int = _doc("token filling the drafted positions of a `draft` call; inside "
                               "[0, vocab_size)")
     target_layer_ids: list[int] = _doc("0-based target layers feeding the drafter's encoder")
     drafter_hidden_size: int = _doc("width of `drafter_features`")
-    num_draft_tokens: int = _doc("tokens proposed per step, 1..block_size - 1")
+    num_draft_tokens: int = _doc("tokens drafted per step, block_size - 1; a runtime may "
+                                "propose fewer")
     shared_embeddings: bool = _doc("the drafter uses the target's embedding and lm_head")
     drafter: DrafterSettings
     dflash2: DFlash2Settings | None = _doc("drafter_kind dflash2 only, else null", default=None)

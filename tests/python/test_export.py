@@ -17,13 +17,18 @@ from museflash.bundle import (
     EMBEDDED_METADATA_KEY,
     SCHEMA_VERSION,
     TARGET_STATES,
+    AssetRole,
     DrafterKind,
     FunctionName,
     FunctionRole,
     OutputName,
 )
 from museflash.checkpoint import CheckpointError, check_configs
-from museflash.demo_checkpoint import TINY_DRAFTER_CONFIG, TINY_TARGET_CONFIG
+from museflash.demo_checkpoint import (
+    TINY_DFLASH2_CONFIG,
+    TINY_DRAFTER_CONFIG,
+    TINY_TARGET_CONFIG,
+)
 from museflash.export import pipeline as pipeline_module
 from museflash.export import plan as plan_module
 from museflash.export.convert import (
@@ -38,6 +43,7 @@ from museflash.export.plan import _ids_function, speculative_decoding
 from museflash.export.progress import Progress
 from museflash.export.publish import OutputDirError
 from museflash.models.dflash import DFlashConfig
+from museflash.models.dflash2 import DFlash2Config
 
 ct = pytest.importorskip("coremltools")
 
@@ -224,10 +230,51 @@ def test_drafter_hidden_size_is_preferred_and_falls_back_to_hidden_size():
     assert _spec(TINY_DRAFTER_CONFIG).drafter_hidden_size == TINY_DRAFTER_CONFIG["hidden_size"]
 
 
-def test_command_line_overrides_the_runtime_knob_within_the_block():
-    assert _spec(TINY_DRAFTER_CONFIG, num_draft_tokens=2).num_draft_tokens == 2
+def test_num_draft_tokens_sets_the_exported_block_within_the_trained_one():
+    short = _spec(TINY_DRAFTER_CONFIG, num_draft_tokens=2)
+    assert (short.num_draft_tokens, short.block_size) == (2, 3)
     with pytest.raises(ExportError, match="--num-draft-tokens 4 must be between 1 and"):
         _spec(TINY_DRAFTER_CONFIG, num_draft_tokens=TINY_DRAFTER_CONFIG["block_size"])
+
+
+def test_a_block_shorter_than_the_dflash2_kernel_is_refused():
+    raw = dict(TINY_DFLASH2_CONFIG)
+    raw["dflash_config"] = dict(raw["dflash_config"], conv_kernel_size=4)
+    config = DFlash2Config.from_dict(raw)
+    assert speculative_decoding(raw, config, DrafterKind.DFLASH2, 3).block_size == 4
+    with pytest.raises(ExportError, match="shorter than the DFlash2 convolution kernel"):
+        speculative_decoding(raw, config, DrafterKind.DFLASH2, 2)
+
+
+@pytest.mark.parametrize("num_draft_tokens", [1, 2])
+def test_main_draft_and_inject_take_the_exported_block(tmp_path, num_draft_tokens):
+    """`--num-draft-tokens k` verifies exactly what was drafted: main is k + 1 long, not the
+    drafter's block_size."""
+    target_dir, drafter_dir = _write_pair(tmp_path)
+    options = ExportOptions(output_dir=tmp_path / "out", fused_target=True, dflash_drafter=True,
+                            checkpoint=target_dir, drafter_checkpoint=drafter_dir,
+                            num_draft_tokens=num_draft_tokens)
+    plan = plan_module.plan_export(options, target_dir, drafter_dir)
+    lengths = {(asset.role, f.name): f.query_length for asset in plan.assets
+               for f in asset.functions}
+    block = num_draft_tokens + 1
+    assert block < TINY_DRAFTER_CONFIG["block_size"]
+    assert lengths[(AssetRole.TARGET, FunctionName.MAIN)] == block
+    assert lengths[(AssetRole.DFLASH_DRAFTER, FunctionName.DRAFT)] == block
+    assert lengths[(AssetRole.DFLASH_DRAFTER, FunctionName.INJECT_KV)] == block
+    assert plan.spec.block_size == block
+
+
+def test_a_decode_length_other_than_the_block_is_refused_with_a_drafter(tmp_path, monkeypatch):
+    target_dir, drafter_dir = _write_pair(tmp_path)
+    _forbid_loading(monkeypatch)
+    out = tmp_path / "out"
+    options = ExportOptions(output_dir=out, fused_target=True, dflash_drafter=True,
+                            checkpoint=target_dir, drafter_checkpoint=drafter_dir,
+                            num_draft_tokens=2, decode_length=4)
+    with pytest.raises(ExportError, match="--decode-length 4 differs from the drafter's block"):
+        export_bundle(options, _Silent())
+    assert not out.exists()
 
 
 def _write_pair(tmp_path, target_text=None, drafter=None):

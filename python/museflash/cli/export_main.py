@@ -41,14 +41,16 @@ flags.DEFINE_bool("dflash-drafter", False,
 flags.DEFINE_bool("with-drafter", False,
                   "Export the older ring drafter (exclusive with --dflash-drafter).")
 flags.DEFINE_integer("num-draft-tokens", None,
-                     "Tokens proposed per step (runtime knob; default block_size - 1).")
+                     "Tokens drafted per step, k: the exported block is k + 1, the query "
+                     "length of draft, inject_kv and main (default: the drafter's "
+                     "block_size - 1).")
 flags.DEFINE_integer("max-context-length", None,
                      "Capacity of the global KV caches (default: 512, or the model's "
                      "max_position_embeddings when smaller).")
 flags.DEFINE_integer("prefill-length", 32, "Query length of the target's prefill function.")
 flags.DEFINE_integer("decode-length", None,
-                     "Query length of the target's main function (default: block size, or 1 "
-                     "without a drafter).")
+                     "Query length of the target's main function (default: the block, "
+                     "--num-draft-tokens + 1, or 1 without a drafter).")
 flags.DEFINE_string("model-name", None, "Name recorded in metadata.json.")
 flags.DEFINE_bool("verbose", False,
                   "Show coremltools' progress bars and library warnings on the console instead "

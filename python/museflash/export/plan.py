@@ -149,6 +149,11 @@ def plan_export(options: ExportOptions, target_dir: Path, drafter_dir: Path | No
                                     options.num_draft_tokens)
     block = spec.block_size if spec else 1
     decode_length = options.decode_length or block
+    if options.dflash_drafter and decode_length != block:
+        raise ExportError(
+            f"--decode-length {decode_length} differs from the drafter's block of {block}; "
+            "one main call verifies one block, so drop --decode-length (set the block with "
+            "--num-draft-tokens)")
     context = context_length(options, Path(target_dir))
     if decode_length > context:
         raise ExportError(f"decode length {decode_length} exceeds --max-context-length "
@@ -226,15 +231,27 @@ def speculative_decoding(
     num_draft_tokens: int | None,
 ) -> SpeculativeDecoding:
     """Structural values come from the drafter's config (DFlashConfig reads them explicitly,
-    flat or under dflash_config); runtime knobs from the command line override them."""
-    block_size = drafter_cfg.block_size
+    flat or under dflash_config); runtime knobs from the command line override them.
+
+    The exported block is the anchor plus `--num-draft-tokens` k (default: the config's
+    block_size - 1): `inject_kv`, `draft` and the target's `main` all take k + 1 tokens, so a
+    short draft is verified by a short `main` call, not by a block_size one. k is at most the
+    config's block_size - 1, the longest block the drafter was trained for."""
+    trained_block = drafter_cfg.block_size
     hidden = drafter_raw.get("drafter_hidden_size", drafter_cfg.hidden_size)
-    draft_tokens = num_draft_tokens if num_draft_tokens is not None else block_size - 1
-    if not 1 <= draft_tokens <= block_size - 1:
+    draft_tokens = num_draft_tokens if num_draft_tokens is not None else trained_block - 1
+    if not 1 <= draft_tokens <= trained_block - 1:
         raise ExportError(
-            f"--num-draft-tokens {draft_tokens} must be between 1 and block_size - 1 = "
-            f"{block_size - 1} (the block is the anchor plus the drafted tokens)"
+            f"--num-draft-tokens {draft_tokens} must be between 1 and the drafter's "
+            f"block_size - 1 = {trained_block - 1} (the block is the anchor plus the drafted "
+            "tokens)"
         )
+    block_size = draft_tokens + 1
+    if kind == DrafterKind.DFLASH2 and block_size < drafter_cfg.conv_kernel_size:
+        raise ExportError(
+            f"--num-draft-tokens {draft_tokens} makes a block of {block_size}, shorter than "
+            f"the DFlash2 convolution kernel ({drafter_cfg.conv_kernel_size}); use at least "
+            f"{drafter_cfg.conv_kernel_size - 1}")
     return SpeculativeDecoding(
         drafter_kind=kind,
         block_size=block_size,

@@ -166,7 +166,8 @@ def open_backends(options: GenerateOptions, metadata: Metadata):
                  max_context=metadata.context_length, max_query_len=metadata.max_query_length())
     with checkpoint_dirs(metadata, None, None) as (target_dir, drafter_dir, _):
         model = load_target(target_dir, drafter_dir, **sizes)
-        drafter = (EagerDrafter(load_drafter(drafter_dir, model, target_dir=target_dir, **sizes))
+        drafter = (EagerDrafter(load_drafter(drafter_dir, model, target_dir=target_dir, **sizes),
+                                metadata.speculative_decoding.block_size)
                    if drafting else None)
     return EagerTarget(model, prefill, verify), drafter
 

@@ -196,9 +196,12 @@ class EagerTarget:
 
 
 class EagerDrafter:
-    def __init__(self, model: torch.nn.Module):
+    """A torch drafter; `block_size` is the block it drafts (an export's
+    `speculative_decoding.block_size`), by default its config's."""
+
+    def __init__(self, model: torch.nn.Module, block_size: int | None = None):
         self.model = model
-        self.block_size = model.config.block_size
+        self.block_size = block_size or model.config.block_size
 
     def inject(self, features, positions) -> None:
         with torch.no_grad():

@@ -26,7 +26,23 @@ extension LoadedBundle {
                 problems.require(main.input(name) != nil,
                                  "\(FunctionName.main) has no input \(name) (inputs: \(main.inputs.map(\.name)))")
             }
-            return try problems.verdict("\(FunctionName.main) takes \(required.map(\.rawValue).joined(separator: " and "))")
+            // One main call verifies one drafted block: its query length is the block
+            // (--num-draft-tokens + 1), in the package and in metadata.json.
+            var verifies = ""
+            if metadata.assets[.dflashDrafter] != nil, let settings = metadata.speculativeDecoding {
+                let block = Int64(settings.blockSize)
+                if let ids = main.input(.inputIDs) {
+                    let admits = ids.type.multiArray.map { $0.admits(size: block, atAxis: -1) } ?? false
+                    problems.require(admits, "\(FunctionName.main) \(InputName.inputIDs) is \(describe(ids.type)); "
+                                     + "one call verifies one block, so it must admit block_size = \(block) tokens")
+                }
+                let declared = metadata.assets[targetRole]?.functions[.main]?.queryLength
+                problems.require(declared == settings.blockSize,
+                                 "metadata.json gives \(FunctionName.main) query_length \(declared.map(String.init) ?? "none") "
+                                 + "but speculative_decoding.block_size \(settings.blockSize); re-export")
+                verifies = ", verifies blocks of \(block)"
+            }
+            return try problems.verdict("\(FunctionName.main) takes \(required.map(\.rawValue).joined(separator: " and "))" + verifies)
         }
     }
 

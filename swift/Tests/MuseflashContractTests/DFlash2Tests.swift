@@ -82,10 +82,10 @@ final class DFlash2ContractTests: XCTestCase {
         XCTAssertTrue(ContractAssertions.detail("drafter.draft_tokens", in: report).contains("fp16"))
     }
 
-    /// The draft_tokens shape follows block_size, as the logits do.
-    func testLargerBlockSizeFailsBothDraftOutputs() throws {
+    /// The draft_tokens shape follows block_size, as the logits and the verifying main do.
+    func testLargerBlockSizeFailsBothDraftOutputsAndMain() throws {
         export.setMetadata(["speculative_decoding", "block_size"], to: 5)
-        try assertFailing(["drafter.draft_signature", "drafter.draft_tokens"])
+        try assertFailing(["drafter.draft_signature", "target.inputs", "drafter.draft_tokens"])
     }
 
     func testDFlashDrafterWithDraftTokensFailsDraftTokens() throws {

@@ -20,9 +20,19 @@ final class MetadataViolationTests: XCTestCase {
         XCTAssertTrue(ContractAssertions.detail("target.outputs", in: report).contains("vocab_size = 65"))
     }
 
-    func testWrongBlockSizeFailsOnlyDraftSignature() throws {
+    /// The block is the query length of draft and of the main call that verifies it.
+    func testWrongBlockSizeFailsDraftSignatureAndTheVerifyingMain() throws {
         export.setMetadata(["speculative_decoding", "block_size"], to: 5)
-        ContractAssertions.assertFailing(["drafter.draft_signature"], in: try report())
+        let report = try report()
+        ContractAssertions.assertFailing(["drafter.draft_signature", "target.inputs"], in: report)
+        XCTAssertTrue(ContractAssertions.detail("target.inputs", in: report).contains("block_size = 5"))
+    }
+
+    func testMainQueryLengthOtherThanTheBlockFailsTargetInputs() throws {
+        export.setMetadata(["assets", "target", "functions", "main", "query_length"], to: 1)
+        let report = try report()
+        XCTAssertFalse(try XCTUnwrap(report.result(named: "target.inputs")).holds)
+        XCTAssertTrue(ContractAssertions.detail("target.inputs", in: report).contains("query_length 1"))
     }
 
     func testDrafterWindowBeyondRingCapacityFailsDrafterStates() throws {
