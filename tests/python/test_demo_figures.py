@@ -70,3 +70,41 @@ def test_prompts_come_from_the_middle_of_files_twice_their_length():
     documents = [[1] * 10, list(range(40)), [3] * 16, [4] * 50]
     assert prompts_from(documents, 5, 8) == [list(range(16, 24)), [3] * 8, [4] * 8]
     assert prompts_from(documents, 1, 8) == [list(range(16, 24))]
+
+
+def test_exports_are_reused_only_with_the_same_settings(tmp_path, monkeypatch):
+    from museflash.export import pipeline
+    from museflash.tools import demo_figures
+
+    written = []
+
+    def fake_export(options, _progress):
+        written.append(options.num_draft_tokens)
+        options.output_dir.mkdir(parents=True, exist_ok=True)
+        (options.output_dir / "metadata.json").write_text("{}")
+
+    monkeypatch.setattr(pipeline, "export_bundle", fake_export)
+    settings = demo_figures.export_settings("demo", 3)
+    first = demo_figures.ensure_export(tmp_path, "demo-k3", settings, log=lambda _l: None)
+    again = demo_figures.ensure_export(tmp_path, "demo-k3", settings, log=lambda _l: None)
+    assert first == again == tmp_path / "demo-k3"
+    assert written == [3]
+    demo_figures.ensure_export(tmp_path, "demo-k3", demo_figures.export_settings("demo", 7),
+                               log=lambda _l: None)
+    assert written == [3, 7]
+    # The target-only bundle has no drafter, so its main takes one token.
+    assert "dflash_drafter" not in demo_figures.export_settings("demo", None)
+
+
+def test_speed_ups_are_against_both_target_alone_baselines():
+    from museflash.tools.demo_figures import Figures, Row, markdown
+
+    figures = Figures(1, 10, 20, 8.0, 1.0, 2, 48, 48,
+                      rows=[Row("demo", "dflash", 0.0, 3, 0.5, 1.5, 2.2, 10.0, 4.0, 25.0)],
+                      target_alone_ms_per_token={"t0": {"python": 20.0, "swift": 6.0}},
+                      main_ms_per_call={1: {"python": 20.0, "swift": 3.0}})
+    row = next(line for line in markdown(figures).splitlines() if line.startswith("| demo"))
+    cells = [cell.strip() for cell in row.strip("|").split("|")]
+    assert cells[4:7] == ["50.0%", "1.50", "2.20"]
+    assert cells[8] == "2.00x (2.50x)"  # 20 / 10 against main of 1; 25 / 10 on the same export
+    assert cells[10] == "1.50x"  # 6 / 4

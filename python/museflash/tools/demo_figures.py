@@ -1,45 +1,98 @@
-"""Figures of an exported trained pair on held-out text (the demo tables of docs/benchmarks.md).
+"""Figures of the trained demo pairs over their EXPORTED packages (docs/benchmarks.md).
 
-    ./bazelw run //:demo_figures -- --export-dir exported [--output FILE.json]
+    ./bazelw run //:demo_figures -- [--pairs demo,demo-dflash2] [--num-draft-tokens 3,7,15]
+        [--work-dir DIR] [--prompts 8] [--new-tokens 48] [--output FILE.json]
 
-Everything but the wall times runs over the EXPORTED packages (the numpy ML-program
-interpreter), on the files the demo pair never saw (tools/train_demo.py's split of the Python
-standard library):
+For every pair and every number of drafted tokens k it exports the pair with
+`--num-draft-tokens k` (a block of k + 1: `main` verifies exactly what was drafted), and once a
+target-only bundle whose `main` takes one token, the fastest way to decode without a drafter.
+Exports land in --work-dir (a temporary directory by default); an export already there with the
+same settings is reused. Then, on prompts cut from the middle of the held-out files the demo
+pairs never saw (tools/train_demo.py's split of the Python standard library):
 
-- the target's perplexity per token and bits per byte, from its `main` function's logits over
-  windows of each held-out file (exported_perplexity: every token scored once, as the training
-  run scored them);
-- drafter acceptance at K = 4 / 8 / 16 (K - 1 drafted tokens per step, one drafter exported with
-  block 16), greedy and at temperature 0.7, and tokens per target call, on prompts cut from the
-  middle of held-out files;
-- wall time per generated token with and without the drafter, for the eager backend (torch),
-  since the interpreter's speed says nothing about a device's.
+- the target's perplexity and bits per byte from its exported `main` logits;
+- per pair, temperature (0 and 0.7) and k: acceptance (drafted tokens accepted / drafted),
+  mean accepted length (drafted tokens accepted per step), tokens per target call, and wall
+  time per generated token with the drafter, on the Python export backend (the numpy
+  ML-program interpreter, one thread) and on the Swift engine (//:swift-generate, its
+  interpreter backend), the two alternating prompt by prompt in one run;
+- the target alone on the one-token `main`, timed the same way, and the speed-up of each row;
+- the verify cost: ms per `main` call against its query length (1 and each k + 1), both
+  engines.
+
+Greedy Swift tokens must equal the Python loop's, or the tool stops. Sampled runs draw from
+different generators (numpy's and the engine's), so only their figures are compared. Wall
+times drift on a shared machine: compare rows of one run, not runs.
 """
 
 from __future__ import annotations
 
-import json
-import math
-import sys
-import time
-from dataclasses import asdict, dataclass
-from pathlib import Path
+import os
 
-import numpy as np
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-from museflash.bundle import AssetRole, BundleError, FunctionName, Metadata
-from museflash.paths import resolve_user_path
-from museflash.runtime.package_check import PackageError, check_packages
-from museflash.runtime.sampling import Sampling
-from museflash.runtime.speculative import (
+import json  # noqa: E402
+import math  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from dataclasses import asdict, dataclass, field  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+from absl import app, flags, logging  # noqa: E402
+
+from museflash.bundle import BundleError, Metadata  # noqa: E402
+from museflash.checkpoint import CheckpointError  # noqa: E402
+from museflash.paths import resolve_user_path  # noqa: E402
+from museflash.runtime.sampling import Sampling  # noqa: E402
+from museflash.runtime.speculative import (  # noqa: E402
     ExportedDrafter,
     ExportedTarget,
     speculative_generate,
     target_only_generate,
 )
 
-KS = (4, 8, 16)
 TEMPERATURES = (0.0, 0.7)
+DEFAULT_DRAFT_TOKENS = (3, 7, 15)
+DEFAULT_PAIRS = ("demo", "demo-dflash2")
+TARGET_ALONE = "target-alone"
+
+flags.DEFINE_list("pairs", list(DEFAULT_PAIRS), "Built-in pairs to export and measure.")
+flags.DEFINE_list("num-draft-tokens", [str(k) for k in DEFAULT_DRAFT_TOKENS],
+                  "Drafted tokens per step, k: one export per k (a block of k + 1).")
+flags.DEFINE_string("work-dir", None, "Where the exports go (default: a temporary directory); "
+                    "exports already there with the same settings are reused.")
+flags.DEFINE_integer("prompts", 8, "Held-out prompts per row.")
+flags.DEFINE_integer("prompt-tokens", 48, "Tokens per prompt.")
+flags.DEFINE_integer("new-tokens", 48, "Tokens generated per prompt.")
+flags.DEFINE_integer("max-scored-tokens", 20000, "Held-out tokens scored for perplexity.")
+flags.DEFINE_string("output", None, "Also write the figures to this JSON file.")
+flags.DEFINE_string("swift-generate", None, "The swift-generate binary (Bazel passes it); "
+                    "without it only the Python backend is timed.")
+
+FLAGS = flags.FLAGS
+
+
+class FiguresError(Exception):
+    """Unusable input: the message names the problem and the fix."""
+
+
+@dataclass
+class Row:
+    pair: str
+    drafter_kind: str
+    temperature: float
+    num_draft_tokens: int
+    acceptance: float  # drafted tokens accepted / drafted tokens
+    mean_accepted_length: float  # drafted tokens accepted per step
+    tokens_per_target_call: float
+    python_ms_per_token: float
+    swift_ms_per_token: float | None
+    # The target alone over this export's own main (k + 1 tokens, pads after the first): what
+    # `generate`'s speed-up compares with, on the Python backend.
+    python_same_export_alone_ms_per_token: float
 
 
 @dataclass
@@ -52,9 +105,11 @@ class Figures:
     prompts: int
     prompt_tokens: int
     new_tokens: int
-    acceptance: dict[str, dict[str, float]]  # "greedy"/"t0.7" -> "K=4" -> acceptance
-    tokens_per_target_call: dict[str, dict[str, float]]
-    eager_ms_per_token: dict[str, float]  # "target alone" / "with drafter (K=16)"
+    rows: list[Row] = field(default_factory=list)
+    # "t0" / "t0.7" -> engine -> ms per token of the target alone on a one-token main
+    target_alone_ms_per_token: dict[str, dict[str, float | None]] = field(default_factory=dict)
+    # query length -> engine -> ms per main call
+    main_ms_per_call: dict[int, dict[str, float | None]] = field(default_factory=dict)
 
 
 def held_out_documents(tokenizer) -> tuple[list[list[int]], int]:
@@ -111,132 +166,299 @@ def prompts_from(documents: list[list[int]], count: int, length: int) -> list[li
             if len(doc) >= 2 * length][:count]
 
 
-def measure(export_dir: Path, prompts: int = 8, prompt_tokens: int = 48, new_tokens: int = 48,
+# --- Exports ---------------------------------------------------------------------------------
+
+
+def export_settings(pair: str, num_draft_tokens: int | None) -> dict:
+    """ExportOptions keywords of one measured bundle: the pair fused with its drafter at
+    `num_draft_tokens`, or (None) the target alone with a one-token `main`."""
+    settings = dict(builtin=pair, fused_target=True)
+    if num_draft_tokens is not None:
+        settings.update(dflash_drafter=True, num_draft_tokens=num_draft_tokens)
+    return settings
+
+
+def ensure_export(work_dir: Path, name: str, settings: dict, log) -> Path:
+    """work_dir/name exported with `settings`, reused when a previous run wrote it with the
+    same settings (recorded beside it in name.settings.json)."""
+    from museflash.export.options import ExportError, ExportOptions
+    from museflash.export.pipeline import export_bundle
+    from museflash.export.progress import Progress, quiet_console
+
+    out = work_dir / name
+    record = work_dir / f"{name}.settings.json"
+    wanted = json.dumps(settings, sort_keys=True)
+    if (out / "metadata.json").is_file() and record.is_file() and record.read_text() == wanted:
+        log(f"[figures] reusing {out}")
+        return out
+    began = time.perf_counter()
+    console = work_dir / f"{name}.export.log"
+    try:
+        with quiet_console(console):  # coremltools' progress bars and warnings
+            export_bundle(ExportOptions(output_dir=out, overwrite=True, **settings),
+                          Progress(echo=lambda _line: None))
+    except (ExportError, CheckpointError) as error:
+        raise FiguresError(f"exporting {name}: {error}") from error
+    record.write_text(wanted)
+    log(f"[figures] exported {out} ({time.perf_counter() - began:.0f} s)")
+    return out
+
+
+# --- Timing ----------------------------------------------------------------------------------
+
+
+class TimedMain:
+    """Adds up wall time of a package's `main` calls."""
+
+    def __init__(self, package):
+        self.seconds, self.calls = 0.0, 0
+        original = package.run
+
+        def run(function, inputs):
+            began = time.perf_counter()
+            try:
+                return original(function, inputs)
+            finally:
+                if str(function) == "main":
+                    self.seconds += time.perf_counter() - began
+                    self.calls += 1
+
+        package.run = run
+
+    def ms_per_call(self) -> float | None:
+        return 1000 * self.seconds / self.calls if self.calls else None
+
+
+def swift_run(binary: Path, export_dir: Path, prompt: list[int], new_tokens: int,
+              temperature: float, seed: int, draft: bool) -> dict:
+    args = [str(binary), "--export-dir", str(export_dir), "--prompt-ids",
+            ",".join(map(str, prompt)), "--max-new-tokens", str(new_tokens), "--format", "json",
+            "--no-compare", "--temperature", str(temperature), "--seed", str(seed)]
+    if not draft:
+        args.append("--no-draft")
+    done = subprocess.run(args, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise FiguresError(f"swift-generate failed on {export_dir}: {done.stderr.strip()}")
+    return json.loads(done.stdout)
+
+
+@dataclass
+class Tally:
+    accepted: int = 0
+    steps: int = 0
+    tokens: int = 0
+    target_calls: int = 0
+    python_seconds: float = 0.0
+    swift_seconds: float = 0.0
+    swift_tokens: int = 0
+    swift_main_ms: list[float] = field(default_factory=list)
+    python_main_ms: float | None = None
+
+    def swift_ms_per_token(self) -> float | None:
+        return 1000 * self.swift_seconds / self.swift_tokens if self.swift_tokens else None
+
+
+def run_rows(export_dir: Path, prompts: list[list[int]], new_tokens: int, temperature: float,
+             binary: Path | None, draft: bool, timer: TimedMain | None = None) -> Tally:
+    """Every prompt through the Python loop, then the Swift engine, alternating."""
+    metadata = Metadata.read(export_dir)
+    target = ExportedTarget(export_dir, metadata)
+    drafter = ExportedDrafter(export_dir, metadata) if draft else None
+    timer = timer or TimedMain(target.package)
+    spec = metadata.speculative_decoding
+    sampling = Sampling(temperature)
+    tally = Tally()
+    for number, prompt in enumerate(prompts):
+        seed = 1000 + number
+        rng = np.random.default_rng(seed)
+        began = time.perf_counter()
+        if draft:
+            result = speculative_generate(target, drafter, prompt, new_tokens,
+                                          mask_token_id=spec.mask_token_id,
+                                          context_length=metadata.context_length,
+                                          sampling=sampling, rng=rng)
+        else:
+            result = target_only_generate(target, prompt, new_tokens,
+                                          context_length=metadata.context_length,
+                                          sampling=sampling, rng=rng)
+        tally.python_seconds += time.perf_counter() - began
+        tally.accepted += sum(result.accepted)
+        tally.steps += len(result.accepted)
+        tally.tokens += len(result.tokens)
+        tally.target_calls += result.target_calls
+        if binary is None:
+            continue
+        report = swift_run(binary, export_dir, prompt, new_tokens, temperature, seed, draft)
+        if temperature == 0 and result.tokens[:len(report["tokens"])] != report["tokens"]:
+            raise FiguresError(f"the Swift engine's greedy tokens differ from the Python loop's "
+                               f"on {export_dir} prompt {number}; fix that before timing")
+        tally.swift_seconds += report["seconds"]
+        tally.swift_tokens += len(report["tokens"])
+        tally.swift_main_ms.append(report["functions"]["main"]["ms_per_call"])
+    tally.python_main_ms = timer.ms_per_call()
+    return tally
+
+
+def measure(pairs: list[str], draft_counts: list[int], work_dir: Path, binary: Path | None, *,
+            prompts: int = 8, prompt_tokens: int = 48, new_tokens: int = 48,
             max_scored_tokens: int = 20000, log=print) -> Figures:
     from tokenizers import Tokenizer
 
-    metadata = Metadata.read(export_dir)
-    tokenizer = Tokenizer.from_file(str(export_dir / "tokenizer.json"))
+    exports = {(pair, k): ensure_export(work_dir, f"{pair}-k{k}", export_settings(pair, k), log)
+               for pair in pairs for k in draft_counts}
+    alone_dir = ensure_export(work_dir, f"{pairs[0]}-{TARGET_ALONE}",
+                              export_settings(pairs[0], None), log)
+    first = exports[(pairs[0], draft_counts[0])]
+    metadata = Metadata.read(first)
+    tokenizer = Tokenizer.from_file(str(first / "tokenizer.json"))
     special = set(metadata.tokenizer.special_tokens.values()) if metadata.tokenizer else set()
 
     def decode(ids):
         return tokenizer.decode([i for i in ids if i not in special])
 
     documents, files = held_out_documents(tokenizer)
-    target = ExportedTarget(export_dir, metadata)
-    drafter = ExportedDrafter(export_dir, metadata)
-    spec = metadata.speculative_decoding
-    limit = metadata.context_length - target.verify_length
+    # Scored through the longest main block: the fewest calls for the same logits.
+    longest = exports[(pairs[0], max(draft_counts))]
+    scorer = ExportedTarget(longest, Metadata.read(longest))
     began = time.perf_counter()
-    nll, count, nbytes = exported_perplexity(target, documents, limit, max_scored_tokens, decode)
+    nll, count, nbytes = exported_perplexity(scorer, documents,
+                                             metadata.context_length - scorer.verify_length,
+                                             max_scored_tokens, decode)
     log(f"[figures] perplexity over {count} held-out tokens: {math.exp(nll / count):.3f} "
         f"({time.perf_counter() - began:.0f} s)")
     chosen = prompts_from(documents, prompts, prompt_tokens)
-    acceptance: dict[str, dict[str, float]] = {}
-    per_call: dict[str, dict[str, float]] = {}
+    if len(chosen) < prompts:
+        raise FiguresError(f"only {len(chosen)} held-out files are long enough for "
+                           f"{prompt_tokens}-token prompts; ask for fewer --prompts")
+    figures = Figures(files, count, nbytes, math.exp(nll / count), nll / nbytes / math.log(2),
+                      len(chosen), prompt_tokens, new_tokens)
+    main_ms: dict[int, dict[str, list[float]]] = {}
+
+    def note_main(length: int, tally: Tally) -> None:
+        entry = main_ms.setdefault(length, {"python": [], "swift": []})
+        if tally.python_main_ms is not None:
+            entry["python"].append(tally.python_main_ms)
+        entry["swift"].extend(tally.swift_main_ms)
+
     for temperature in TEMPERATURES:
-        label = "greedy" if temperature == 0 else f"t{temperature:g}"
-        sampling = Sampling(temperature)
-        for k in KS:
-            if k > spec.block_size:
-                continue
-            accepted, steps, tokens, calls = 0, 0, 0, 0
-            for number, prompt in enumerate(chosen):
-                result = speculative_generate(
-                    target, drafter, prompt, new_tokens, mask_token_id=spec.mask_token_id,
-                    num_draft_tokens=k - 1, context_length=metadata.context_length,
-                    sampling=sampling, rng=np.random.default_rng(1000 + number))
-                accepted += sum(result.accepted)
-                steps += len(result.accepted)
-                tokens += len(result.tokens)
-                calls += result.target_calls
-            acceptance.setdefault(label, {})[f"K={k}"] = accepted / (steps * (k - 1))
-            per_call.setdefault(label, {})[f"K={k}"] = tokens / calls
-            log(f"[figures] {label} K={k}: acceptance {100 * accepted / (steps * (k - 1)):.1f}%,"
-                f" {tokens / calls:.2f} tokens per target call")
-    eager = eager_wall_times(export_dir, metadata, chosen, new_tokens)
-    log(f"[figures] eager ms per token: {eager}")
-    return Figures(files, count, nbytes, math.exp(nll / count), nll / nbytes / math.log(2),
-                   len(chosen), prompt_tokens, new_tokens, acceptance, per_call, eager)
+        label = f"t{temperature:g}"
+        alone = run_rows(alone_dir, chosen, new_tokens, temperature, binary, draft=False)
+        note_main(1, alone)
+        figures.target_alone_ms_per_token[label] = {
+            "python": 1000 * alone.python_seconds / alone.tokens,
+            "swift": alone.swift_ms_per_token()}
+        log(f"[figures] target alone T={temperature:g}: "
+            f"{figures.target_alone_ms_per_token[label]}")
+        for pair in pairs:
+            for k in draft_counts:
+                export_dir = exports[(pair, k)]
+                kind = Metadata.read(export_dir).speculative_decoding.drafter_kind
+                tally = run_rows(export_dir, chosen, new_tokens, temperature, binary, draft=True)
+                note_main(k + 1, tally)
+                same = run_rows(export_dir, chosen, new_tokens, temperature, None, draft=False)
+                row = Row(pair, str(kind), temperature, k, tally.accepted / (tally.steps * k),
+                          tally.accepted / tally.steps, tally.tokens / tally.target_calls,
+                          1000 * tally.python_seconds / tally.tokens, tally.swift_ms_per_token(),
+                          1000 * same.python_seconds / same.tokens)
+                figures.rows.append(row)
+                log(f"[figures] {pair} T={temperature:g} k={k}: acceptance "
+                    f"{100 * row.acceptance:.1f}%, length {row.mean_accepted_length:.2f}, "
+                    f"{row.tokens_per_target_call:.2f} tokens/call, "
+                    f"{row.python_ms_per_token:.1f} ms/token (Python), "
+                    f"{row.swift_ms_per_token or float('nan'):.1f} (Swift)")
+    for length in sorted(main_ms):
+        figures.main_ms_per_call[length] = {
+            engine: (float(np.median(values)) if values else None)
+            for engine, values in main_ms[length].items()}
+    return figures
 
 
-def eager_wall_times(export_dir: Path, metadata: Metadata, prompts: list[list[int]],
-                     new_tokens: int) -> dict[str, float]:
-    import torch
+# --- Report ----------------------------------------------------------------------------------
 
-    from museflash.runtime.generate import GenerateOptions, open_backends
 
-    torch.set_num_threads(1)  # one sequence: small matmuls, pool wake-ups would dominate
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
 
-    spec = metadata.speculative_decoding
-    options = GenerateOptions(export_dir=export_dir, prompt="", backend="eager")
-    target, drafter = open_backends(options, metadata)
-    seconds = {"target alone": 0.0, f"with drafter (K={spec.block_size})": 0.0}
-    tokens = 0
-    with torch.no_grad():
-        for prompt in prompts:
-            began = time.perf_counter()
-            alone = target_only_generate(target, prompt, new_tokens,
-                                         context_length=metadata.context_length)
-            seconds["target alone"] += time.perf_counter() - began
-            began = time.perf_counter()
-            drafted = speculative_generate(target, drafter, prompt, new_tokens,
-                                           mask_token_id=spec.mask_token_id,
-                                           context_length=metadata.context_length)
-            seconds[f"with drafter (K={spec.block_size})"] += time.perf_counter() - began
-            if drafted.tokens != alone.tokens:
-                raise AssertionError("eager speculative decoding differs from greedy")
-            tokens += len(alone.tokens)
-    return {name: round(1000 * value / tokens, 2) for name, value in seconds.items()}
+
+def _ratio(alone: float | None, value: float | None) -> str:
+    return "-" if alone is None or value is None else f"{alone / value:.2f}x"
 
 
 def markdown(figures: Figures) -> str:
     lines = [
         f"held-out: {figures.held_out_files} files, {figures.scored_tokens} tokens scored "
         f"({figures.scored_bytes} bytes): perplexity {figures.perplexity:.3f}, "
-        f"{figures.bits_per_byte:.3f} bits per byte",
+        f"{figures.bits_per_byte:.3f} bits per byte; {figures.prompts} prompts of "
+        f"{figures.prompt_tokens} tokens, {figures.new_tokens} new tokens each",
         "",
-        "| sampling | K | acceptance | tokens per target call |",
-        "| --- | --- | --- | --- |",
+        "Speed-ups are against the target alone on a one-token `main` (its row), and, in "
+        "brackets, against the target alone on the same export's `main` of k + 1 (what "
+        "`generate` compares with).",
+        "",
+        "| pair | drafter | T | k | acceptance | mean accepted length | tokens per target call "
+        "| ms/token Python | speed-up Python | ms/token Swift | speed-up Swift |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for label, by_k in figures.acceptance.items():
-        for k, value in by_k.items():
-            lines.append(f"| {label} | {k[2:]} | {100 * value:.1f}% | "
-                         f"{figures.tokens_per_target_call[label][k]:.2f} |")
-    lines.append("")
-    lines.append("eager wall time per generated token: " + ", ".join(
-        f"{name} {value:.1f} ms" for name, value in figures.eager_ms_per_token.items()))
+    for label, alone in figures.target_alone_ms_per_token.items():
+        lines.append(f"| target alone (main of 1) | - | {label[1:]} | - | - | - | 1.00 | "
+                     f"{_ms(alone['python'])} | 1.00x | {_ms(alone['swift'])} | "
+                     f"{'1.00x' if alone['swift'] is not None else '-'} |")
+    for row in figures.rows:
+        alone = figures.target_alone_ms_per_token[f"t{row.temperature:g}"]
+        same = _ratio(row.python_same_export_alone_ms_per_token, row.python_ms_per_token)
+        lines.append(
+            f"| {row.pair} | {row.drafter_kind} | {row.temperature:g} | {row.num_draft_tokens} | "
+            f"{100 * row.acceptance:.1f}% | {row.mean_accepted_length:.2f} | "
+            f"{row.tokens_per_target_call:.2f} | {_ms(row.python_ms_per_token)} | "
+            f"{_ratio(alone['python'], row.python_ms_per_token)} ({same}) | "
+            f"{_ms(row.swift_ms_per_token)} | {_ratio(alone['swift'], row.swift_ms_per_token)} |")
+    lines += ["", "| main query length | ms per call, Python | ms per call, Swift |",
+              "| --- | --- | --- |"]
+    for length, engines in sorted(figures.main_ms_per_call.items()):
+        lines.append(f"| {length} | {_ms(engines['python'])} | {_ms(engines['swift'])} |")
     return "\n".join(lines)
 
 
 def main(argv: list[str]) -> int:
-    import argparse
-
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--export-dir", default="exported", type=resolve_user_path)
-    parser.add_argument("--output", default=None, type=resolve_user_path)
-    parser.add_argument("--prompts", type=int, default=8)
-    parser.add_argument("--max-scored-tokens", type=int, default=20000)
-    args = parser.parse_args(argv[1:])
-    try:
-        metadata = Metadata.read(args.export_dir)
-        if metadata.tokenizer is None or metadata.drafter_role != AssetRole.DFLASH_DRAFTER:
-            print("demo_figures: error: the export needs a tokenizer and a DFlash drafter "
-                  "(export the trained demo pair with --fused-target --dflash-drafter)",
-                  file=sys.stderr)
-            return 2
-        metadata.asset(AssetRole.TARGET).function(FunctionName.MAIN)
-        check_packages(args.export_dir, metadata)
-    except (BundleError, PackageError) as error:
-        print(f"demo_figures: error: {error}", file=sys.stderr)
+    if len(argv) > 1:
+        print(f"demo_figures: error: unexpected arguments {argv[1:]}; all options are --flags",
+              file=sys.stderr)
         return 2
-    figures = measure(args.export_dir, prompts=args.prompts,
-                      max_scored_tokens=args.max_scored_tokens)
+    logging.set_verbosity(logging.ERROR)
+    try:
+        counts = sorted({int(k) for k in FLAGS["num-draft-tokens"].value})
+    except ValueError:
+        print("demo_figures: error: --num-draft-tokens takes integers, e.g. 3,7,15",
+              file=sys.stderr)
+        return 2
+    if not FLAGS.pairs or not counts:
+        print("demo_figures: error: give at least one --pairs name and one --num-draft-tokens",
+              file=sys.stderr)
+        return 2
+    binary = (Path(FLAGS["swift-generate"].value).resolve()
+              if FLAGS["swift-generate"].value else None)
+    with tempfile.TemporaryDirectory(prefix="museflash-figures-") as scratch:
+        work_dir = resolve_user_path(FLAGS["work-dir"].value) if FLAGS["work-dir"].value \
+            else Path(scratch)
+        work_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            figures = measure(FLAGS.pairs, counts, work_dir, binary, prompts=FLAGS.prompts,
+                              prompt_tokens=FLAGS["prompt-tokens"].value,
+                              new_tokens=FLAGS["new-tokens"].value,
+                              max_scored_tokens=FLAGS["max-scored-tokens"].value)
+        except (FiguresError, BundleError) as error:
+            print(f"demo_figures: error: {error}", file=sys.stderr)
+            return 2
     print(markdown(figures))
-    if args.output:
-        args.output.write_text(json.dumps(asdict(figures), indent=2) + "\n")
+    if FLAGS.output:
+        out = resolve_user_path(FLAGS.output)
+        out.write_text(json.dumps(asdict(figures), indent=2) + "\n")
     return 0
 
 
+def run() -> None:
+    app.run(main)
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    run()
