@@ -1,6 +1,7 @@
-"""//:verify, //:generate and //:demo_figures on a damaged export (issue 25): a weight file cut
-short or zero-filled, a missing package, or metadata.json that does not match the package each
-end in one line naming the file (exit status 2, unusable input), not a traceback."""
+"""//:verify and //:generate on a damaged export (issue 25): a weight file cut short or
+zero-filled, a missing package, or metadata.json that does not match the package each end in
+one line naming the file (exit status 2, unusable input), not a traceback; //:demo_figures
+exports such a bundle again instead of reusing it."""
 
 import json
 import shutil
@@ -106,10 +107,15 @@ def test_generate_says_one_line_naming_the_file(damaged):
                                  compare=False), lambda _text: None, lambda _line: None)
 
 
-def test_demo_figures_says_one_line_naming_the_file(damaged, capsys):
-    bundle, named = damaged
-    status = demo_figures.main(["demo_figures", "--export-dir", str(bundle), "--prompts", "1",
-                                "--max-scored-tokens", "10"])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert status == 2
-    assert len(err) == 1 and err[0].startswith("demo_figures: error: ") and named in err[0]
+def test_demo_figures_exports_a_damaged_work_dir_bundle_again(damaged, monkeypatch):
+    """demo_figures makes its own exports; one left damaged in --work-dir is not reused."""
+    from museflash.export import pipeline
+
+    bundle, _named = damaged
+    settings = demo_figures.export_settings("tiny", 3)
+    (bundle.parent / f"{bundle.name}.settings.json").write_text(
+        json.dumps(settings, sort_keys=True))
+    exported = []
+    monkeypatch.setattr(pipeline, "export_bundle", lambda options, _p: exported.append(options))
+    demo_figures.ensure_export(bundle.parent, bundle.name, settings, log=lambda _line: None)
+    assert [options.output_dir for options in exported] == [bundle]

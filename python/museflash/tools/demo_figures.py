@@ -46,6 +46,7 @@ from absl import app, flags, logging  # noqa: E402
 from museflash.bundle import BundleError, Metadata  # noqa: E402
 from museflash.checkpoint import CheckpointError  # noqa: E402
 from museflash.paths import resolve_user_path  # noqa: E402
+from museflash.runtime.package_check import PackageError, check_packages  # noqa: E402
 from museflash.runtime.sampling import Sampling  # noqa: E402
 from museflash.runtime.speculative import (  # noqa: E402
     ExportedDrafter,
@@ -189,8 +190,13 @@ def ensure_export(work_dir: Path, name: str, settings: dict, log) -> Path:
     record = work_dir / f"{name}.settings.json"
     wanted = json.dumps(settings, sort_keys=True)
     if (out / "metadata.json").is_file() and record.is_file() and record.read_text() == wanted:
-        log(f"[figures] reusing {out}")
-        return out
+        try:
+            check_packages(out, Metadata.read(out))
+        except (BundleError, PackageError) as error:
+            log(f"[figures] {out} is damaged ({error}); exporting it again")
+        else:
+            log(f"[figures] reusing {out}")
+            return out
     began = time.perf_counter()
     console = work_dir / f"{name}.export.log"
     try:
