@@ -1,53 +1,203 @@
 /// linear and matmul: every output element is one dot product of two contiguous rows.
 
-/// A dot product summed in float64 and rounded once to fp32, as the numpy reference computes
-/// it: the result does not depend on the summation order (float64's error is far below fp32's
-/// rounding step), so the two interpreters agree bit for bit. The operands are widened to
-/// float64 once per call (see `rowDots`), so the loop is only multiplies and adds.
+/// Four float64 partial sums: lane j of a `Chains` adds up the products at k = j, j + 4, j + 8,
+/// ... in increasing k. A dot product is `(s0 + s1) + (s2 + s3)` of its four lanes, rounded
+/// once to fp32, the same order whatever the tile size or instruction set: the sums are those
+/// of the plain four-chain loop, bit for bit.
+typealias Chains = SIMD4<Double>
+
 @inline(__always)
-func dot(_ a: UnsafePointer<Double>, _ b: UnsafePointer<Double>, _ count: Int) -> Float {
-    var s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0
-    var index = 0
-    while index + 4 <= count {
-        s0 += a[index] * b[index]
-        s1 += a[index + 1] * b[index + 1]
-        s2 += a[index + 2] * b[index + 2]
-        s3 += a[index + 3] * b[index + 3]
-        index += 4
+func loadChains(_ pointer: UnsafePointer<Double>) -> Chains {
+    UnsafeRawPointer(pointer).loadUnaligned(as: Chains.self)
+}
+
+/// `sums + a * b`. Both operands are fp32 values (widened to float64), so their product has at
+/// most 48 significant bits and no exponent outside float64's range: it is exact, and a fused
+/// multiply-add rounds once where mul-then-add rounds the same sum once. The two are the same
+/// bits; the fused one is half the instructions where the CPU has it (AArch64 always, x86
+/// built for Haswell or later).
+@inline(__always)
+func multiplyAdd(_ sums: inout Chains, _ a: Chains, _ b: Chains) {
+    #if arch(arm64) || MILINTERPRETER_HASWELL
+    sums.addProduct(a, b)
+    #else
+    sums += a * b
+    #endif
+}
+
+@inline(__always)
+func total(_ sums: Chains) -> Float { Float((sums[0] + sums[1]) + (sums[2] + sums[3])) }
+
+/// out[i * ldo + j] = dot(a row i, b row j) (+ bias[j]) for the `rows` x `cols` tile at `a`,
+/// `b` (rows of `depth` float64 values, `lda` and `ldb` apart). `rows` <= 4 and `cols` <= 3
+/// are literals at every call, so the unused accumulators fold away: up to 12 dot products
+/// share each load of their rows.
+@inline(__always)
+func tile(rows: Int, cols: Int, _ a: UnsafePointer<Double>, _ lda: Int, _ b: UnsafePointer<Double>, _ ldb: Int,
+          depth: Int, _ out: UnsafeMutablePointer<Float>, _ ldo: Int, bias: UnsafePointer<Float>?) {
+    var c00 = Chains.zero, c01 = Chains.zero, c02 = Chains.zero
+    var c10 = Chains.zero, c11 = Chains.zero, c12 = Chains.zero
+    var c20 = Chains.zero, c21 = Chains.zero, c22 = Chains.zero
+    var c30 = Chains.zero, c31 = Chains.zero, c32 = Chains.zero
+    let a1 = a + lda, a2 = a + 2 * lda, a3 = a + 3 * lda
+    let b1 = b + ldb, b2 = b + 2 * ldb
+    var k = 0
+    while k + 4 <= depth {
+        let w0 = loadChains(b + k)
+        let w1 = cols > 1 ? loadChains(b1 + k) : .zero
+        let w2 = cols > 2 ? loadChains(b2 + k) : .zero
+        let x0 = loadChains(a + k)
+        multiplyAdd(&c00, x0, w0)
+        if cols > 1 { multiplyAdd(&c01, x0, w1) }
+        if cols > 2 { multiplyAdd(&c02, x0, w2) }
+        if rows > 1 {
+            let x1 = loadChains(a1 + k)
+            multiplyAdd(&c10, x1, w0)
+            if cols > 1 { multiplyAdd(&c11, x1, w1) }
+            if cols > 2 { multiplyAdd(&c12, x1, w2) }
+        }
+        if rows > 2 {
+            let x2 = loadChains(a2 + k)
+            multiplyAdd(&c20, x2, w0)
+            if cols > 1 { multiplyAdd(&c21, x2, w1) }
+            if cols > 2 { multiplyAdd(&c22, x2, w2) }
+        }
+        if rows > 3 {
+            let x3 = loadChains(a3 + k)
+            multiplyAdd(&c30, x3, w0)
+            if cols > 1 { multiplyAdd(&c31, x3, w1) }
+            if cols > 2 { multiplyAdd(&c32, x3, w2) }
+        }
+        k += 4
     }
-    while index < count {
-        s0 += a[index] * b[index]
-        index += 1
+    // A depth that is not a multiple of 4: the last products go to the first chain, in order.
+    while k < depth {
+        c00[0] += a[k] * b[k]
+        if cols > 1 { c01[0] += a[k] * b1[k] }
+        if cols > 2 { c02[0] += a[k] * b2[k] }
+        if rows > 1 {
+            c10[0] += a1[k] * b[k]
+            if cols > 1 { c11[0] += a1[k] * b1[k] }
+            if cols > 2 { c12[0] += a1[k] * b2[k] }
+        }
+        if rows > 2 {
+            c20[0] += a2[k] * b[k]
+            if cols > 1 { c21[0] += a2[k] * b1[k] }
+            if cols > 2 { c22[0] += a2[k] * b2[k] }
+        }
+        if rows > 3 {
+            c30[0] += a3[k] * b[k]
+            if cols > 1 { c31[0] += a3[k] * b1[k] }
+            if cols > 2 { c32[0] += a3[k] * b2[k] }
+        }
+        k += 1
     }
-    return Float((s0 + s1) + (s2 + s3))
+    let o0 = bias?[0] ?? 0, o1 = cols > 1 ? bias?[1] ?? 0 : 0, o2 = cols > 2 ? bias?[2] ?? 0 : 0
+    out[0] = total(c00) + o0
+    if cols > 1 { out[1] = total(c01) + o1 }
+    if cols > 2 { out[2] = total(c02) + o2 }
+    if rows > 1 {
+        out[ldo] = total(c10) + o0
+        if cols > 1 { out[ldo + 1] = total(c11) + o1 }
+        if cols > 2 { out[ldo + 2] = total(c12) + o2 }
+    }
+    if rows > 2 {
+        out[2 * ldo] = total(c20) + o0
+        if cols > 1 { out[2 * ldo + 1] = total(c21) + o1 }
+        if cols > 2 { out[2 * ldo + 2] = total(c22) + o2 }
+    }
+    if rows > 3 {
+        out[3 * ldo] = total(c30) + o0
+        if cols > 1 { out[3 * ldo + 1] = total(c31) + o1 }
+        if cols > 2 { out[3 * ldo + 2] = total(c32) + o2 }
+    }
+}
+
+/// Every row of `a` (`rows` x `depth`) against `cols` rows of `b` (`cols` <= 3), in tiles of 4.
+@inline(__always)
+func rowsAgainst(cols: Int, _ a: UnsafePointer<Double>, rows: Int, _ b: UnsafePointer<Double>, depth: Int,
+                 _ out: UnsafeMutablePointer<Float>, _ ldo: Int, bias: UnsafePointer<Float>?) {
+    var m = 0
+    while m + 4 <= rows {
+        tile(rows: 4, cols: cols, a + m * depth, depth, b, depth, depth: depth, out + m * ldo, ldo, bias: bias)
+        m += 4
+    }
+    while m < rows {
+        tile(rows: 1, cols: cols, a + m * depth, depth, b, depth, depth: depth, out + m * ldo, ldo, bias: bias)
+        m += 1
+    }
+}
+
+/// out[i, j] = dot(a[i, :], b[j, :]) for a [rows, depth] and b [cols, depth], float64 rows;
+/// `out` has `ldo` floats per row.
+func rowProducts(_ a: UnsafePointer<Double>, rows: Int, _ b: UnsafePointer<Double>, cols: Int, depth: Int,
+                 _ out: UnsafeMutablePointer<Float>, _ ldo: Int) {
+    var n = 0
+    while n + 3 <= cols {
+        rowsAgainst(cols: 3, a, rows: rows, b + n * depth, depth: depth, out + n, ldo, bias: nil)
+        n += 3
+    }
+    while n < cols {
+        rowsAgainst(cols: 1, a, rows: rows, b + n * depth, depth: depth, out + n, ldo, bias: nil)
+        n += 1
+    }
+}
+
+/// `count` fp16 values as float64 (exact).
+@inline(__always)
+func widen(_ source: UnsafePointer<UInt16>, toDoubles destination: UnsafeMutablePointer<Double>, count: Int) {
+    #if MILINTERPRETER_HASWELL
+    // F16C's conversion instruction: the same exact values as Half.widen (a signalling NaN
+    // comes out quiet, which no fp16 output can tell apart).
+    for k in 0..<count { destination[k] = Double(Float(Float16(bitPattern: source[k]))) }
+    #else
+    for k in 0..<count { destination[k] = Double(Half.widen(source[k])) }
+    #endif
+}
+
+@inline(__always)
+func widen(_ source: UnsafePointer<Float>, toDoubles destination: UnsafeMutablePointer<Double>, count: Int) {
+    for k in 0..<count { destination[k] = Double(source[k]) }
 }
 
 /// out[m, n] = dot(x[m, :], w[n, :]) (+ bias[n]) for x [M, K] and w [N, K]: x widened to
-/// float64 once, each weight row (fp16 or fp32) widened once into a scratch row and dotted
-/// with every row of x.
+/// float64 once, the weight rows (fp16 or fp32) three at a time into a scratch block that
+/// every row of x is dotted with.
 func rowDots(x: [Float], rows: Int, depth: Int, weight: TensorData, outputs: Int, bias: [Float]?) -> [Float] {
     var out = [Float](repeating: 0, count: rows * outputs)
-    let wide = x.map(Double.init)
-    var scratch = [Double](repeating: 0, count: depth)
+    let wide = UnsafeMutablePointer<Double>.allocate(capacity: max(rows * depth, 1))
+    let scratch = UnsafeMutablePointer<Double>.allocate(capacity: max(3 * depth, 1))
+    defer {
+        wide.deallocate()
+        scratch.deallocate()
+    }
+    x.withUnsafeBufferPointer { xs in
+        if let source = xs.baseAddress { widen(source, toDoubles: wide, count: rows * depth) }
+    }
     let floatWeights: [Float]
     if case .float(let values) = weight { floatWeights = values } else { floatWeights = [] }
-    wide.withUnsafeBufferPointer { xs in
-        out.withUnsafeMutableBufferPointer { result in
-            scratch.withUnsafeMutableBufferPointer { row in
-                floatWeights.withUnsafeBufferPointer { fw in
-                    for n in 0..<outputs {
-                        if case .half(let storage) = weight {
-                            let source = storage.values.baseAddress! + n * depth
-                            for k in 0..<depth { row[k] = Double(Half.widen(source[k])) }
-                        } else {
-                            let source = fw.baseAddress! + n * depth
-                            for k in 0..<depth { row[k] = Double(source[k]) }
-                        }
-                        let offset = bias?[n] ?? 0
-                        for m in 0..<rows {
-                            result[m * outputs + n] = dot(xs.baseAddress! + m * depth, UnsafePointer(row.baseAddress!), depth) + offset
-                        }
+    out.withUnsafeMutableBufferPointer { result in
+        floatWeights.withUnsafeBufferPointer { fw in
+            (bias ?? []).withUnsafeBufferPointer { offsets in
+                func block(_ n: Int, _ count: Int) {
+                    if case .half(let storage) = weight {
+                        widen(storage.values.baseAddress! + n * depth, toDoubles: scratch, count: count * depth)
+                    } else {
+                        widen(fw.baseAddress! + n * depth, toDoubles: scratch, count: count * depth)
                     }
+                }
+                let out = result.baseAddress!
+                let offsets = bias == nil ? nil : offsets.baseAddress
+                var n = 0
+                while n + 3 <= outputs {
+                    block(n, 3)
+                    rowsAgainst(cols: 3, wide, rows: rows, scratch, depth: depth, out + n, outputs, bias: offsets.map { $0 + n })
+                    n += 3
+                }
+                while n < outputs {
+                    block(n, 1)
+                    rowsAgainst(cols: 1, wide, rows: rows, scratch, depth: depth, out + n, outputs, bias: offsets.map { $0 + n })
+                    n += 1
                 }
             }
         }
@@ -105,11 +255,7 @@ let linearAlgebraKernels: [String: Kernel] = [
                     for b in 0..<batches {
                         let xBase = xp.baseAddress! + (xIndex?[b] ?? b) * m * k
                         let yBase = yp.baseAddress! + (yIndex?[b] ?? b) * n * k
-                        for i in 0..<m {
-                            for j in 0..<n {
-                                op[(b * m + i) * n + j] = dot(xBase + i * k, yBase + j * k, k)
-                            }
-                        }
+                        rowProducts(xBase, rows: m, yBase, cols: n, depth: k, op.baseAddress! + b * m * n, n)
                     }
                 }
             }
