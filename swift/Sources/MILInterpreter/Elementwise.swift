@@ -18,88 +18,112 @@ enum Numeric {
     }
 }
 
-/// How an input of `input`'s shape is read for each element of `output`: at
-/// `(i / divisor) % modulus` when its non-1 dimensions are one contiguous run of the output's
-/// (a bias row, a per-row scale, a scalar, the same shape), else nil.
-func affineIndex(from input: [Int], to output: [Int]) -> (divisor: Int, modulus: Int)? {
-    let padded = [Int](repeating: 1, count: output.count - input.count) + input
-    guard let first = padded.firstIndex(where: { $0 != 1 }) else { return (1, 1) }
-    let last = padded.lastIndex(where: { $0 != 1 })!
-    for axis in first...last where padded[axis] != output[axis] { return nil }
-    return (elementCount(Array(output[(last + 1)...])), elementCount(Array(output[first...last])))
-}
-
+/// `body` over two inputs broadcast to their common shape, one row of the output at a time
+/// (see `BroadcastPlan`); the loop over a row is plain enough to vectorize.
 @inline(__always)
 func mapBroadcast<A, B, R>(_ x: [A], _ xShape: [Int], _ y: [B], _ yShape: [Int],
                            _ body: (A, B) -> R) throws -> ([R], [Int]) {
     let shape = try broadcastShape([xShape, yShape])
-    let count = elementCount(shape)
-    if xShape == yShape {
-        return (x.withUnsafeBufferPointer { xs in y.withUnsafeBufferPointer { ys in
-            (0..<count).map { body(xs[$0], ys[$0]) } } }, shape)
+    let plan = BroadcastPlan(output: shape, inputs: [xShape, yShape])
+    guard plan.count > 0 else { return ([], shape) }
+    let length = plan.length
+    let values = [R](unsafeUninitializedCapacity: plan.count) { buffer, initialized in
+        x.withUnsafeBufferPointer { xs in
+            y.withUnsafeBufferPointer { ys in
+                let out = buffer.baseAddress!, xBase = xs.baseAddress!, yBase = ys.baseAddress!
+                for row in 0..<plan.rows {
+                    let o = out + row * length
+                    let a = xBase + plan.offsets[2 * row], b = yBase + plan.offsets[2 * row + 1]
+                    switch (plan.steps[0], plan.steps[1]) {
+                    case (1, 1):
+                        for t in 0..<length { (o + t).initialize(to: body(a[t], b[t])) }
+                    case (1, _):
+                        let bv = b[0]
+                        for t in 0..<length { (o + t).initialize(to: body(a[t], bv)) }
+                    case (_, 1):
+                        let av = a[0]
+                        for t in 0..<length { (o + t).initialize(to: body(av, b[t])) }
+                    default:
+                        let value = body(a[0], b[0])
+                        for t in 0..<length { (o + t).initialize(to: value) }
+                    }
+                }
+            }
+        }
+        initialized = plan.count
     }
-    if y.count == 1, elementCount(xShape) == count {
-        let scalar = y[0]
-        return (x.map { body($0, scalar) }, shape)
-    }
-    if x.count == 1, elementCount(yShape) == count {
-        let scalar = x[0]
-        return (y.map { body(scalar, $0) }, shape)
-    }
-    if let xa = affineIndex(from: xShape, to: shape), let ya = affineIndex(from: yShape, to: shape) {
-        return (x.withUnsafeBufferPointer { xs in y.withUnsafeBufferPointer { ys in
-            (0..<count).map { body(xs[($0 / xa.divisor) % xa.modulus], ys[($0 / ya.divisor) % ya.modulus]) } } }, shape)
-    }
-    let xIndex = broadcastIndices(from: xShape, to: shape)
-    let yIndex = broadcastIndices(from: yShape, to: shape)
-    return (x.withUnsafeBufferPointer { xs in y.withUnsafeBufferPointer { ys in
-        (0..<count).map { body(xs[xIndex?[$0] ?? $0], ys[yIndex?[$0] ?? $0]) } } }, shape)
+    return (values, shape)
 }
 
 func floatBinary(_ f: @escaping (Float, Float) -> Float, int: ((Int32, Int32) throws -> Int32)? = nil) -> Kernel {
     { args in
         let x = try args.tensor("x"), y = try args.tensor("y")
         if let int = int, !x.type.isFloat, !y.type.isFloat {
-            var failure: KernelError?
-            let (values, shape) = try mapBroadcast(x.ints(), x.shape, y.ints(), y.shape) { a, b -> Int32 in
-                do { return try int(a, b) } catch { failure = error as? KernelError; return 0 }
-            }
-            if let failure = failure { throw failure }
-            return [.ints(values, shape: shape)]
+            return [try integerBinary(x, y, int)]
         }
         let (values, shape) = try mapBroadcast(x.floats(), x.shape, y.floats(), y.shape, f)
         return [.floats(values, shape: shape)]
     }
 }
 
+/// An integer op that can fail (division by zero): the first failure is the op's error.
+func integerBinary(_ x: Tensor, _ y: Tensor, _ int: (Int32, Int32) throws -> Int32) throws -> Tensor {
+    var failure: KernelError?
+    let (values, shape) = try mapBroadcast(x.ints(), x.shape, y.ints(), y.shape) { a, b -> Int32 in
+        do { return try int(a, b) } catch { failure = failure ?? (error as? KernelError); return 0 }
+    }
+    if let failure = failure { throw failure }
+    return .ints(values, shape: shape)
+}
+
 /// An elementwise binary op known at compile time, so that its generic kernel is specialised
 /// and the per-element call inlined (a stored closure would be an indirect call per element).
 protocol BinaryArithmetic {
     static func apply(_ a: Float, _ b: Float) -> Float
-    static func apply(_ a: Int32, _ b: Int32) -> Int32
+    /// Integer inputs: computed as integers by this, or (nil) as floats.
+    static var integer: ((Int32, Int32) throws -> Int32)? { get }
 }
 
 enum Addition: BinaryArithmetic {
     @inline(__always) static func apply(_ a: Float, _ b: Float) -> Float { a + b }
-    @inline(__always) static func apply(_ a: Int32, _ b: Int32) -> Int32 { a &+ b }
+    static var integer: ((Int32, Int32) throws -> Int32)? { { $0 &+ $1 } }
 }
 
 enum Subtraction: BinaryArithmetic {
     @inline(__always) static func apply(_ a: Float, _ b: Float) -> Float { a - b }
-    @inline(__always) static func apply(_ a: Int32, _ b: Int32) -> Int32 { a &- b }
+    static var integer: ((Int32, Int32) throws -> Int32)? { { $0 &- $1 } }
 }
 
 enum Multiplication: BinaryArithmetic {
     @inline(__always) static func apply(_ a: Float, _ b: Float) -> Float { a * b }
-    @inline(__always) static func apply(_ a: Int32, _ b: Int32) -> Int32 { a &* b }
+    static var integer: ((Int32, Int32) throws -> Int32)? { { $0 &* $1 } }
+}
+
+enum Division: BinaryArithmetic {
+    @inline(__always) static func apply(_ a: Float, _ b: Float) -> Float { a / b }
+    static var integer: ((Int32, Int32) throws -> Int32)? { nil }
+}
+
+enum Power: BinaryArithmetic {
+    @inline(__always) static func apply(_ a: Float, _ b: Float) -> Float { floatPower(a, b) }
+    static var integer: ((Int32, Int32) throws -> Int32)? { integerPower }
+}
+
+enum Maximum: BinaryArithmetic {
+    @inline(__always) static func apply(_ a: Float, _ b: Float) -> Float { a.isNaN || b.isNaN ? .nan : Swift.max(a, b) }
+    static var integer: ((Int32, Int32) throws -> Int32)? { { Swift.max($0, $1) } }
+}
+
+enum Minimum: BinaryArithmetic {
+    @inline(__always) static func apply(_ a: Float, _ b: Float) -> Float { a.isNaN || b.isNaN ? .nan : Swift.min(a, b) }
+    static var integer: ((Int32, Int32) throws -> Int32)? { { Swift.min($0, $1) } }
 }
 
 func arithmetic<Op: BinaryArithmetic>(_: Op.Type) -> Kernel {
     { args in
         let x = try args.tensor("x"), y = try args.tensor("y")
-        if !x.type.isFloat, !y.type.isFloat {
-            let (values, shape) = try mapBroadcast(x.ints(), x.shape, y.ints(), y.shape) { Op.apply($0, $1) }
-            return [.ints(values, shape: shape)]
+        if let int = Op.integer, !x.type.isFloat, !y.type.isFloat {
+            return [try integerBinary(x, y, int)]
         }
         let (values, shape) = try mapBroadcast(x.floats(), x.shape, y.floats(), y.shape) { Op.apply($0, $1) }
         return [.floats(values, shape: shape)]
@@ -129,6 +153,57 @@ func logical(_ f: @escaping (Bool, Bool) -> Bool) -> Kernel {
 func floatUnary(_ f: @escaping (Float) -> Float) -> Kernel {
     { args in
         let x = try args.tensor("x")
+        return [.floats(x.floats().map(f), shape: x.shape)]
+    }
+}
+
+/// `f` at each of the 65536 fp16 values, computed on first use: for an fp16 input the result
+/// is then one load instead of a float64 transcendental, and the same value, since the entry
+/// is `f` of that very input.
+final class HalfTable: @unchecked Sendable {
+    private let f: (Float) -> Float
+    private var entries: UnsafeMutablePointer<Float>?
+    private let lock = NSLock()
+
+    init(_ f: @escaping (Float) -> Float) { self.f = f }
+
+    private var table: UnsafePointer<Float> {
+        lock.lock()
+        defer { lock.unlock() }
+        if let entries = entries { return UnsafePointer(entries) }
+        let made = UnsafeMutablePointer<Float>.allocate(capacity: 65536)
+        for bits in 0..<65536 { made[bits] = f(Half.toFloat(UInt16(bits))) }
+        entries = made
+        return UnsafePointer(made)
+    }
+
+    /// `f` of every element of an fp16 tensor. A value that is not exactly an fp16 (which an
+    /// fp16 tensor should not hold), or a NaN with its payload, is computed directly.
+    func map(_ tensor: Tensor) -> [Float] {
+        let table = self.table
+        switch tensor.data {
+        case .half(let storage):
+            return storage.values.map { table[Int($0)] }
+        default:
+            return tensor.floats().map { value in
+                #if MILINTERPRETER_HASWELL
+                let bits = Float16(value).bitPattern
+                #else
+                let bits = Half.fromFloat(value)
+                #endif
+                return Half.toFloat(bits).bitPattern == value.bitPattern ? table[Int(bits)] : f(value)
+            }
+        }
+    }
+}
+
+/// A unary float op that is costly per element (float64 transcendentals): fp16 inputs of some
+/// size read a `HalfTable`, others compute.
+func tabulatedUnary(_ f: @escaping (Float) -> Float) -> Kernel {
+    let table = HalfTable(f)
+    return { args in
+        let x = try args.tensor("x")
+        if x.type == .float16, x.count >= 1024 { return [.floats(table.map(x), shape: x.shape)] }
         return [.floats(x.floats().map(f), shape: x.shape)]
     }
 }
@@ -199,16 +274,42 @@ func roundHalfAway(_ x: Float) -> Float {
 
 func signOf(_ x: Float) -> Float { x > 0 ? 1 : (x < 0 ? -1 : x) }
 
+/// `flags ? a : b` elementwise, broadcast by `plan`.
+func choose<T>(_ plan: BroadcastPlan, _ flags: [Bool], _ a: [T], _ b: [T]) -> [T] {
+    guard plan.count > 0 else { return [] }
+    let length = plan.length
+    let (fs, asStep, bs) = (plan.steps[0], plan.steps[1], plan.steps[2])
+    return [T](unsafeUninitializedCapacity: plan.count) { buffer, initialized in
+        flags.withUnsafeBufferPointer { fp in
+            a.withUnsafeBufferPointer { ap in
+                b.withUnsafeBufferPointer { bp in
+                    for row in 0..<plan.rows {
+                        let o = buffer.baseAddress! + row * length
+                        let f = fp.baseAddress! + plan.offsets[3 * row]
+                        let x = ap.baseAddress! + plan.offsets[3 * row + 1], y = bp.baseAddress! + plan.offsets[3 * row + 2]
+                        if fs == 1, asStep == 1, bs == 1 {
+                            for t in 0..<length { (o + t).initialize(to: f[t] ? x[t] : y[t]) }
+                        } else {
+                            for t in 0..<length { (o + t).initialize(to: f[t * fs] ? x[t * asStep] : y[t * bs]) }
+                        }
+                    }
+                }
+            }
+        }
+        initialized = plan.count
+    }
+}
+
 let elementwiseKernels: [String: Kernel] = [
     "add": arithmetic(Addition.self),
     "sub": arithmetic(Subtraction.self),
     "mul": arithmetic(Multiplication.self),
-    "real_div": floatBinary(/),
+    "real_div": arithmetic(Division.self),
     "floor_div": floatBinary({ Foundation.floor($0 / $1) }, int: floorDivide),
     "mod": floatBinary(floatModulo, int: floorModulo),
-    "pow": floatBinary(floatPower, int: integerPower),
-    "maximum": floatBinary({ $0.isNaN || $1.isNaN ? .nan : Swift.max($0, $1) }, int: { Swift.max($0, $1) }),
-    "minimum": floatBinary({ $0.isNaN || $1.isNaN ? .nan : Swift.min($0, $1) }, int: { Swift.min($0, $1) }),
+    "pow": arithmetic(Power.self),
+    "maximum": arithmetic(Maximum.self),
+    "minimum": arithmetic(Minimum.self),
     "equal": comparison(==, int: ==),
     "not_equal": comparison(!=, int: !=),
     "less": comparison(<, int: <),
@@ -229,16 +330,16 @@ let elementwiseKernels: [String: Kernel] = [
     "floor": floatUnary { Foundation.floor($0) },
     "round": floatUnary(roundHalfAway),
     "sqrt": floatUnary { $0.squareRoot() },
-    "exp": floatUnary { viaDouble(Foundation.exp, $0) },
-    "exp2": floatUnary { viaDouble(Foundation.exp2, $0) },
-    "sin": floatUnary { viaDouble(Foundation.sin, $0) },
-    "cos": floatUnary { viaDouble(Foundation.cos, $0) },
-    "tan": floatUnary { viaDouble(Foundation.tan, $0) },
-    "tanh": floatUnary { viaDouble(Foundation.tanh, $0) },
+    "exp": tabulatedUnary { viaDouble(Foundation.exp, $0) },
+    "exp2": tabulatedUnary { viaDouble(Foundation.exp2, $0) },
+    "sin": tabulatedUnary { viaDouble(Foundation.sin, $0) },
+    "cos": tabulatedUnary { viaDouble(Foundation.cos, $0) },
+    "tan": tabulatedUnary { viaDouble(Foundation.tan, $0) },
+    "tanh": tabulatedUnary { viaDouble(Foundation.tanh, $0) },
     "relu": floatUnary { Swift.max($0, 0) },
-    "sigmoid": floatUnary(sigmoid),
-    "silu": floatUnary { $0 * sigmoid($0) },
-    "softplus": floatUnary { x in viaDouble({ Swift.max($0, 0) + Foundation.log1p(Foundation.exp(-Swift.abs($0))) }, x) },
+    "sigmoid": tabulatedUnary(sigmoid),
+    "silu": tabulatedUnary { $0 * sigmoid($0) },
+    "softplus": tabulatedUnary { x in viaDouble({ Swift.max($0, 0) + Foundation.log1p(Foundation.exp(-Swift.abs($0))) }, x) },
     "rsqrt": withEpsilon(1e-12) { 1 / $0.squareRoot() },
     "inverse": withEpsilon(1e-4) { 1 / $0 },
     "log": withEpsilon(Float.leastNonzeroMagnitude) { viaDouble(Foundation.log, $0) },
@@ -260,20 +361,14 @@ let elementwiseKernels: [String: Kernel] = [
     "select": { args in
         let condition = try args.tensor("cond"), a = try args.tensor("a"), b = try args.tensor("b")
         let shape = try broadcastShape([condition.shape, a.shape, b.shape])
-        let count = elementCount(shape)
-        let cIndex = broadcastIndices(from: condition.shape, to: shape)
-        let aIndex = broadcastIndices(from: a.shape, to: shape)
-        let bIndex = broadcastIndices(from: b.shape, to: shape)
+        let plan = BroadcastPlan(output: shape, inputs: [condition.shape, a.shape, b.shape])
         let flags = condition.bools()
         if !a.type.isFloat, !b.type.isFloat, a.type != .bool {
-            let av = a.ints(), bv = b.ints()
-            return [.ints((0..<count).map { flags[cIndex?[$0] ?? $0] ? av[aIndex?[$0] ?? $0] : bv[bIndex?[$0] ?? $0] }, shape: shape)]
+            return [.ints(choose(plan, flags, a.ints(), b.ints()), shape: shape)]
         }
         if a.type == .bool, b.type == .bool {
-            let av = a.bools(), bv = b.bools()
-            return [.bools((0..<count).map { flags[cIndex?[$0] ?? $0] ? av[aIndex?[$0] ?? $0] : bv[bIndex?[$0] ?? $0] }, shape: shape)]
+            return [.bools(choose(plan, flags, a.bools(), b.bools()), shape: shape)]
         }
-        let av = a.floats(), bv = b.floats()
-        return [.floats((0..<count).map { flags[cIndex?[$0] ?? $0] ? av[aIndex?[$0] ?? $0] : bv[bIndex?[$0] ?? $0] }, shape: shape)]
+        return [.floats(choose(plan, flags, a.floats(), b.floats()), shape: shape)]
     },
 ]

@@ -54,6 +54,64 @@ func broadcastIndices(from input: [Int], to output: [Int]) -> [Int]? {
     return strideIndices(shape: output, strides: strides, base: 0)
 }
 
+/// How a broadcasting op reads its inputs, without an index per element: the output as `rows`
+/// rows of `length` elements, adjacent axes merged wherever every input allows it (equal shapes
+/// make one row, a bias vector one row per vector), and for each input the offset where each
+/// row starts and its step along a row, 1 or 0 (one element repeated).
+struct BroadcastPlan {
+    let count: Int
+    let length: Int
+    let rows: Int
+    /// steps[i]: input i's step along a row.
+    let steps: [Int]
+    /// offsets[r * inputs + i]: where input i's elements for output row r start.
+    let offsets: [Int]
+
+    init(output: [Int], inputs: [[Int]]) {
+        let rank = output.count
+        count = elementCount(output)
+        // Each input's stride per output axis; 0 where it broadcasts.
+        let strides: [[Int]] = inputs.map { shape in
+            let padded = [Int](repeating: 1, count: rank - shape.count) + shape
+            let rowMajor = rowMajorStrides(padded)
+            return (0..<rank).map { padded[$0] == 1 ? 0 : rowMajor[$0] }
+        }
+        // Groups of axes, innermost first: an axis joins the group inside it when stepping it
+        // moves every input by the whole group (contiguous, or broadcast in both).
+        var sizes: [Int] = []
+        var groupStrides: [[Int]] = []  // [group][input]
+        for axis in stride(from: rank - 1, through: 0, by: -1) where output[axis] != 1 {
+            let axisStrides = strides.map { $0[axis] }
+            if let last = sizes.indices.last,
+               axisStrides.indices.allSatisfy({ axisStrides[$0] == groupStrides[last][$0] * sizes[last] }) {
+                sizes[last] *= output[axis]
+                continue
+            }
+            sizes.append(output[axis])
+            groupStrides.append(axisStrides)
+        }
+        length = sizes.first ?? 1
+        rows = count == 0 ? 0 : count / length
+        steps = groupStrides.first ?? [Int](repeating: 0, count: inputs.count)
+        var offsets = [Int](repeating: 0, count: rows * inputs.count)
+        var current = [Int](repeating: 0, count: inputs.count)
+        var counters = [Int](repeating: 0, count: sizes.count)
+        for row in 0..<rows {
+            for input in inputs.indices { offsets[row * inputs.count + input] = current[input] }
+            var group = 1
+            while group < sizes.count {
+                counters[group] += 1
+                for input in inputs.indices { current[input] += groupStrides[group][input] }
+                if counters[group] < sizes[group] { break }
+                for input in inputs.indices { current[input] -= groupStrides[group][input] * sizes[group] }
+                counters[group] = 0
+                group += 1
+            }
+        }
+        self.offsets = offsets
+    }
+}
+
 /// Offsets `base + sum(index[d] * strides[d])` over every index of `shape`, in row-major order.
 func strideIndices(shape: [Int], strides: [Int], base: Int) -> [Int] {
     let count = elementCount(shape)
