@@ -30,7 +30,7 @@ func concatenate(_ values: [Tensor], axis given: Int) throws -> Tensor {
     return .ints(join(values.map { $0.ints() }), shape: shape, type: type)
 }
 
-func slicePlan(shape: [Int], args: OpArguments) throws -> (shape: [Int], squeezed: [Int], indices: [Int]) {
+func slicePlan(shape: [Int], args: OpArguments) throws -> (shape: [Int], walk: StridedWalk) {
     let rank = shape.count
     let begin = try args.ints("begin"), end = try args.ints("end")
     let strides = try args.optionalInts("stride") ?? [Int](repeating: 1, count: rank)
@@ -44,14 +44,12 @@ func slicePlan(shape: [Int], args: OpArguments) throws -> (shape: [Int], squeeze
     var base = 0
     var outShape: [Int] = []
     var outStrides: [Int] = []
-    var squeezed: [Int] = []
     for axis in 0..<rank {
         if squeezeMask[axis] {
             var index = begin[axis]
             if index < 0 { index += shape[axis] }
             guard index >= 0, index < shape[axis] else { throw KernelError("index \(begin[axis]) out of range for axis \(axis) of \(shape)") }
             base += index * sourceStrides[axis]
-            squeezed.append(axis)
             continue
         }
         let (first, count) = try sliceIndices(start: beginMask[axis] ? nil : begin[axis], stop: endMask[axis] ? nil : end[axis],
@@ -60,7 +58,7 @@ func slicePlan(shape: [Int], args: OpArguments) throws -> (shape: [Int], squeeze
         outShape.append(count)
         outStrides.append(strides[axis] * sourceStrides[axis])
     }
-    return (outShape, squeezed, strideIndices(shape: outShape, strides: outStrides, base: base))
+    return (outShape, StridedWalk(shape: outShape, strides: outStrides, base: base))
 }
 
 /// `reshape`'s target: 0 copies the input dimension aligned from the right (iOS17), -1 is
@@ -130,11 +128,11 @@ let dataMovementKernels: [String: Kernel] = [
         let reps = try args.ints("reps")
         guard reps.count == x.rank else { throw KernelError("tile reps \(reps) for rank \(x.rank)") }
         let shape = zip(x.shape, reps).map { $0 * $1 }
-        if zip(x.shape, reps).allSatisfy({ $0 == 1 || $1 == 1 }), let indices = broadcastIndices(from: x.shape, to: shape) {
-            // Repeating only size-1 axes is a broadcast.
-            return [x.picking(indices, shape: shape)]
-        }
         let strides = rowMajorStrides(x.shape)
+        if zip(x.shape, reps).allSatisfy({ $0 == 1 || $1 == 1 }) {
+            // Repeating only size-1 axes is a broadcast: those axes step by 0.
+            return [x.strided(shape, strides: zip(x.shape, strides).map { $0 == 1 ? 0 : $1 }, base: 0)]
+        }
         // Output index -> source index: each coordinate modulo the source size.
         var indices = [Int](repeating: 0, count: elementCount(shape))
         let outStrides = rowMajorStrides(shape)
@@ -197,15 +195,15 @@ let dataMovementKernels: [String: Kernel] = [
         return sizes.map { size in
             var shape = x.shape
             shape[axis] = size
-            let indices = strideIndices(shape: shape, strides: strides, base: start * strides[axis])
+            let part = x.strided(shape, strides: strides, base: start * strides[axis])
             start += size
-            return x.picking(indices, shape: shape)
+            return part
         }
     },
     "slice_by_index": { args in
         let x = try args.tensor("x")
         let plan = try slicePlan(shape: x.shape, args: args)
-        return [x.picking(plan.indices, shape: plan.shape)]
+        return [Tensor(shape: plan.shape, type: x.type, data: x.data.gathering(plan.walk))]
     },
     "slice_by_size": { args in
         let x = try args.tensor("x")
@@ -222,28 +220,34 @@ let dataMovementKernels: [String: Kernel] = [
             base += start * strides[axis]
             shape.append(count)
         }
-        return [x.picking(strideIndices(shape: shape, strides: strides, base: base), shape: shape)]
+        return [x.strided(shape, strides: strides, base: base)]
     },
     "slice_update": { args in
         let x = try args.tensor("x"), update = try args.tensor("update")
         let plan = try slicePlan(shape: x.shape, args: args)
-        guard update.count == plan.indices.count else {
-            throw KernelError("update \(update.shape) for a slice of \(plan.indices.count) elements")
+        guard update.count == plan.walk.count else {
+            throw KernelError("update \(update.shape) for a slice of \(plan.walk.count) elements")
         }
         switch x.data {
         case .int(var values):
             let source = update.ints()
-            for (position, index) in plan.indices.enumerated() { values[index] = x.type.wrap(source[position]) }
+            values.withUnsafeMutableBufferPointer { target in
+                source.withUnsafeBufferPointer { plan.walk.scatter($0, into: target) { x.type.wrap($0) } }
+            }
             return [.ints(values, shape: x.shape, type: x.type)]
         case .bool(var values):
             let source = update.bools()
-            for (position, index) in plan.indices.enumerated() { values[index] = source[position] }
+            values.withUnsafeMutableBufferPointer { target in
+                source.withUnsafeBufferPointer { plan.walk.scatter($0, into: target) { $0 } }
+            }
             return [.bools(values, shape: x.shape)]
         default:
             var values = x.floats()
             let source = update.floats()
             let round = x.type == .float16
-            for (position, index) in plan.indices.enumerated() { values[index] = round ? Half.round(source[position]) : source[position] }
+            values.withUnsafeMutableBufferPointer { target in
+                source.withUnsafeBufferPointer { plan.walk.scatter($0, into: target) { round ? Half.round($0) : $0 } }
+            }
             return [.floats(values, shape: x.shape, type: x.type)]
         }
     },

@@ -162,18 +162,19 @@ func floatUnary(_ f: @escaping (Float) -> Float) -> Kernel {
 /// is `f` of that very input.
 final class HalfTable: @unchecked Sendable {
     private let f: (Float) -> Float
-    private var entries: UnsafeMutablePointer<Float>?
+    private var built: UnsafeMutablePointer<Float>?
     private let lock = NSLock()
 
     init(_ f: @escaping (Float) -> Float) { self.f = f }
 
-    private var table: UnsafePointer<Float> {
+    /// The 65536 entries, built on first use.
+    var table: UnsafePointer<Float> {
         lock.lock()
         defer { lock.unlock() }
-        if let entries = entries { return UnsafePointer(entries) }
+        if let built = built { return UnsafePointer(built) }
         let made = UnsafeMutablePointer<Float>.allocate(capacity: 65536)
         for bits in 0..<65536 { made[bits] = f(Half.toFloat(UInt16(bits))) }
-        entries = made
+        built = made
         return UnsafePointer(made)
     }
 
@@ -181,27 +182,53 @@ final class HalfTable: @unchecked Sendable {
     /// fp16 tensor should not hold), or a NaN with its payload, is computed directly.
     func map(_ tensor: Tensor) -> [Float] {
         let table = self.table
-        switch tensor.data {
-        case .half(let storage):
-            return storage.values.map { table[Int($0)] }
-        default:
-            return tensor.floats().map { value in
-                #if MILINTERPRETER_HASWELL
-                let bits = Float16(value).bitPattern
-                #else
-                let bits = Half.fromFloat(value)
-                #endif
-                return Half.toFloat(bits).bitPattern == value.bitPattern ? table[Int(bits)] : f(value)
+        if case .half(let storage) = tensor.data { return storage.values.map { table[Int($0)] } }
+        let values = tensor.floats()
+        var keys = [UInt16](repeating: 0, count: values.count)
+        var mismatch: UInt32 = 0
+        values.withUnsafeBufferPointer { source in
+            keys.withUnsafeMutableBufferPointer { bits in
+                for index in source.indices {
+                    bits[index] = halfBits(source[index])
+                    mismatch |= Half.toFloat(bits[index]).bitPattern ^ source[index].bitPattern
+                }
             }
         }
+        if mismatch == 0 { return keys.map { table[Int($0)] } }
+        return zip(values, keys).map { value, bits in
+            Half.toFloat(bits).bitPattern == value.bitPattern ? table[Int(bits)] : f(value)
+        }
+    }
+
+    /// `f(value)`: from the table when `value` is exactly an fp16 (see `map`).
+    @inline(__always)
+    func lookUp(_ value: Float, in table: UnsafePointer<Float>) -> Float {
+        let bits = halfBits(value)
+        return Half.toFloat(bits).bitPattern == value.bitPattern ? table[Int(bits)] : f(value)
     }
 }
+
+/// The fp16 nearest `value` (exact when `value` is an fp16).
+@inline(__always)
+func halfBits(_ value: Float) -> UInt16 {
+    #if MILINTERPRETER_HASWELL
+    return Float16(value).bitPattern
+    #else
+    return Half.fromFloat(value)
+    #endif
+}
+
+/// exp in float64 rounded to fp32, as the exp op and softmax compute it; tabulated.
+let expTable = HalfTable { viaDouble(Foundation.exp, $0) }
 
 /// A unary float op that is costly per element (float64 transcendentals): fp16 inputs of some
 /// size read a `HalfTable`, others compute.
 func tabulatedUnary(_ f: @escaping (Float) -> Float) -> Kernel {
-    let table = HalfTable(f)
-    return { args in
+    tabulatedUnary(HalfTable(f), f)
+}
+
+func tabulatedUnary(_ table: HalfTable, _ f: @escaping (Float) -> Float) -> Kernel {
+    { args in
         let x = try args.tensor("x")
         if x.type == .float16, x.count >= 1024 { return [.floats(table.map(x), shape: x.shape)] }
         return [.floats(x.floats().map(f), shape: x.shape)]
@@ -330,7 +357,7 @@ let elementwiseKernels: [String: Kernel] = [
     "floor": floatUnary { Foundation.floor($0) },
     "round": floatUnary(roundHalfAway),
     "sqrt": floatUnary { $0.squareRoot() },
-    "exp": tabulatedUnary { viaDouble(Foundation.exp, $0) },
+    "exp": tabulatedUnary(expTable) { viaDouble(Foundation.exp, $0) },
     "exp2": tabulatedUnary { viaDouble(Foundation.exp2, $0) },
     "sin": tabulatedUnary { viaDouble(Foundation.sin, $0) },
     "cos": tabulatedUnary { viaDouble(Foundation.cos, $0) },

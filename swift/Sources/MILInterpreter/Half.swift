@@ -83,7 +83,18 @@ public enum Half {
     /// Rounds every value to fp16 precision in place.
     static func roundInPlace(_ values: inout [Float]) {
         values.withUnsafeMutableBufferPointer { buffer in
+            #if MILINTERPRETER_HASWELL
+            // F16C's conversions there and back round to nearest even as `roundFast` does,
+            // subnormals and infinities included; only a NaN keeps more payload than
+            // `roundFast` keeps, so it is made the same quiet NaN.
+            for index in buffer.indices {
+                let value = buffer[index]
+                let rounded = Float(Float16(value))
+                buffer[index] = value.isNaN ? Float(bitPattern: 0x7FC0_0000 | (value.bitPattern & 0x8000_0000)) : rounded
+            }
+            #else
             for index in buffer.indices { buffer[index] = roundFast(buffer[index]) }
+            #endif
         }
     }
 }

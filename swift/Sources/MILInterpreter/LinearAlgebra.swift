@@ -164,7 +164,8 @@ func widen(_ source: UnsafePointer<Float>, toDoubles destination: UnsafeMutableP
 /// float64 once, the weight rows (fp16 or fp32) three at a time into a scratch block that
 /// every row of x is dotted with.
 func rowDots(x: [Float], rows: Int, depth: Int, weight: TensorData, outputs: Int, bias: [Float]?) -> [Float] {
-    var out = [Float](repeating: 0, count: rows * outputs)
+    // Every element is written below.
+    var out = [Float](unsafeUninitializedCapacity: rows * outputs) { _, initialized in initialized = rows * outputs }
     let wide = UnsafeMutablePointer<Double>.allocate(capacity: max(rows * depth, 1))
     let scratch = UnsafeMutablePointer<Double>.allocate(capacity: max(3 * depth, 1))
     defer {
@@ -205,6 +206,21 @@ func rowDots(x: [Float], rows: Int, depth: Int, weight: TensorData, outputs: Int
     return out
 }
 
+/// A tensor's values as float64, in a buffer the caller deallocates (never empty).
+func wideCopy(_ tensor: Tensor) -> UnsafeMutableBufferPointer<Double> {
+    let count = tensor.count
+    let buffer = UnsafeMutableBufferPointer<Double>.allocate(capacity: max(count, 1))
+    switch tensor.data {
+    case .half(let storage):
+        if count > 0 { widen(storage.values.baseAddress!, toDoubles: buffer.baseAddress!, count: count) }
+    default:
+        tensor.floats().withUnsafeBufferPointer { source in
+            if count > 0 { widen(source.baseAddress!, toDoubles: buffer.baseAddress!, count: count) }
+        }
+    }
+    return buffer
+}
+
 /// The last two axes swapped, copied contiguous.
 func swapLastAxes(_ tensor: Tensor) -> Tensor {
     var perm = Array(0..<tensor.rank)
@@ -215,8 +231,7 @@ func swapLastAxes(_ tensor: Tensor) -> Tensor {
 func transposed(_ tensor: Tensor, perm: [Int]) -> Tensor {
     let strides = rowMajorStrides(tensor.shape)
     let shape = perm.map { tensor.shape[$0] }
-    let indices = strideIndices(shape: shape, strides: perm.map { strides[$0] }, base: 0)
-    return tensor.picking(indices, shape: shape)
+    return tensor.strided(shape, strides: perm.map { strides[$0] }, base: 0)
 }
 
 let linearAlgebraKernels: [String: Kernel] = [
@@ -247,17 +262,18 @@ let linearAlgebraKernels: [String: Kernel] = [
         let batch = try broadcastShape([xBatch, yBatch])
         let batches = elementCount(batch)
         let xIndex = broadcastIndices(from: xBatch, to: batch), yIndex = broadcastIndices(from: yBatch, to: batch)
-        let xs = x.floats().map(Double.init), ys = yT.floats().map(Double.init)
-        var out = [Float](repeating: 0, count: batches * m * n)
-        xs.withUnsafeBufferPointer { xp in
-            ys.withUnsafeBufferPointer { yp in
-                out.withUnsafeMutableBufferPointer { op in
-                    for b in 0..<batches {
-                        let xBase = xp.baseAddress! + (xIndex?[b] ?? b) * m * k
-                        let yBase = yp.baseAddress! + (yIndex?[b] ?? b) * n * k
-                        rowProducts(xBase, rows: m, yBase, cols: n, depth: k, op.baseAddress! + b * m * n, n)
-                    }
-                }
+        let xs = wideCopy(x), ys = wideCopy(yT)
+        defer {
+            xs.deallocate()
+            ys.deallocate()
+        }
+        // Every element is written below.
+        var out = [Float](unsafeUninitializedCapacity: batches * m * n) { _, initialized in initialized = batches * m * n }
+        out.withUnsafeMutableBufferPointer { op in
+            for b in 0..<batches {
+                let xBase = xs.baseAddress! + (xIndex?[b] ?? b) * m * k
+                let yBase = ys.baseAddress! + (yIndex?[b] ?? b) * n * k
+                rowProducts(UnsafePointer(xBase), rows: m, UnsafePointer(yBase), cols: n, depth: k, op.baseAddress! + b * m * n, n)
             }
         }
         return [.floats(out, shape: batch + [m, n])]

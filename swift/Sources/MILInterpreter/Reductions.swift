@@ -28,7 +28,7 @@ func reduceAxis<T, R>(_ values: [T], shape: [Int], axis: Int, _ body: ([T]) -> R
 }
 
 func reduction(float: @escaping ([Float]) -> Float, int: (([Int32]) -> Int32)? = nil,
-               finish: ((Float, Int) -> Float)? = nil) -> Kernel {
+               finish: ((Float, Int) -> Float)? = nil, sums: Bool = false) -> Kernel {
     { args in
         let x = try args.tensor("x")
         let keep = try args.bool("keep_dims")
@@ -42,6 +42,7 @@ func reduction(float: @escaping ([Float]) -> Float, int: (([Int32]) -> Int32)? =
         for axis in Set(axes).sorted(by: >) {
             reducedCount *= shape[axis]
             if useInts, let int = int { ints = reduceAxis(ints, shape: shape, axis: axis, int) }
+            else if sums { floats = sumAxis(floats, shape: shape, axis: axis) }
             else { floats = reduceAxis(floats, shape: shape, axis: axis, float) }
             shape[axis] = 1
         }
@@ -75,9 +76,42 @@ func argReduction(larger: Bool) -> Kernel {
     }
 }
 
+/// `viaDouble(exp, d)` for softmax's d = x - max(x) <= 0: 0 below -110 (e^-110 is far under
+/// half fp32's smallest subnormal, so it rounds to 0 whatever exp's last bit; glibc's exp takes
+/// a slow path there), the table's entry when d is an fp16, else computed.
+@inline(__always)
+func softmaxExp(_ d: Float, _ table: UnsafePointer<Float>?) -> Float {
+    if d < -110 { return 0 }
+    if let table = table { return expTable.lookUp(d, in: table) }
+    return viaDouble(Foundation.exp, d)
+}
+
+/// Sums along one axis in float64, each in order from 0, rounded once to fp32: `sumDouble`
+/// of every lane without building the lanes.
+func sumAxis(_ values: [Float], shape: [Int], axis: Int) -> [Float] {
+    let view = AxisView(shape: shape, axis: axis)
+    var result = [Float](repeating: 0, count: view.outer * view.inner)
+    values.withUnsafeBufferPointer { v in
+        result.withUnsafeMutableBufferPointer { out in
+            for o in 0..<view.outer {
+                for i in 0..<view.inner {
+                    var total = 0.0
+                    var index = o * view.size * view.inner + i
+                    for _ in 0..<view.size {
+                        total += Double(v[index])
+                        index += view.inner
+                    }
+                    out[o * view.inner + i] = Float(total)
+                }
+            }
+        }
+    }
+    return result
+}
+
 let reductionKernels: [String: Kernel] = [
-    "reduce_sum": reduction(float: sumDouble, int: { $0.reduce(0, &+) }),
-    "reduce_mean": reduction(float: sumDouble, finish: { $0 / Float($1) }),
+    "reduce_sum": reduction(float: sumDouble, int: { $0.reduce(0, &+) }, sums: true),
+    "reduce_mean": reduction(float: sumDouble, finish: { $0 / Float($1) }, sums: true),
     "reduce_max": reduction(float: { $0.max() ?? -.infinity }, int: { $0.max() ?? Int32.min }),
     "reduce_min": reduction(float: { $0.min() ?? .infinity }, int: { $0.min() ?? Int32.max }),
     "reduce_prod": reduction(float: { $0.reduce(1, *) }, int: { $0.reduce(1, &*) }),
@@ -96,6 +130,8 @@ let reductionKernels: [String: Kernel] = [
         let axis = try normalizedAxis(args.int("axis", default: -1), rank: x.rank)
         let view = AxisView(shape: x.shape, axis: axis)
         var values = x.floats()
+        // Differences from the peak are mostly fp16 values themselves: exp from its table.
+        let table = x.count >= 1024 ? expTable.table : nil
         values.withUnsafeMutableBufferPointer { v in
             for o in 0..<view.outer {
                 for i in 0..<view.inner {
@@ -104,7 +140,7 @@ let reductionKernels: [String: Kernel] = [
                     for a in 0..<view.size { peak = Swift.max(peak, v[base + a * view.inner]) }
                     var total = 0.0
                     for a in 0..<view.size {
-                        let e = viaDouble(Foundation.exp, v[base + a * view.inner] - peak)
+                        let e = softmaxExp(v[base + a * view.inner] - peak, table)
                         v[base + a * view.inner] = e
                         total += Double(e)
                     }

@@ -152,6 +152,105 @@ func strideIndices(shape: [Int], strides: [Int], base: Int) -> [Int] {
     return result
 }
 
+/// The offsets `base + sum(index[d] * strides[d])` over every index of `shape`, in row-major
+/// order (what `strideIndices` lists), as runs: axes merged where one continues the other, then
+/// `rowStarts.count` runs of `length` elements `step` apart. Slices, transposes, splits and
+/// broadcasts copy through it without an index per element.
+struct StridedWalk {
+    let count: Int
+    let length: Int
+    let step: Int
+    let rowStarts: [Int]
+
+    init(shape: [Int], strides: [Int], base: Int) {
+        count = elementCount(shape)
+        var sizes: [Int] = []  // innermost first
+        var steps: [Int] = []
+        for axis in stride(from: shape.count - 1, through: 0, by: -1) where shape[axis] != 1 {
+            if let last = sizes.indices.last, strides[axis] == steps[last] * sizes[last] {
+                sizes[last] *= shape[axis]
+            } else {
+                sizes.append(shape[axis])
+                steps.append(strides[axis])
+            }
+        }
+        length = sizes.first ?? 1
+        step = steps.first ?? 1
+        let rows = count == 0 ? 0 : count / length
+        var starts = [Int](repeating: base, count: rows)
+        var offset = base
+        var counters = [Int](repeating: 0, count: sizes.count)
+        for row in 0..<rows {
+            starts[row] = offset
+            var group = 1
+            while group < sizes.count {
+                counters[group] += 1
+                offset += steps[group]
+                if counters[group] < sizes[group] { break }
+                offset -= steps[group] * sizes[group]
+                counters[group] = 0
+                group += 1
+            }
+        }
+        rowStarts = starts
+    }
+
+    /// `transform` of the walked elements of `source`, in order.
+    @inline(__always)
+    func gather<T, R>(_ elements: UnsafeBufferPointer<T>, _ transform: (T) -> R) -> [R] {
+        guard count > 0, let source = elements.baseAddress else { return [] }
+        return [R](unsafeUninitializedCapacity: count) { buffer, initialized in
+            var out = buffer.baseAddress!
+            for start in rowStarts {
+                let run = source + start
+                if step == 1 {
+                    for t in 0..<length { (out + t).initialize(to: transform(run[t])) }
+                } else {
+                    for t in 0..<length { (out + t).initialize(to: transform(run[t * step])) }
+                }
+                out += length
+            }
+            initialized = count
+        }
+    }
+
+    /// Writes `transform` of `values` (`count` of them, in order) to the walked elements of
+    /// `destination`.
+    @inline(__always)
+    func scatter<T, S>(_ elements: UnsafeBufferPointer<S>, into target: UnsafeMutableBufferPointer<T>, _ transform: (S) -> T) {
+        guard count > 0, let values = elements.baseAddress, let destination = target.baseAddress else { return }
+        var position = 0
+        for start in rowStarts {
+            let run = destination + start
+            if step == 1 {
+                for t in 0..<length { run[t] = transform(values[position + t]) }
+            } else {
+                for t in 0..<length { run[t * step] = transform(values[position + t]) }
+            }
+            position += length
+        }
+    }
+}
+
+extension TensorData {
+    /// The elements a walk visits, in order, with the same storage kind (fp16 weights are
+    /// widened to fp32 values), as `picking(strideIndices(...))` gives.
+    func gathering(_ walk: StridedWalk) -> TensorData {
+        switch self {
+        case .float(let values):
+            return values.withUnsafeBufferPointer { source in .float(walk.gather(source) { $0 }) }
+        case .half(let storage):
+            return .float(walk.gather(storage.values) { Half.toFloat($0) })
+        case .int(let values):
+            return values.withUnsafeBufferPointer { source in .int(walk.gather(source) { $0 }) }
+        case .bool(let values):
+            return values.withUnsafeBufferPointer { source in .bool(walk.gather(source) { $0 }) }
+        case .string(let values):
+            return values.withUnsafeBufferPointer { source in .string(walk.gather(source) { $0 }) }
+        }
+    }
+}
+
 extension TensorData {
     /// The elements at `indices`, in that order, with the same storage kind (fp16 weights are
     /// widened to fp32 values, which are still fp16-representable).
@@ -175,6 +274,11 @@ extension TensorData {
 extension Tensor {
     func picking(_ indices: [Int], shape: [Int]) -> Tensor {
         Tensor(shape: shape, type: type, data: data.picking(indices))
+    }
+
+    /// The elements at `base + sum(index[d] * strides[d])` for every index of `shape`.
+    func strided(_ shape: [Int], strides: [Int], base: Int) -> Tensor {
+        Tensor(shape: shape, type: type, data: data.gathering(StridedWalk(shape: shape, strides: strides, base: base)))
     }
 
     func reshaped(_ shape: [Int]) -> Tensor {
