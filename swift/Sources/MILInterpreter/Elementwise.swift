@@ -184,20 +184,28 @@ final class HalfTable: @unchecked Sendable {
         let table = self.table
         if case .half(let storage) = tensor.data { return storage.values.map { table[Int($0)] } }
         let values = tensor.floats()
-        var keys = [UInt16](repeating: 0, count: values.count)
-        var mismatch: UInt32 = 0
-        values.withUnsafeBufferPointer { source in
-            keys.withUnsafeMutableBufferPointer { bits in
-                for index in source.indices {
-                    bits[index] = halfBits(source[index])
-                    mismatch |= Half.toFloat(bits[index]).bitPattern ^ source[index].bitPattern
-                }
+        let count = values.count
+        guard count > 0 else { return [] }
+        // Two plain loops: the fp16 bits of every value (and whether each is exact), then the
+        // look-ups.
+        let keys = UnsafeMutablePointer<UInt16>.allocate(capacity: count)
+        defer { keys.deallocate() }
+        let exact = values.withUnsafeBufferPointer { source -> Bool in
+            var mismatch: UInt32 = 0
+            for index in 0..<count {
+                let bits = halfBits(source[index])
+                keys[index] = bits
+                mismatch |= Half.toFloat(bits).bitPattern ^ source[index].bitPattern
+            }
+            return mismatch == 0
+        }
+        if exact {
+            return [Float](unsafeUninitializedCapacity: count) { buffer, initialized in
+                for index in 0..<count { buffer[index] = table[Int(keys[index])] }
+                initialized = count
             }
         }
-        if mismatch == 0 { return keys.map { table[Int($0)] } }
-        return zip(values, keys).map { value, bits in
-            Half.toFloat(bits).bitPattern == value.bitPattern ? table[Int(bits)] : f(value)
-        }
+        return values.map { lookUp($0, in: table) }
     }
 
     /// `f(value)`: from the table when `value` is exactly an fp16 (see `map`).
@@ -230,7 +238,9 @@ func tabulatedUnary(_ f: @escaping (Float) -> Float) -> Kernel {
 func tabulatedUnary(_ table: HalfTable, _ f: @escaping (Float) -> Float) -> Kernel {
     { args in
         let x = try args.tensor("x")
-        if x.type == .float16, x.count >= 1024 { return [.floats(table.map(x), shape: x.shape)] }
+        if x.type == .float16, x.count >= 1024 {
+            return [.floats(table.map(x), shape: x.shape)]
+        }
         return [.floats(x.floats().map(f), shape: x.shape)]
     }
 }

@@ -70,6 +70,14 @@ struct BroadcastPlan {
     init(output: [Int], inputs: [[Int]]) {
         let rank = output.count
         count = elementCount(output)
+        // Inputs of the output's size or of one element (most ops): one row.
+        if count > 0, inputs.allSatisfy({ $0 == output || elementCount($0) == 1 }) {
+            length = count
+            rows = 1
+            steps = inputs.map { $0 == output ? 1 : 0 }
+            offsets = [Int](repeating: 0, count: inputs.count)
+            return
+        }
         // Each input's stride per output axis; 0 where it broadcasts.
         let strides: [[Int]] = inputs.map { shape in
             let padded = [Int](repeating: 1, count: rank - shape.count) + shape
