@@ -1,5 +1,6 @@
 """The built-in checkpoint pairs: the trained demo pair committed under demo/, and
-deterministic tiny random Muse Glimmer + DFlash checkpoints in the real on-disk layout.
+deterministic tiny random Muse Glimmer + DFlash checkpoints in the real on-disk layout; and
+`checkpoint_dirs`, the checkpoints an export was made from (a directory or a built-in pair).
 
     python -m museflash.demo_checkpoint --output-dir DIR [--dtype bf16] [--max-shard-bytes N]
 
@@ -16,14 +17,14 @@ import json
 import math
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from museflash.bundle import BUILTIN_PAIRS, LayerType
+from museflash.bundle import BUILTIN_PAIRS, METADATA_FILE, LayerType, Metadata, builtin_pair
 from museflash.checkpoint import (
     DRAFTER_MODELS,
     DTYPES,
@@ -216,6 +217,56 @@ def builtin_checkpoints(name: str) -> Iterator[tuple[Path, Path]]:
                                          drafter_config=TINY_DFLASH2_CONFIG)
     else:
         raise ValueError(f"no built-in pair {name!r}; choose one of {list(BUILTIN_PAIRS)}")
+
+
+
+class SourceError(ValueError):
+    """The checkpoints an export was made from cannot be found; one line saying what to pass."""
+
+
+@contextmanager
+def checkpoint_dirs(metadata: Metadata, checkpoint: Path | None,
+                    drafter_checkpoint: Path | None) -> Iterator[tuple[Path, Path | None, str]]:
+    """(target dir, drafter dir, description); flags override metadata's `source` record and
+    `builtin:<name>` is the built-in pair the exporter used (builtin_checkpoints: the
+    committed trained pair, or the tiny random pair regenerated exactly as exported)."""
+    source = metadata.source
+    wanted = {
+        "checkpoint": str(checkpoint) if checkpoint else source.checkpoint,
+        "drafter_checkpoint": (str(drafter_checkpoint) if drafter_checkpoint
+                               else source.drafter_checkpoint),
+    }
+    if not wanted["checkpoint"]:
+        raise SourceError(f"{METADATA_FILE} records no source checkpoint; pass "
+                          "--checkpoint and --drafter-checkpoint")
+    needs_drafter = metadata.speculative_decoding is not None
+    if needs_drafter and not wanted["drafter_checkpoint"]:
+        raise SourceError(f"{METADATA_FILE} records no drafter checkpoint; pass "
+                          "--drafter-checkpoint")
+    description = f"target {wanted['checkpoint']}, drafter {wanted['drafter_checkpoint']}"
+    with ExitStack() as stack:
+        builtin: dict[str, tuple[Path, Path]] = {}
+        resolved: dict[str, Path | None] = {}
+        for key, flag in (("checkpoint", "--checkpoint"),
+                          ("drafter_checkpoint", "--drafter-checkpoint")):
+            value = wanted[key]
+            if value is None:
+                resolved[key] = None
+            elif (name := builtin_pair(value)) is not None:
+                if name not in builtin:
+                    try:
+                        builtin[name] = stack.enter_context(builtin_checkpoints(name))
+                    except (ValueError, CheckpointError) as error:
+                        raise SourceError(f"{key} {value}: {error}") from error
+                resolved[key] = builtin[name][0 if key == "checkpoint" else 1]
+            elif not Path(value).is_dir():
+                given = checkpoint if key == "checkpoint" else drafter_checkpoint
+                origin = "the command line" if given else f"{METADATA_FILE} source"
+                raise SourceError(f"{key} {value} (from {origin}) is not a directory; "
+                                  f"pass {flag} DIR")
+            else:
+                resolved[key] = Path(value)
+        yield resolved["checkpoint"], resolved["drafter_checkpoint"], description
 
 
 def write_word_tokenizer(directory: Path, vocab_size: int, special: dict[str, int]) -> None:

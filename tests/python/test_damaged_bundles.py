@@ -9,12 +9,12 @@ import shutil
 import pytest
 
 from museflash.bundle import Metadata
+from museflash.checks.verify import VerifyOptions, run_verify
 from museflash.export.options import ExportOptions
 from museflash.export.pipeline import export_bundle
 from museflash.export.progress import Progress
 from museflash.runtime.generate import GenerateError, GenerateOptions, generate
 from museflash.runtime.package_check import PackageError, check_packages
-from museflash.runtime.verify import VerifyOptions, run_verify
 from museflash.tools import demo_figures
 
 pytest.importorskip("coremltools")

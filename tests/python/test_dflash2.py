@@ -307,7 +307,7 @@ def test_the_exported_draft_carries_token_ids_in_32_bits(exported):
 
 
 def test_verify_on_a_dflash2_export(exported):
-    from museflash.runtime.verify import VerifyOptions, run_verify
+    from museflash.checks.verify import VerifyOptions, run_verify
 
     lines = []
     status = run_verify(VerifyOptions(export_dir=exported, echo=lines.append, new_tokens=16))
@@ -338,8 +338,8 @@ def test_path_gaps_are_zero_on_the_greedy_path_and_positive_off_it(models):
 
 
 def test_verify_accepts_a_selector_near_tie_and_refuses_a_wrong_path(models):
-    from museflash.runtime.parity import Discrepancy, ParityReport
-    from museflash.runtime.verify import OUTPUT_TOLERANCE, _accept_selector_near_tie
+    from museflash.checks.parity import Discrepancy, ParityReport
+    from museflash.checks.verify import OUTPUT_TOLERANCE, _accept_selector_near_tie
 
     _, drafter = models
     drafter.reset_caches()

@@ -15,6 +15,7 @@ import torch
 
 from museflash.bundle import COMPRESSION_OPS, PACKAGE_WEIGHT_FILE, AssetRole, Metadata
 from museflash.checkpoint import SafetensorsReader
+from museflash.checks.verify import VerifyOptions, run_verify
 from museflash.compression import MIN_ELEMENTS, palettize, quantize_linear
 from museflash.demo_checkpoint import builtin_checkpoints
 from museflash.export.blobfile import read_record
@@ -23,7 +24,6 @@ from museflash.export.options import ExportError, ExportOptions
 from museflash.export.pipeline import export_bundle
 from museflash.export.progress import Progress
 from museflash.runtime.interpreter import DECOMPRESSORS, load_program
-from museflash.runtime.verify import VerifyOptions, run_verify
 
 ct = pytest.importorskip("coremltools")
 

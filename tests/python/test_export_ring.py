@@ -59,7 +59,7 @@ def test_ring_metadata(bundle):
 def test_ring_bundle_verifies_against_its_checkpoints(bundle):
     """verify's ring-drafter branch: parity of the plain target and the ring drafter (positions
     that wrap the drafter's ring) and the lossless loop, on the builtin demo pair."""
-    from museflash.runtime.verify import VerifyOptions, run_verify
+    from museflash.checks.verify import VerifyOptions, run_verify
 
     lines = []
     status = run_verify(VerifyOptions(export_dir=bundle, echo=lines.append, new_tokens=8))

@@ -13,6 +13,7 @@ import torch
 from package_surgery import swap_blobs
 
 from museflash.bundle import StateName
+from museflash.checks.parity import ParityError, Tolerance, module_states, parity_step, sync_states
 from museflash.demo_checkpoint import TINY_DRAFTER_CONFIG, TINY_TARGET_CONFIG, build_tiny_models
 from museflash.models.dflash import DFlashRingDrafter
 from museflash.runtime.interpreter import (
@@ -24,7 +25,6 @@ from museflash.runtime.interpreter import (
     list_functions,
     load_program,
 )
-from museflash.runtime.parity import ParityError, Tolerance, module_states, parity_step, sync_states
 
 ct = pytest.importorskip("coremltools")
 

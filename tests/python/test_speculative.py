@@ -15,6 +15,7 @@ from package_surgery import swap_blobs
 
 from museflash.bundle import FunctionName, Metadata
 from museflash.checkpoint import load_target
+from museflash.checks.verify import check_target, load_reference_models
 from museflash.demo_checkpoint import write_tiny_checkpoints
 from museflash.export.options import ExportOptions
 from museflash.export.pipeline import export_bundle
@@ -26,7 +27,6 @@ from museflash.runtime.speculative import (
     load_exported_pair,
     speculative_generate,
 )
-from museflash.runtime.verify import check_target, load_reference_models
 from museflash.tools import train_demo_drafter as trainer
 
 ct = pytest.importorskip("coremltools")

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from museflash.checks.verify import VerifyOptions, run_verify
 from museflash.demo_checkpoint import write_tiny_checkpoints
 from museflash.export.options import ExportOptions
 from museflash.export.pipeline import export_bundle
 from museflash.export.progress import Progress
-from museflash.runtime.verify import VerifyOptions, run_verify
 
 pytest.importorskip("coremltools")
 

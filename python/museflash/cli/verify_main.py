@@ -14,8 +14,8 @@ import sys
 
 from absl import app, flags, logging
 
+from museflash.checks.verify import VerifyOptions, run_verify
 from museflash.paths import resolve_user_path
-from museflash.runtime.verify import VerifyOptions, run_verify
 
 flags.DEFINE_string("export-dir", None, "Export directory (holds metadata.json).")
 flags.DEFINE_integer("prompt-tokens", None,

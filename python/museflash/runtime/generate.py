@@ -157,7 +157,7 @@ def open_backends(options: GenerateOptions, metadata: Metadata):
         drafter = ExportedDrafter(options.export_dir, metadata) if drafting else None
         return target, drafter
     from museflash.checkpoint import load_drafter, load_target
-    from museflash.runtime.verify import checkpoint_dirs
+    from museflash.demo_checkpoint import checkpoint_dirs
 
     prefill = target_asset.function(FunctionName.PREFILL).query_length
     verify = target_asset.function(FunctionName.MAIN).query_length

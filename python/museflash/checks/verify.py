@@ -16,8 +16,7 @@ Exit status of `run_verify`: 0 all passed, 1 a mismatch, 2 unusable input (Verif
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,7 +33,6 @@ from museflash.bundle import (
     Metadata,
     OutputName,
     StateKind,
-    builtin_pair,
 )
 from museflash.checkpoint import (
     CheckpointError,
@@ -43,17 +41,17 @@ from museflash.checkpoint import (
     load_drafter,
     load_target,
 )
-from museflash.compression import CompressionError, Rule, Scheme
-from museflash.demo_checkpoint import builtin_checkpoints
-from museflash.runtime.interpreter import Interpreter, load_program
-from museflash.runtime.package_check import PackageError, check_packages
-from museflash.runtime.parity import (
+from museflash.checks.parity import (
     Discrepancy,
     ParityReport,
     Tolerance,
     parity_step,
     sync_states,
 )
+from museflash.compression import CompressionError, Rule, Scheme
+from museflash.demo_checkpoint import SourceError, checkpoint_dirs
+from museflash.runtime.interpreter import Interpreter, load_program
+from museflash.runtime.package_check import PackageError, check_packages
 from museflash.runtime.speculative import (
     ExportedDrafter,
     ExportedTarget,
@@ -122,54 +120,6 @@ def _worse(a: Discrepancy, b: Discrepancy) -> bool:
     if a.mismatched_shape or not np.isfinite(a.max_abs):
         return True
     return a.max_rel > b.max_rel
-
-
-# --- Sources ---------------------------------------------------------------------------------
-
-
-@contextmanager
-def checkpoint_dirs(metadata: Metadata, checkpoint: Path | None,
-                    drafter_checkpoint: Path | None) -> Iterator[tuple[Path, Path | None, str]]:
-    """(target dir, drafter dir, description); flags override metadata's `source` record and
-    `builtin:<name>` is the built-in pair the exporter used (demo_checkpoint.builtin_checkpoints:
-    the committed trained pair, or the tiny random pair regenerated exactly as exported)."""
-    source = metadata.source
-    wanted = {
-        "checkpoint": str(checkpoint) if checkpoint else source.checkpoint,
-        "drafter_checkpoint": (str(drafter_checkpoint) if drafter_checkpoint
-                               else source.drafter_checkpoint),
-    }
-    if not wanted["checkpoint"]:
-        raise VerifyInputError(f"{METADATA_FILE} records no source checkpoint; pass "
-                               "--checkpoint and --drafter-checkpoint")
-    needs_drafter = metadata.speculative_decoding is not None
-    if needs_drafter and not wanted["drafter_checkpoint"]:
-        raise VerifyInputError(f"{METADATA_FILE} records no drafter checkpoint; pass "
-                               "--drafter-checkpoint")
-    description = f"target {wanted['checkpoint']}, drafter {wanted['drafter_checkpoint']}"
-    with ExitStack() as stack:
-        builtin: dict[str, tuple[Path, Path]] = {}
-        resolved: dict[str, Path | None] = {}
-        for key, flag in (("checkpoint", "--checkpoint"),
-                          ("drafter_checkpoint", "--drafter-checkpoint")):
-            value = wanted[key]
-            if value is None:
-                resolved[key] = None
-            elif (name := builtin_pair(value)) is not None:
-                if name not in builtin:
-                    try:
-                        builtin[name] = stack.enter_context(builtin_checkpoints(name))
-                    except (ValueError, CheckpointError) as error:
-                        raise VerifyInputError(f"{key} {value}: {error}") from error
-                resolved[key] = builtin[name][0 if key == "checkpoint" else 1]
-            elif not Path(value).is_dir():
-                given = checkpoint if key == "checkpoint" else drafter_checkpoint
-                origin = "the command line" if given else f"{METADATA_FILE} source"
-                raise VerifyInputError(f"{key} {value} (from {origin}) is not a directory; "
-                                       f"pass {flag} DIR")
-            else:
-                resolved[key] = Path(value)
-        yield resolved["checkpoint"], resolved["drafter_checkpoint"], description
 
 
 # --- Parity ----------------------------------------------------------------------------------
@@ -525,7 +475,7 @@ def run_verify(options: VerifyOptions) -> int:
                 echo(line)
             if compressed:
                 echo(compression_quality(metadata, target_dir, target, prompt))
-    except VerifyInputError as error:
+    except (VerifyInputError, SourceError) as error:
         echo(f"verify: error: {error}")
         return 2
     failed = [c for c in checks if not c.ok]
