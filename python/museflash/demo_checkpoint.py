@@ -25,17 +25,10 @@ import torch
 from torch import nn
 
 from museflash.bundle import BUILTIN_PAIRS, METADATA_FILE, LayerType, Metadata, builtin_pair
-from museflash.checkpoint import (
-    DRAFTER_MODELS,
-    DTYPES,
-    ZLAB_ENCODER_KEYS,
-    CheckpointError,
-    drafter_architecture,
-    drafter_checkpoint_tensors,
-    target_checkpoint_tensors,
-    write_safetensors,
-)
-from museflash.models.dflash import DFlashDrafter
+from museflash.checkpoint.configs import DRAFTER_MODELS, drafter_architecture
+from museflash.checkpoint.load import drafter_checkpoint_tensors, target_checkpoint_tensors
+from museflash.checkpoint.tensor_files import DTYPES, CheckpointError, write_safetensors
+from museflash.models.dflash import ZLAB_ENCODER_KEYS, DFlashDrafter
 from museflash.models.dflash2 import DFlash2Drafter
 from museflash.models.muse_glimmer import MuseGlimmerConfig, MuseGlimmerWithDrafterFeatures
 from museflash.paths import resolve_user_path

@@ -8,7 +8,9 @@ import pytest
 import torch
 from zlab_layout import to_zlab_layout
 
-from museflash.checkpoint import CheckpointError, load_drafter, load_target
+from museflash.checkpoint.configs import validate_drafter_against_target
+from museflash.checkpoint.load import load_drafter, load_target
+from museflash.checkpoint.tensor_files import CheckpointError
 from museflash.demo_checkpoint import (
     TINY_DRAFTER_CONFIG,
     TINY_TARGET_CONFIG,
@@ -16,7 +18,8 @@ from museflash.demo_checkpoint import (
     write_tiny_checkpoints,
 )
 from museflash.models.base import RotaryTables
-from museflash.models.muse_glimmer import MuseGlimmerWithDrafterFeatures
+from museflash.models.dflash import DrafterTargetMismatchError
+from museflash.models.muse_glimmer import MuseGlimmerConfig, MuseGlimmerWithDrafterFeatures
 
 SEED = 5
 TOKENS = torch.tensor([[3, 14, 159, 26, 53, 58, 97, 93, 238, 46]])
@@ -248,120 +251,6 @@ def test_rope_tables_survive_the_meta_build_in_the_compute_dtype(fp32_dirs):
             assert torch.equal(table, getattr(fresh, name))
 
 
-def test_placeholders_stand_in_for_the_large_weights_only(fp32_dirs):
-    from museflash.checkpoint import PlaceholderWeights
-
-    placeholders = PlaceholderWeights()
-    target = load_target(*fp32_dirs, dtype=torch.float16, max_context=64, max_query_len=10,
-                         placeholders=placeholders)
-    drafter = load_drafter(fp32_dirs[1], target, dtype=torch.float16, max_query_len=10,
-                           placeholders=placeholders)
-    real_target, real_drafter = _load(*fp32_dirs, dtype=torch.float16)
-    stand_ins = 0
-    for model, real in ((target, real_target), (drafter, real_drafter)):
-        real_parameters = dict(real.named_parameters())
-        for name, parameter in model.named_parameters():
-            if placeholders.wants(tuple(parameter.shape)):
-                assert parameter.stride(0) == 0, name
-                assert placeholders.row_of(parameter) is not None, name
-                stand_ins += 1
-            else:
-                assert torch.equal(parameter, real_parameters[name]), name
-    assert stand_ins >= 10
-    # Each stand-in points back at its own checkpoint tensor, read only when asked.
-    row = placeholders.row_of(target.embed_tokens.weight)
-    assert torch.equal(placeholders.by_row[row].read(torch.float16),
-                       real_target.embed_tokens.weight)
-
-
-def _location(path, key, shape=(64, 32)):
-    from museflash.checkpoint import WeightLocation
-
-    return WeightLocation(path=path, offset=0, nbytes=2 * shape[0] * shape[1], dtype="F16",
-                          shape=shape, key=key)
-
-
-def test_placeholder_rows_depend_on_the_tensor_not_on_the_load_order(tmp_path):
-    """The export and its helper processes each make their own placeholders; the merge finds
-    a weight again by its row, so every instance must make the same row for the same tensor
-    whatever it loaded before."""
-    from museflash.checkpoint import PlaceholderWeights
-
-    shard = tmp_path / "model.safetensors"
-    a_weight, b_weight = (_location(shard, "model.a.weight"),
-                             _location(shard, "model.b.weight", shape=(128, 32)))
-    forward, backward = PlaceholderWeights(), PlaceholderWeights()
-    made_forward = {loc.key: forward.make(loc, torch.float16) for loc in (a_weight, b_weight)}
-    made_backward = {loc.key: backward.make(loc, torch.float16)
-                     for loc in (b_weight, a_weight)}
-    for location in (a_weight, b_weight):
-        ours, theirs = made_forward[location.key], made_backward[location.key]
-        assert ours.shape == theirs.shape == location.shape
-        assert torch.equal(ours, theirs)
-        assert forward.row_of(ours) == backward.row_of(theirs) is not None
-        assert forward.by_row[forward.row_of(ours)] == location
-    a, b = made_forward["model.a.weight"], made_forward["model.b.weight"]
-    assert not torch.equal(a[0], b[0])  # different tensors, different rows
-    # The same key in another file (another shard, another checkpoint) is another tensor.
-    elsewhere = PlaceholderWeights().make(_location(tmp_path / "other.safetensors",
-                                                    "model.a.weight"), torch.float16)
-    assert not torch.equal(elsewhere, a)
-
-
-def test_placeholder_rows_follow_the_file_not_the_spelling_of_its_path(tmp_path, monkeypatch):
-    from museflash.checkpoint import PlaceholderWeights
-
-    monkeypatch.chdir(tmp_path)
-    absolute = PlaceholderWeights().make(_location(tmp_path / "model.safetensors", "w"),
-                                         torch.float16)
-    relative = PlaceholderWeights().make(_location(type(tmp_path)("model.safetensors"), "w"),
-                                         torch.float16)
-    assert torch.equal(absolute, relative)
-
-
-def test_coinciding_placeholder_rows_are_refused(tmp_path, monkeypatch):
-    import museflash.checkpoint as checkpoint
-
-    monkeypatch.setattr(checkpoint, "_name_seeded",
-                        lambda _location: torch.Generator().manual_seed(1))
-    placeholders = checkpoint.PlaceholderWeights()
-    shard = tmp_path / "model.safetensors"
-    placeholders.make(_location(shard, "model.a.weight"), torch.float16)
-    placeholders.make(_location(shard, "model.a.weight"), torch.float16)  # the same tensor again
-    with pytest.raises(CheckpointError) as error:
-        placeholders.make(_location(shard, "model.b.weight"), torch.float16)
-    # The error names both tensors, so the user knows which to rename.
-    assert "model.a.weight" in str(error.value) and "model.b.weight" in str(error.value)
-
-
-def test_fresh_placeholder_instances_make_the_same_model(fp32_dirs):
-    """Two independent loads (as in two processes) give bit-identical stand-ins, parameter by
-    parameter, and each names the same checkpoint tensor."""
-    from museflash.checkpoint import PlaceholderWeights
-
-    loaded = []
-    for _ in range(2):
-        placeholders = PlaceholderWeights()
-        target = load_target(*fp32_dirs, dtype=torch.float16, max_context=64, max_query_len=10,
-                             placeholders=placeholders)
-        drafter = load_drafter(fp32_dirs[1], target, dtype=torch.float16, max_query_len=10,
-                               placeholders=placeholders)
-        loaded.append((placeholders, dict(target.named_parameters()),
-                       dict(drafter.named_parameters())))
-    (first, *first_models), (second, *second_models) = loaded
-    compared = 0
-    for ours, theirs in zip(first_models, second_models, strict=True):
-        for name, parameter in ours.items():
-            row = first.row_of(parameter)
-            if row is None:
-                continue
-            assert torch.equal(parameter, theirs[name]), name
-            assert second.row_of(theirs[name]) == row, name
-            assert first.by_row[row] == second.by_row[row], name
-            compared += 1
-    assert compared >= 10
-
-
 @pytest.mark.parametrize("change, named", [
     ({"architectures": ["DFlash2DraftModel"]}, "DFlash2"),
     ({"architectures": ["EagleDraftModel"]}, "EagleDraftModel"),
@@ -414,3 +303,28 @@ def test_zlab_layout_that_drafts_causally_is_refused(copies):
     to_zlab_layout(copies[1], is_causal=True)
     with pytest.raises(CheckpointError, match="is_causal: false"):
         load_target(*copies)
+
+
+def test_validation_names_key_and_both_values():
+    target = MuseGlimmerConfig.from_dict(
+        {"text_config": dict(TINY_TARGET_CONFIG["text_config"], vocab_size=202048)}
+    )
+    drafter = dict(TINY_DRAFTER_CONFIG, vocab_size=262144)
+    with pytest.raises(DrafterTargetMismatchError, match="vocab_size.*262144.*202048"):
+        validate_drafter_against_target(drafter, target)
+    with pytest.raises(DrafterTargetMismatchError, match="hidden_size.*96.*64"):
+        validate_drafter_against_target(dict(TINY_DRAFTER_CONFIG, hidden_size=96),
+                                        TINY_TARGET_CONFIG)
+    with pytest.raises(DrafterTargetMismatchError, match=r"target_layer_ids.*\[1, 4, 9\].*8"):
+        validate_drafter_against_target(dict(TINY_DRAFTER_CONFIG, target_layer_ids=[1, 4, 9]),
+                                        target)
+    with pytest.raises(DrafterTargetMismatchError, match="head_dim.*32.*16"):
+        validate_drafter_against_target(dict(TINY_DRAFTER_CONFIG, head_dim=32), target)
+    with pytest.raises(DrafterTargetMismatchError, match="num_attention_heads.*8.*4"):
+        validate_drafter_against_target(dict(TINY_DRAFTER_CONFIG, num_attention_heads=8), target)
+    # A value stated on one side only is skipped.
+    validate_drafter_against_target({k: v for k, v in TINY_DRAFTER_CONFIG.items()
+                                     if k != "head_dim"}, target)
+    # A shallower drafter with different KV heads is by design.
+    validate_drafter_against_target(dict(TINY_DRAFTER_CONFIG, num_key_value_heads=4,
+                                         num_hidden_layers=1), TINY_TARGET_CONFIG)

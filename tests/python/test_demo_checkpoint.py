@@ -7,7 +7,8 @@ import pytest
 from safetensors import safe_open
 
 from museflash import demo_checkpoint
-from museflash.checkpoint import CheckpointError, check_configs
+from museflash.checkpoint.configs import check_configs
+from museflash.checkpoint.tensor_files import CheckpointError
 from museflash.demo_checkpoint import main, write_tiny_checkpoints
 from museflash.export.options import ExportError, ExportOptions, check_flag_rules
 

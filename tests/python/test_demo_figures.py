@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from museflash.bundle import Metadata
-from museflash.checkpoint import load_target
+from museflash.checkpoint.load import load_target
 from museflash.demo_checkpoint import write_tiny_checkpoints
 from museflash.export.options import ExportOptions
 from museflash.export.pipeline import export_bundle

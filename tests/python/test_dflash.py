@@ -9,17 +9,14 @@ import torch.nn.functional as F
 from reference_drafter import attention_kv, rms
 from reference_rope import rotate
 
-from museflash.demo_checkpoint import TINY_DRAFTER_CONFIG, TINY_TARGET_CONFIG, build_tiny_models
+from museflash.demo_checkpoint import TINY_DRAFTER_CONFIG, build_tiny_models
 from museflash.models.base import ring_slot_positions
 from museflash.models.dflash import (
     DFlashConfig,
     DFlashRingDrafter,
-    DrafterTargetMismatchError,
     block_window_mask,
     query_window_mask,
-    validate_drafter_against_target,
 )
-from museflash.models.muse_glimmer import MuseGlimmerConfig
 
 ATOL = 2e-4
 
@@ -249,28 +246,3 @@ def test_config_missing_settings_are_named():
     broken = {k: v for k, v in TINY_DRAFTER_CONFIG.items() if k != "mask_token_id"}
     with pytest.raises(ValueError, match="mask_token_id"):
         DFlashConfig.from_dict(broken)
-
-
-def test_validation_names_key_and_both_values():
-    target = MuseGlimmerConfig.from_dict(
-        {"text_config": dict(TINY_TARGET_CONFIG["text_config"], vocab_size=202048)}
-    )
-    drafter = dict(TINY_DRAFTER_CONFIG, vocab_size=262144)
-    with pytest.raises(DrafterTargetMismatchError, match="vocab_size.*262144.*202048"):
-        validate_drafter_against_target(drafter, target)
-    with pytest.raises(DrafterTargetMismatchError, match="hidden_size.*96.*64"):
-        validate_drafter_against_target(dict(TINY_DRAFTER_CONFIG, hidden_size=96),
-                                        TINY_TARGET_CONFIG)
-    with pytest.raises(DrafterTargetMismatchError, match=r"target_layer_ids.*\[1, 4, 9\].*8"):
-        validate_drafter_against_target(dict(TINY_DRAFTER_CONFIG, target_layer_ids=[1, 4, 9]),
-                                        target)
-    with pytest.raises(DrafterTargetMismatchError, match="head_dim.*32.*16"):
-        validate_drafter_against_target(dict(TINY_DRAFTER_CONFIG, head_dim=32), target)
-    with pytest.raises(DrafterTargetMismatchError, match="num_attention_heads.*8.*4"):
-        validate_drafter_against_target(dict(TINY_DRAFTER_CONFIG, num_attention_heads=8), target)
-    # A value stated on one side only is skipped.
-    validate_drafter_against_target({k: v for k, v in TINY_DRAFTER_CONFIG.items()
-                                     if k != "head_dim"}, target)
-    # A shallower drafter with different KV heads is by design.
-    validate_drafter_against_target(dict(TINY_DRAFTER_CONFIG, num_key_value_heads=4,
-                                         num_hidden_layers=1), TINY_TARGET_CONFIG)

@@ -11,7 +11,8 @@ from reference_drafter import attention_kv, rms
 from reference_rope import rotate
 
 from museflash.bundle import DrafterKind, FunctionName, Metadata, OutputName
-from museflash.checkpoint import CheckpointError, load_drafter, load_target
+from museflash.checkpoint.load import load_drafter, load_target
+from museflash.checkpoint.tensor_files import CheckpointError
 from museflash.demo_checkpoint import (
     TINY_DFLASH2_CONFIG,
     build_tiny_models,

@@ -23,7 +23,8 @@ from museflash.bundle import (
     FunctionRole,
     OutputName,
 )
-from museflash.checkpoint import CheckpointError, check_configs
+from museflash.checkpoint.configs import check_configs
+from museflash.checkpoint.tensor_files import CheckpointError
 from museflash.demo_checkpoint import (
     TINY_DFLASH2_CONFIG,
     TINY_DRAFTER_CONFIG,
@@ -545,8 +546,9 @@ def test_every_weight_is_stored_once_in_the_bundle(bundle, tmp_path):
     """The bundle's weight files hold each checkpoint tensor once (fp16): the drafter's
     borrowed embedding and lm_head are the target's, and inject_kv and draft share the
     drafter's projections. Only small constants (RoPE tables, masks) come on top."""
-    from museflash.checkpoint import TARGET_IGNORED_PREFIXES, checkpoint_shapes
+    from museflash.checkpoint.tensor_files import checkpoint_shapes
     from museflash.demo_checkpoint import write_tiny_checkpoints
+    from museflash.models.muse_glimmer import TARGET_IGNORED_PREFIXES
 
     out, _ = bundle
     stored = sum(p.stat().st_size for p in out.rglob("weight.bin"))
@@ -607,7 +609,7 @@ def _large_consts(package):
 def test_real_weights_replace_every_placeholder(bundle, tmp_path):
     """The export converts stand-ins (one row repeated) and writes the real weights after;
     none may be left behind, and the embedding must be the checkpoint's, bit for bit."""
-    from museflash.checkpoint import load_target
+    from museflash.checkpoint.load import load_target
     from museflash.demo_checkpoint import write_tiny_checkpoints
 
     out, _ = bundle
@@ -628,8 +630,9 @@ def test_conversion_keeps_placeholders_unmaterialised(tmp_path):
     here as a contiguous array."""
     import numpy as np
 
-    from museflash.checkpoint import PlaceholderWeights, load_target
+    from museflash.checkpoint.load import load_target
     from museflash.demo_checkpoint import write_tiny_checkpoints
+    from museflash.export.placeholders import PlaceholderWeights
 
     target_dir, drafter_dir = write_tiny_checkpoints(tmp_path)
     placeholders = PlaceholderWeights()

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from museflash.bundle import COMPRESSION_OPS, PACKAGE_WEIGHT_FILE, AssetRole, Metadata
-from museflash.checkpoint import SafetensorsReader
+from museflash.checkpoint.tensor_files import SafetensorsReader
 from museflash.checks.verify import VerifyOptions, run_verify
 from museflash.compression import MIN_ELEMENTS, palettize, quantize_linear
 from museflash.demo_checkpoint import builtin_checkpoints

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from museflash.bundle import PACKAGE_SPEC, PACKAGE_WEIGHT_FILE
-from museflash.checkpoint import PlaceholderWeights, WeightLocation
+from museflash.checkpoint.tensor_files import WeightLocation
 from museflash.demo_checkpoint import write_tiny_checkpoints
 from museflash.export.blobfile import read_record
 from museflash.export.convert import convert_function
@@ -19,6 +19,7 @@ from museflash.export.merge import (
     read_spec,
 )
 from museflash.export.options import ExportOptions
+from museflash.export.placeholders import PlaceholderWeights
 from museflash.export.plan import load_modules, plan_export
 from museflash.export.progress import Progress
 from museflash.export.weights import write_weights

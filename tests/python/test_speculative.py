@@ -14,7 +14,7 @@ import torch
 from package_surgery import swap_blobs
 
 from museflash.bundle import FunctionName, Metadata
-from museflash.checkpoint import load_target
+from museflash.checkpoint.load import load_target
 from museflash.checks.verify import check_target, load_reference_models
 from museflash.demo_checkpoint import write_tiny_checkpoints
 from museflash.export.options import ExportOptions

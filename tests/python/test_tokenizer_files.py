@@ -7,7 +7,9 @@ import shutil
 import pytest
 
 from museflash.bundle import TOKENIZER_FILE, Metadata
-from museflash.checkpoint import CheckpointError, check_configs, read_tokenizer
+from museflash.checkpoint.configs import check_configs
+from museflash.checkpoint.tensor_files import CheckpointError
+from museflash.checkpoint.tokenizer import read_tokenizer
 from museflash.demo_checkpoint import (
     TINY_DRAFTER_CONFIG,
     write_tiny_checkpoints,

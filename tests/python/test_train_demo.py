@@ -9,7 +9,9 @@ import pytest
 import torch
 
 from museflash.bundle import LayerType
-from museflash.checkpoint import check_configs, load_target, read_tokenizer
+from museflash.checkpoint.configs import check_configs
+from museflash.checkpoint.load import load_target
+from museflash.checkpoint.tokenizer import read_tokenizer
 from museflash.tools import train_demo as td
 
 # --- Corpus ----------------------------------------------------------------------------------

@@ -8,7 +8,8 @@ import json
 import pytest
 import torch
 
-from museflash.checkpoint import check_configs, load_drafter, load_target, read_config
+from museflash.checkpoint.configs import check_configs, read_config
+from museflash.checkpoint.load import load_drafter, load_target
 from museflash.demo_checkpoint import TINY_DRAFTER_CONFIG, write_tiny_checkpoints
 from museflash.tools import train_demo_drafter as trainer
 

@@ -14,15 +14,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from museflash.checkpoint import (
-    PlaceholderWeights,
-    SafetensorsReader,
-    WeightValueError,
-    load_target,
-    unholdable,
-)
+from museflash.checkpoint.load import load_target
+from museflash.checkpoint.tensor_files import SafetensorsReader
+from museflash.checkpoint.weight_values import WeightValueError, unholdable
 from museflash.compression import Scheme
 from museflash.export import weights
+from museflash.export.placeholders import PlaceholderWeights
 from museflash.export.weights import write_weights
 
 

@@ -6,7 +6,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from museflash.checkpoint import SafetensorsReader, WeightValueError
+from museflash.checkpoint.tensor_files import SafetensorsReader
+from museflash.checkpoint.weight_values import WeightValueError
 from museflash.compression import Scheme
 from museflash.export import weights
 from museflash.export.weights import CompressedWeight, write_weights

@@ -5,8 +5,8 @@ import json
 from pathlib import Path
 
 from museflash.bundle import LayerType
-from museflash.checkpoint import ZLAB_ENCODER_KEYS
 from museflash.demo_checkpoint import TINY_TARGET_CONFIG
+from museflash.models.dflash import ZLAB_ENCODER_KEYS
 
 
 def to_zlab_layout(drafter_dir: Path, *, is_causal: bool = False) -> None:

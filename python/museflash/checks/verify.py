@@ -34,13 +34,8 @@ from museflash.bundle import (
     OutputName,
     StateKind,
 )
-from museflash.checkpoint import (
-    CheckpointError,
-    checkpoint_shapes,
-    compressed_weights,
-    load_drafter,
-    load_target,
-)
+from museflash.checkpoint.load import load_drafter, load_target
+from museflash.checkpoint.tensor_files import CheckpointError, checkpoint_shapes
 from museflash.checks.parity import (
     Discrepancy,
     ParityReport,
@@ -50,6 +45,7 @@ from museflash.checks.parity import (
 )
 from museflash.compression import CompressionError, Rule, Scheme
 from museflash.demo_checkpoint import SourceError, checkpoint_dirs
+from museflash.export.placeholders import compressed_weights
 from museflash.runtime.interpreter import Interpreter, load_program
 from museflash.runtime.package_check import PackageError, check_packages
 from museflash.runtime.speculative import (

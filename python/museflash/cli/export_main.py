@@ -18,7 +18,7 @@ import traceback
 from absl import app, flags, logging
 
 from museflash.bundle import BUILTIN_PAIRS
-from museflash.checkpoint import CheckpointError
+from museflash.checkpoint.tensor_files import CheckpointError
 from museflash.export.options import ExportError, ExportOptions
 from museflash.export.pipeline import export_bundle
 from museflash.export.progress import log_path_for, quiet_console

@@ -17,7 +17,7 @@ import sys
 
 from absl import app, flags, logging
 
-from museflash.checkpoint import CheckpointError
+from museflash.checkpoint.tensor_files import CheckpointError
 from museflash.paths import resolve_user_path
 from museflash.runtime.generate import BACKENDS, GenerateError, GenerateOptions, generate
 

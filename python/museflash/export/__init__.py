@@ -3,6 +3,7 @@
 options  -> what the user asked for, checked before anything else
 plan     -> configs read and cross-checked once, every package and function decided
 load     -> the modules to trace, with placeholders standing in for the large weights
+            (placeholders)
 convert  -> trace + convert one function into a single-function package
 parallel -> the same conversions in helper processes
 weights  -> meanwhile, the real weights (fp16 or compressed) written into each package's

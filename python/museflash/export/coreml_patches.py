@@ -36,7 +36,7 @@ import torch
 @contextmanager
 def placeholders_written_compactly(module: torch.nn.Module) -> Iterator[None]:
     """While converting, a constant that is one of `module`'s placeholders
-    (`checkpoint.PlaceholderWeights`: a 2-D fp16 row broadcast over the weight, stride 0, its
+    (`placeholders.PlaceholderWeights`: a 2-D fp16 row broadcast over the weight, stride 0, its
     row one of the module's placeholder rows) is written to the part package's weight file as
     that one row. coremltools would copy it out whole two or three times and
     write it: for each function that uses the model's weights, as many bytes again as the
@@ -67,7 +67,7 @@ def placeholders_written_compactly(module: torch.nn.Module) -> Iterator[None]:
 
 def _broadcast_row(value) -> bool:
     """A 2-D array that is one row repeated by a stride of 0: how every placeholder reaches
-    coremltools (`checkpoint.PlaceholderWeights`)."""
+    coremltools (`placeholders.PlaceholderWeights`)."""
     return (isinstance(value, np.ndarray) and value.ndim == 2 and value.shape[0] > 1
             and value.strides[0] == 0)
 

@@ -7,7 +7,7 @@ ML program protos, copied as they are) and their weight files (read one blob at 
 result is the package `save_multifunction` writes for the same parts (the same weight file byte
 for byte; in the spec, the parts' debug labels of state ops are kept where save_multifunction
 renumbers them), with one difference on purpose: a blob that holds a placeholder
-(`checkpoint.PlaceholderWeights`) is written with the real weight, read from the checkpoint.
+(`placeholders.PlaceholderWeights`) is written with the real weight, read from the checkpoint.
 The export has those written before the merge, while the parts convert (`weights.WeightsAhead`):
 the merge then continues that file, so the real weights come first in it and each placeholder
 const is pointed at its weight's blob. The file is written by `blobfile.BlobFileWriter`, which
@@ -32,10 +32,11 @@ from pathlib import Path
 import numpy as np
 
 from museflash.bundle import PACKAGE_SPEC, PACKAGE_WEIGHT_FILE
-from museflash.checkpoint import PlaceholderWeights, WeightLocation
+from museflash.checkpoint.tensor_files import WeightLocation
 from museflash.compression import Scheme
 from museflash.export import blobfile
 from museflash.export.coreml_patches import all_close, flat_prefix
+from museflash.export.placeholders import PlaceholderWeights
 from museflash.export.weights import (
     CompressedWeight,
     StoredWeight,

@@ -199,8 +199,8 @@ def _options_from_json(raw: dict[str, Any]) -> ExportOptions:
 
 
 def helper_main(requests: IO[str], answers: IO[str]) -> int:
-    from museflash.checkpoint import PlaceholderWeights
     from museflash.export.convert import convert_function
+    from museflash.export.placeholders import PlaceholderWeights
     from museflash.export.plan import load_modules, plan_export
     from museflash.export.progress import Progress
 

@@ -23,13 +23,14 @@ from pathlib import Path
 import torch
 
 from museflash.bundle import METADATA_FILE, Source, builtin_source
-from museflash.checkpoint import PlaceholderWeights, WeightLocation
+from museflash.checkpoint.tensor_files import WeightLocation
 from museflash.compression import Scheme
 from museflash.export.convert import convert_function
 from museflash.export.describe import bundle_metadata, embed_metadata
 from museflash.export.merge import MergeError, merge_packages
 from museflash.export.options import ExportError, ExportOptions, check_flag_rules
 from museflash.export.parallel import conversion_helpers, run_conversions
+from museflash.export.placeholders import PlaceholderWeights
 from museflash.export.plan import AssetPlan, FunctionPlan, load_modules, plan_export
 from museflash.export.progress import Progress, human_bytes, tree_bytes
 from museflash.export.publish import check_destination, publish_directory

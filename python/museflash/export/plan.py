@@ -26,20 +26,9 @@ from museflash.bundle import (
     SpeculativeDecoding,
     StateName,
 )
-from museflash.checkpoint import (
-    ENCODER_PREFIX,
-    TARGET_IGNORED_PREFIXES,
-    ZLAB_ENCODER_KEYS,
-    CheckedConfigs,
-    PlaceholderWeights,
-    SafetensorsReader,
-    check_configs,
-    compressed_weights,
-    drafter_kind,
-    load_drafter,
-    load_target,
-    read_config,
-)
+from museflash.checkpoint.configs import CheckedConfigs, check_configs, drafter_kind, read_config
+from museflash.checkpoint.load import load_drafter, load_target
+from museflash.checkpoint.tensor_files import SafetensorsReader
 from museflash.compression import CompressionError, Rule, Scheme, preset_rules, read_rules
 from museflash.export.options import (
     DEFAULT_CONTEXT_LENGTH,
@@ -47,10 +36,11 @@ from museflash.export.options import (
     ExportOptions,
     check_context_length,
 )
+from museflash.export.placeholders import PlaceholderWeights, compressed_weights
 from museflash.export.progress import Progress
-from museflash.models.dflash import DFlashConfig
+from museflash.models.dflash import ENCODER_PREFIX, ZLAB_ENCODER_KEYS, DFlashConfig
 from museflash.models.dflash2 import DFlash2Config
-from museflash.models.muse_glimmer import MuseGlimmerConfig
+from museflash.models.muse_glimmer import TARGET_IGNORED_PREFIXES, MuseGlimmerConfig
 
 # Core ML has no bfloat16: weights are converted to fp16 once, while loading.
 TRACE_DTYPE = torch.float16
@@ -134,7 +124,7 @@ class ExportPlan:
 
 
 def plan_export(options: ExportOptions, target_dir: Path, drafter_dir: Path | None) -> ExportPlan:
-    """The export's one validation pass over the checkpoints (`checkpoint.check_configs`:
+    """The export's one validation pass over the checkpoints (`checkpoint.configs.check_configs`:
     configs, drafter against target, token ids, encoder width), then the plan."""
     configs = check_configs(target_dir, drafter_dir if options.wants_drafter else None)
     spec = None

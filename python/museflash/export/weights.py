@@ -1,6 +1,6 @@
 """Each package's real weights, written to its weight file while the functions convert.
 
-The large weights are placeholders during conversion (`checkpoint.PlaceholderWeights`); which
+The large weights are placeholders during conversion (`placeholders.PlaceholderWeights`); which
 ones a package holds is known as soon as the modules are loaded. `WeightsAhead` then starts one
 thread that takes them a tensor at a time, package after package: WRITING_THREADS threads (one
 per core, 2 to 8) read slices of its rows from the checkpoint, compress them if the plan's
@@ -8,10 +8,10 @@ schemes name it (`compression.compress`) and write each slice where it belongs i
 blob of the package's weight file (`blobfile.BlobFileWriter.reserve`: positioned writes, in any
 order). The conversion runs meanwhile: file reads and writes, torch's dtype conversion and the
 compiled quantizer all release the GIL. Each slice is checked as it passes (a NaN, an inf or a
-value fp16 cannot hold refuses the tensor: `checkpoint.unholdable`), so a weight that would turn
-the model's outputs inf or NaN on device fails the export before anything is published. The
-merge (`merge.merge_packages`) then appends the functions' other constants to the same file and
-points each placeholder const at its weight's blob.
+value fp16 cannot hold refuses the tensor: `checkpoint.weight_values.unholdable`), so a weight
+that would turn the model's outputs inf or NaN on device fails the export before anything is
+published. The merge (`merge.merge_packages`) then appends the functions' other constants to the
+same file and points each placeholder const at its weight's blob.
 """
 
 from __future__ import annotations
@@ -28,12 +28,8 @@ import numpy as np
 import torch
 
 from museflash.bundle import COMPRESSION_OPS, CompressionMode
-from museflash.checkpoint import (
-    WeightLocation,
-    WeightValueError,
-    location_value_error,
-    unholdable,
-)
+from museflash.checkpoint.tensor_files import WeightLocation
+from museflash.checkpoint.weight_values import WeightValueError, location_value_error, unholdable
 from museflash.compression import Scheme, compress
 from museflash.export import blobfile
 from museflash.export.progress import Progress

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Container
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,19 +37,13 @@ from museflash.models.base import (
     write_cache_slots,
 )
 
-# Settings that must agree whenever both configs state them. vocab_size and hidden_size follow
-# from the borrowed embedding and lm_head; head geometry is checked so a drafter trained for
-# another model family fails here rather than on device. num_key_value_heads is deliberately
-# not compared: the released drafter has 8 KV heads against the target's 2, and its KV heads
-# only address its own caches.
-SHARED_WITH_TARGET = ("vocab_size", "hidden_size", "head_dim", "num_attention_heads")
-
 
 class DrafterTargetMismatchError(ValueError):
     """The drafter cannot run on this target; the message names the setting and both values."""
 
 
-def _first_present(sources: list[dict[str, Any]], names: tuple[str, ...]) -> Any:
+def first_present(sources: list[dict[str, Any]], names: tuple[str, ...]) -> Any:
+    """The first value not None of `names` looked up in each of `sources` in turn."""
     for source in sources:
         for name in names:
             if source.get(name) is not None:
@@ -92,9 +87,9 @@ class DFlashConfig:
         sources = [config, config.get("dflash_config") or {}]
         rope = config.get("rope_parameters") or {}
         values = {
-            "block_size": _first_present(sources, ("block_size",)),
-            "mask_token_id": _first_present(sources, ("mask_token_id", "draft_mask_token_id")),
-            "target_layer_ids": _first_present(sources, ("target_layer_ids",)),
+            "block_size": first_present(sources, ("block_size",)),
+            "mask_token_id": first_present(sources, ("mask_token_id", "draft_mask_token_id")),
+            "target_layer_ids": first_present(sources, ("target_layer_ids",)),
             "rope_theta": rope.get("rope_theta", config.get("rope_theta")),
         }
         for name in (
@@ -128,34 +123,31 @@ class DFlashConfig:
         )
 
 
-def _target_settings(target_cfg: Any) -> dict[str, Any]:
-    if isinstance(target_cfg, dict):
-        return dict(target_cfg.get("text_config") or target_cfg)
-    return {name: getattr(target_cfg, name) for name in vars(target_cfg) if name != "raw"}
+# --- Checkpoint keys -------------------------------------------------------------------------
+# A drafter checkpoint holds the drafter's own layers under their parameter names, and the
+# encoder the fused target runs (its `encoder.` parameters); the embedding and lm_head are the
+# target's and are not in the file.
+DRAFTER_BORROWED = ("embed_tokens.", "lm_head.")
+ENCODER_PREFIX = "encoder."
+# z-lab's DFlashDraftModel layout names the encoder `fc` / `hidden_norm` where the Meta
+# assistant checkpoint has `encoder.fc` / `encoder.output_norm_enc` (encoder parameter name ->
+# z-lab checkpoint key).
+ZLAB_ENCODER_KEYS = {"encoder.fc.weight": "fc.weight",
+                     "encoder.output_norm_enc.weight": "hidden_norm.weight"}
 
 
-def validate_drafter_against_target(drafter_cfg_dict: dict[str, Any], target_cfg: Any) -> None:
-    """Raises DrafterTargetMismatchError when the drafter cannot run on the target.
+def drafter_checkpoint_key(param_name: str) -> str | None:
+    """The checkpoint key of the drafter's parameter `param_name`; None for the parameters
+    borrowed from the target."""
+    return None if param_name.startswith(DRAFTER_BORROWED) else param_name
 
-    target_cfg: a MuseGlimmerConfig or a target config.json dict.
-    """
-    target = _target_settings(target_cfg)
-    for name in SHARED_WITH_TARGET:
-        drafter_value, target_value = drafter_cfg_dict.get(name), target.get(name)
-        if drafter_value is not None and target_value is not None:
-            if drafter_value != target_value:
-                raise DrafterTargetMismatchError(
-                    f"{name}: drafter has {drafter_value} but target has {target_value}"
-                )
-    depth = target.get("num_hidden_layers")
-    sources = [drafter_cfg_dict, drafter_cfg_dict.get("dflash_config") or {}]
-    layer_ids = _first_present(sources, ("target_layer_ids",)) or []
-    outside = [i for i in layer_ids if depth is not None and not 0 <= int(i) < depth]
-    if outside:
-        raise DrafterTargetMismatchError(
-            f"target_layer_ids: drafter uses {list(layer_ids)} but target has "
-            f"num_hidden_layers {depth} (ids {outside} out of range)"
-        )
+
+def encoder_key(keys: Container[str], name: str) -> str:
+    """The checkpoint key of encoder parameter `name` in the layout of the drafter checkpoint
+    whose keys are `keys`."""
+    if "encoder.fc.weight" not in keys and "fc.weight" in keys:
+        return ZLAB_ENCODER_KEYS.get(name, name)
+    return name
 
 
 class DFlashEncoder(nn.Module):

@@ -127,6 +127,21 @@ class MuseGlimmerConfig:
         )
 
 
+
+# --- Checkpoint keys (the Hugging Face multimodal layout) ------------------------------------
+# The text decoder's parameters sit under TARGET_PREFIX, lm_head at the top level; the vision
+# tower's and projector's keys belong to no module here and are ignored.
+TARGET_PREFIX = "model.language_model."
+TARGET_UNPREFIXED = ("lm_head.",)
+TARGET_IGNORED_PREFIXES = ("model.vision_", "model.multi_modal_projector.")
+
+
+def target_checkpoint_key(param_name: str) -> str:
+    """The checkpoint key of the target's parameter `param_name`."""
+    if param_name.startswith(TARGET_UNPREFIXED):
+        return param_name
+    return TARGET_PREFIX + param_name
+
 class MuseGlimmerAttention(nn.Module):
     def __init__(self, config: MuseGlimmerConfig, layer_id: int):
         super().__init__()

@@ -169,7 +169,7 @@ class ExportedDrafter:
 
 
 class EagerTarget:
-    """A fused torch target (e.g. from checkpoint.load_target with a drafter dir)."""
+    """A fused torch target (e.g. from checkpoint.load.load_target with a drafter dir)."""
 
     def __init__(self, model: torch.nn.Module, prefill_length: int, verify_length: int):
         self.model = model

@@ -131,14 +131,18 @@ def write_synthetic_checkpoints(directory: Path, weight_bytes: float, seed: int 
                                 max_shard_bytes: int = 500_000_000,
                                 geometry: str = "scaled") -> tuple[Path, Path]:
     """Writes directory/target and directory/drafter (bf16, sharded); returns both paths."""
-    from museflash.checkpoint import (
+    from museflash.checkpoint.tensor_files import write_safetensors
+    from museflash.models.dflash import (
         DRAFTER_BORROWED,
         ENCODER_PREFIX,
-        target_checkpoint_key,
-        write_safetensors,
+        DFlashConfig,
+        DFlashDrafter,
     )
-    from museflash.models.dflash import DFlashConfig, DFlashDrafter
-    from museflash.models.muse_glimmer import MuseGlimmerConfig, MuseGlimmerWithDrafterFeatures
+    from museflash.models.muse_glimmer import (
+        MuseGlimmerConfig,
+        MuseGlimmerWithDrafterFeatures,
+        target_checkpoint_key,
+    )
 
     target_config, drafter_config = synthetic_configs(weight_bytes, geometry)
     drafter_cfg = DFlashConfig.from_dict(drafter_config)
@@ -311,7 +315,7 @@ class Record:
 
 def checkpoint_weight_bytes(checkpoints: Path) -> int:
     """fp16 bytes of every tensor the export uses (the vision tower's are not exported)."""
-    from museflash.checkpoint import SafetensorsReader
+    from museflash.checkpoint.tensor_files import SafetensorsReader
 
     total = 0
     for name in ("target", "drafter"):

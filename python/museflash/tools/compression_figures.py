@@ -35,17 +35,17 @@ from typing import Any
 import torch
 
 from museflash.bundle import PACKAGE_WEIGHT_FILE, Metadata
-from museflash.checkpoint import (
-    checkpoint_shapes,
+from museflash.checkpoint.load import (
     compressed_value,
-    compressed_weights,
     drafter_checkpoint_tensors,
     load_drafter,
     load_target,
     target_checkpoint_tensors,
 )
+from museflash.checkpoint.tensor_files import checkpoint_shapes
 from museflash.compression import Scheme, preset_rules
 from museflash.demo_checkpoint import builtin_checkpoints
+from museflash.export.placeholders import compressed_weights
 from museflash.export.weights import StoredWeight
 from museflash.paths import resolve_user_path
 

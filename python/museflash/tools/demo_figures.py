@@ -44,7 +44,7 @@ import numpy as np  # noqa: E402
 from absl import app, flags, logging  # noqa: E402
 
 from museflash.bundle import BundleError, Metadata  # noqa: E402
-from museflash.checkpoint import CheckpointError  # noqa: E402
+from museflash.checkpoint.tensor_files import CheckpointError  # noqa: E402
 from museflash.paths import resolve_user_path  # noqa: E402
 from museflash.runtime.package_check import PackageError, check_packages  # noqa: E402
 from museflash.runtime.sampling import Sampling  # noqa: E402

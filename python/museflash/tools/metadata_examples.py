@@ -37,7 +37,6 @@ EXPORT_KINDS: dict[str, tuple[dict[str, bool], str]] = {
 
 def exported_metadata() -> dict[str, Metadata]:
     """The metadata the exporter writes for each of EXPORT_KINDS (demo pair, default knobs)."""
-    from museflash.checkpoint import PlaceholderWeights
     from museflash.demo_checkpoint import (
         TINY_DFLASH2_CONFIG,
         write_tiny_checkpoints,
@@ -45,6 +44,7 @@ def exported_metadata() -> dict[str, Metadata]:
     )
     from museflash.export.describe import bundle_metadata
     from museflash.export.options import ExportOptions
+    from museflash.export.placeholders import PlaceholderWeights
     from museflash.export.plan import load_modules, plan_export
     from museflash.export.progress import Progress
 
@@ -90,11 +90,11 @@ def compressed_metadata() -> dict[str, Metadata]:
     """The metadata of compressed exports of the trained demo pair: the plan as the exporter
     makes it, and the weights its merge would store (every streamed weight, compressed as
     planned) in place of a conversion."""
-    from museflash.checkpoint import PlaceholderWeights
     from museflash.demo_checkpoint import builtin_checkpoints
     from museflash.export.describe import bundle_metadata
     from museflash.export.options import ExportOptions
     from museflash.export.pipeline import package_placeholders
+    from museflash.export.placeholders import PlaceholderWeights
     from museflash.export.plan import load_modules, plan_export
     from museflash.export.progress import Progress
     from museflash.export.weights import StoredWeight

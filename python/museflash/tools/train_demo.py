@@ -21,7 +21,7 @@ exactly by `--steps` with the count it prints.
 
 Writes DIR/target/{config.json, model.safetensors (bf16), tokenizer.json,
 tokenizer_config.json} and DIR/train_demo.json (settings, corpus figures, results), reloads the
-checkpoint through museflash.checkpoint and reports, on the held-out files, the perplexity per
+checkpoint through museflash.checkpoint.load and reports, on the held-out files, the perplexity per
 token and the bits per byte (held-out loss summed over its tokens / its UTF-8 bytes / ln 2),
 computed with the reloaded bf16 weights.
 """
@@ -51,12 +51,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from museflash.checkpoint import (
-    check_configs,
-    load_target,
-    target_checkpoint_tensors,
-    write_safetensors,
-)
+from museflash.checkpoint.configs import check_configs
+from museflash.checkpoint.load import load_target, target_checkpoint_tensors
+from museflash.checkpoint.tensor_files import write_safetensors
 from museflash.models.muse_glimmer import FULL, SLIDING, MuseGlimmerConfig, MuseGlimmerForCausalLM
 from museflash.paths import resolve_user_path
 

@@ -57,14 +57,9 @@ from torch import nn
 from torch.func import functional_call, vmap
 
 from museflash.bundle import StateName
-from museflash.checkpoint import (
-    check_configs,
-    drafter_checkpoint_tensors,
-    load_drafter,
-    load_target,
-    read_config,
-    write_safetensors,
-)
+from museflash.checkpoint.configs import check_configs, read_config
+from museflash.checkpoint.load import drafter_checkpoint_tensors, load_drafter, load_target
+from museflash.checkpoint.tensor_files import write_safetensors
 from museflash.models.dflash import DFlashConfig, DFlashDrafter, DFlashEncoder
 from museflash.paths import resolve_user_path
 from museflash.runtime.sampling import Sampling
