@@ -90,8 +90,12 @@ def test_placeholders_become_the_real_weights(parts, tmp_path):
     merge_packages(parts["real"][0], real, "main")
     functions, placeholders, rows = parts["placeholders"]
     streamed = tmp_path / "streamed.mlpackage"
-    written = merge_packages(functions, streamed, "main", placeholders, rows)
-    assert written == len(rows) >= 8
+    stored = merge_packages(functions, streamed, "main", placeholders, rows)
+    # One real weight per placeholder, stored fp16 at its checkpoint shape.
+    locations = {placeholders.by_row[row].key: placeholders.by_row[row] for row in rows}
+    assert len(locations) >= 8 and stored.keys() == locations.keys()
+    assert all(weight.scheme is None and weight.shape == locations[key].shape
+               for key, weight in stored.items())
     assert _weights(streamed) == _weights(real)
 
 
@@ -105,8 +109,8 @@ def test_weights_written_ahead_are_pointed_at_not_written_again(parts, tmp_path)
     locations = [placeholders.by_row[row] for row in sorted(rows)]
     written = write_weights(tmp_path / "ahead.weights", locations, {})
     streamed = tmp_path / "streamed.mlpackage"
-    assert merge_packages(functions, streamed, "main", placeholders, rows,
-                          written=written) == len(rows)
+    assert len(merge_packages(functions, streamed, "main", placeholders, rows,
+                              written=written)) == len(rows)
     assert const_values(streamed, read_spec(streamed)) == const_values(real, read_spec(real))
     assert len(_weights(streamed)) == len(_weights(real))
     assert not (tmp_path / "ahead.weights").exists()  # it became the package's weight file

@@ -190,9 +190,8 @@ def merge_packages(
     placeholders: PlaceholderWeights | None = None,
     expected_rows: set[bytes] | None = None,
     compression: Mapping[str, Scheme] | None = None,
-    stored: dict[str, StoredWeight] | None = None,
     written: WrittenWeights | None = None,
-) -> int:
+) -> dict[str, StoredWeight]:
     """Writes `destination` (a new .mlpackage) with one function per (name, part package), in
     that order. Placeholder blobs are written with the real weights; every row in
     `expected_rows` must be found. A placeholder whose checkpoint key `compression` names is
@@ -200,8 +199,8 @@ def merge_packages(
     become the scheme's constexpr op. `written`: a weight file that already holds real weights
     (`weights.WeightsAhead`, written while the parts converted); it becomes the merged file,
     the other constants appended to it, and a placeholder it holds is pointed at its blob
-    instead of being written again. `stored`, when given, receives each real weight in the
-    merged file. Returns the number of real weights written."""
+    instead of being written again. Returns the real weights the merged file holds, by
+    checkpoint key."""
     from coremltools.models.utils import _create_mlpackage
     from coremltools.proto import Model_pb2
 
@@ -246,8 +245,6 @@ def merge_packages(
             finally:
                 source.close()
         weights.close()
-        if stored is not None:
-            stored.update(weights.stored)
         missing = (expected_rows or set()) - weights.seen_rows
         if missing:
             keys = sorted(placeholders.by_row[row].key for row in missing)
@@ -260,7 +257,7 @@ def merge_packages(
         empty.mkdir()
         _create_mlpackage(merged, weights_dir=str(empty), package_path=str(destination))
         os.replace(scratch / PACKAGE_WEIGHT_FILE.name, destination / PACKAGE_WEIGHT_FILE)
-        return len(weights.seen_rows)
+        return weights.stored
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 

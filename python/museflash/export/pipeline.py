@@ -1,16 +1,22 @@
 """Export a speculative-decoding bundle: fused target + DFlash (or ring) drafter + metadata.json.
 
-`export_bundle` reads top-down, one stage per module of this package:
-options (flags checked) -> plan (configs read and cross-checked once, every package and function
-decided) -> load (safetensors, large weights replaced by placeholders) -> convert, per function,
-possibly in a helper process (parallel): trace one small entry-point view with torch.export and
-convert it (coremltools, ML program, iOS18, fp16 states) into a single-function package, while
-a thread writes the real weights, fp16 or compressed, into each package's weight file
-(weights) -> merge (the functions of a package into one multifunction package, its consts
-pointed at the real weights) ->
-describe (metadata.json, embedded in every package; the checkpoint's tokenizer files copied
-beside it) -> publish (the staging directory replaces
-the destination only at the end; nothing is half-written).
+`export_bundle` reads top-down, one call per stage; the stages share one `ExportRun`, and each
+stage's work is done by a module of this package (in brackets):
+
+plan      the flags checked (options), the configs read and cross-checked once, every package
+          and function decided (plan)
+publish   everything is built in a staging directory that replaces the destination only at the
+          end, so nothing is ever half-written (publish)
+load      the modules to trace, the large weights replaced by placeholders (plan,
+          placeholders); a thread starts writing the real weights, fp16 or compressed, into
+          each package's weight file (weights)
+convert   per function, here or in a helper process (parallel): one small entry-point view
+          traced with torch.export and converted (coremltools, ML program, iOS18, fp16 states)
+          into a single-function package (convert)
+merge     each package's functions into one multifunction package, its consts pointed at the
+          real weights (merge)
+describe  metadata.json, embedded in every package, and the checkpoint's tokenizer files
+          copied beside it (describe)
 """
 
 from __future__ import annotations
@@ -18,74 +24,152 @@ from __future__ import annotations
 import shutil
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from museflash.bundle import METADATA_FILE, Source, builtin_source
+from museflash.bundle import METADATA_FILE, AssetRole, Source, builtin_source
 from museflash.checkpoint.tensor_files import WeightLocation
 from museflash.compression import Scheme
 from museflash.export.convert import convert_function
 from museflash.export.describe import bundle_metadata, embed_metadata
 from museflash.export.merge import MergeError, merge_packages
 from museflash.export.options import ExportError, ExportOptions, check_flag_rules
-from museflash.export.parallel import conversion_helpers, run_conversions
+from museflash.export.parallel import HelperProcess, conversion_helpers, run_conversions
 from museflash.export.placeholders import PlaceholderWeights
-from museflash.export.plan import AssetPlan, FunctionPlan, load_modules, plan_export
+from museflash.export.plan import (
+    AssetPlan,
+    ExportPlan,
+    FunctionPlan,
+    load_modules,
+    plan_export,
+)
 from museflash.export.progress import Progress, human_bytes, tree_bytes
 from museflash.export.publish import check_destination, publish_directory
-from museflash.export.weights import StoredWeight, WeightsAhead, WrittenWeights
+from museflash.export.weights import StoredWeight, WeightsAhead
 
 
 def export_bundle(options: ExportOptions, progress: Progress | None = None) -> Path:
-    """Runs the whole export; returns the published output directory."""
+    """Runs the whole export, one call per stage; returns the published output directory."""
     progress = progress or Progress()
     check_flag_rules(options)
     check_destination(options.output_dir, options.overwrite)
     with checkpoint_sources(options) as (target_dir, drafter_dir, source):
-        plan = plan_export(options, target_dir, drafter_dir)
-        with publish_directory(options.output_dir, options.overwrite) as staging:
-            parts_dir = staging / ".parts"
-            schemes = plan.compression.schemes if plan.compression else {}
-            with WeightsAhead(schemes, progress) as ahead:
-                with conversion_helpers(options, plan, progress) as helpers:
-                    # The large weights stay on disk until the packages are written (see
-                    # docs/export-memory.md); only their stand-ins are traced and converted,
-                    # while a thread writes the real ones into each package's weight file.
-                    placeholders = PlaceholderWeights()
-                    modules = load_modules(options, plan, progress, placeholders)
-                    for asset in plan.assets:
-                        (parts_dir / asset.role).mkdir(parents=True)
-                    # Per package, by placeholder row: the real weights it must hold.
-                    needed = {path: package_placeholders(assets, modules, placeholders)
-                              for path, assets in plan.packages().items()}
-                    ahead.start({path: (parts_dir / f"{path}.weights", list(rows.values()))
-                                 for path, rows in needed.items()})
-                    jobs = [(asset, function, part_path(parts_dir, asset, function))
-                            for asset in plan.assets for function in asset.functions]
-
-                    def convert_here(job) -> None:
-                        ahead.raise_failure()  # e.g. a NaN weight: no need to go on
-                        asset, function, part = job
-                        convert_function(modules[asset.module], asset, function, part, progress)
-
-                    run_conversions(jobs, convert_here, helpers)
-                # Per package, under its owner's role: what its merge wrote.
-                stored = {assets[0].role: save_package(assets, parts_dir, staging / path,
-                                                       placeholders, set(needed[path]), progress,
-                                                       schemes, ahead.result(path))
-                          for path, assets in plan.packages().items()}
-            shutil.rmtree(parts_dir)
-            metadata = bundle_metadata(plan, modules, source, plan.context_length,
-                                       options.model_name, stored)
-            for path in plan.packages():
-                embed_metadata(staging / path, metadata)
-            for name in metadata.tokenizer.files if metadata.tokenizer else ():
-                shutil.copyfile(plan.target_dir / name, staging / name)
-            (staging / METADATA_FILE).write_text(metadata.dumps())
+        run = ExportRun(options, progress, source, plan_export(options, target_dir, drafter_dir))
+        with publish(run):
+            # The large weights stay on disk until the packages are written (see
+            # docs/export-memory.md): only their stand-ins are traced and converted, while a
+            # thread (the writer) writes the real ones into each package's weight file.
+            with WeightsAhead(run.schemes, progress) as writer:
+                with conversion_helpers(options, run.plan, progress) as helpers:
+                    load(run, writer)
+                    convert(run, writer, helpers)
+                merge(run, writer)
+            describe(run)
         progress.say(f"[export] wrote {options.output_dir} "
                      f"({human_bytes(tree_bytes(options.output_dir))})")
     return Path(options.output_dir)
+
+
+@dataclass
+class ExportRun:
+    """What the stages of one export share: made from the plan, given the staging directory by
+    `publish`, the modules and the weights each package needs by `load`, and what each package
+    stores by `merge`; `describe` reads it all."""
+    options: ExportOptions
+    progress: Progress
+    source: Source
+    plan: ExportPlan
+    staging: Path | None = None
+    placeholders: PlaceholderWeights = field(default_factory=PlaceholderWeights)
+    modules: dict[str, torch.nn.Module] = field(default_factory=dict)
+    # Per package path, by placeholder row: the real weights it must hold.
+    needed: dict[str, dict[bytes, WeightLocation]] = field(default_factory=dict)
+    # Per package, under its owner's role: the real weights its merge wrote, by checkpoint key.
+    stored: dict[AssetRole, dict[str, StoredWeight]] = field(default_factory=dict)
+
+    @property
+    def schemes(self) -> Mapping[str, Scheme]:
+        """Checkpoint key -> scheme of each weight stored compressed."""
+        return self.plan.compression.schemes if self.plan.compression else {}
+
+    @property
+    def parts_dir(self) -> Path:
+        """The single-function packages, converted inside the staging directory."""
+        return self.staging / ".parts"
+
+
+@contextmanager
+def publish(run: ExportRun) -> Iterator[None]:
+    """The bundle is built in a staging directory beside the destination, which replaces the
+    destination only when the block ends without an error (`publish.publish_directory`):
+    nothing is ever half-written."""
+    with publish_directory(run.options.output_dir, run.options.overwrite) as staging:
+        run.staging = staging
+        yield
+
+
+def load(run: ExportRun, writer: WeightsAhead) -> None:
+    """The modules to trace, with placeholders standing in for the large weights (each derived
+    from its tensor's name, so the helper processes make the same ones); then `writer` starts
+    writing the real weights of each package."""
+    run.modules = load_modules(run.options, run.plan, run.progress, run.placeholders)
+    for asset in run.plan.assets:
+        (run.parts_dir / asset.role).mkdir(parents=True)
+    run.needed = {path: package_placeholders(assets, run.modules, run.placeholders)
+                  for path, assets in run.plan.packages().items()}
+    writer.start({path: (run.parts_dir / f"{path}.weights", list(rows.values()))
+                  for path, rows in run.needed.items()})
+
+
+def convert(run: ExportRun, writer: WeightsAhead, helpers: list[HelperProcess]) -> None:
+    """Every function traced and converted into a single-function package, here or in a
+    helper process, whichever is free first."""
+    jobs = [(asset, function, part_path(run.parts_dir, asset, function))
+            for asset in run.plan.assets for function in asset.functions]
+
+    def convert_here(job) -> None:
+        writer.raise_failure()  # e.g. a NaN weight: no need to go on
+        asset, function, part = job
+        convert_function(run.modules[asset.module], asset, function, part, run.progress)
+
+    run_conversions(jobs, convert_here, helpers)
+
+
+def merge(run: ExportRun, writer: WeightsAhead) -> None:
+    """Per package, the converted functions of every asset sharing it merged into one
+    multifunction package (`merge.merge_packages`: identical weights are stored once, as
+    save_multifunction stores them, without loading any weight back; the target's embedding
+    and lm_head, which the DFlash drafter borrows, are among them), its placeholder consts
+    pointed at the real weights `writer` wrote. The first asset owns the package (its default
+    function is the package's)."""
+    for path, assets in run.plan.packages().items():
+        written = writer.result(path)
+        destination = run.staging / path
+        with run.progress.stage("save", destination.name) as info:
+            parts = [(f.name, part_path(run.parts_dir, asset, f))
+                     for asset in assets for f in asset.functions]
+            try:
+                run.stored[assets[0].role] = merge_packages(
+                    parts, destination, assets[0].default_function, run.placeholders,
+                    set(run.needed[path]), run.schemes, written)
+            except MergeError as error:
+                raise ExportError(str(error)) from error
+            info["bytes"] = tree_bytes(destination)
+    shutil.rmtree(run.parts_dir)
+
+
+def describe(run: ExportRun) -> None:
+    """metadata.json, embedded in every package too, and the checkpoint's tokenizer files
+    copied beside it."""
+    metadata = bundle_metadata(run.plan, run.modules, run.source, run.plan.context_length,
+                               run.options.model_name, run.stored)
+    for path in run.plan.packages():
+        embed_metadata(run.staging / path, metadata)
+    for name in metadata.tokenizer.files if metadata.tokenizer else ():
+        shutil.copyfile(run.plan.target_dir / name, run.staging / name)
+    (run.staging / METADATA_FILE).write_text(metadata.dumps())
 
 
 @contextmanager
@@ -115,29 +199,3 @@ def package_placeholders(assets: list[AssetPlan], modules: dict[str, torch.nn.Mo
     the DFlash drafter borrows the target's embedding, once)."""
     rows = (placeholders.row_of(p) for asset in assets for p in modules[asset.module].parameters())
     return {row: placeholders.by_row[row] for row in rows if row is not None}
-
-
-def save_package(assets: list[AssetPlan], parts_dir: Path, destination: Path,
-                 placeholders: PlaceholderWeights, expected: set[bytes], progress: Progress,
-                 schemes: Mapping[str, Scheme] | None = None,
-                 written: WrittenWeights | None = None) -> dict[str, StoredWeight]:
-    """Merges the converted functions of every asset sharing the package `destination` into
-    one multifunction package (`merge.merge_packages`: identical weights are stored once, as
-    save_multifunction stores them, without loading any weight back; the target's embedding
-    and lm_head, which the DFlash drafter borrows, are among them); the placeholders' real
-    values, one per placeholder row in `expected` (`package_placeholders`), are those
-    `written` holds (`weights.WeightsAhead`), or without it are read from the checkpoint into
-    its weight file one tensor at a time, compressed when `schemes` names them. The first asset
-    owns the package (its default function is the package's). Returns the real weights
-    written, by checkpoint key."""
-    with progress.stage("save", destination.name) as info:
-        parts = [(f.name, part_path(parts_dir, asset, f))
-                 for asset in assets for f in asset.functions]
-        stored: dict[str, StoredWeight] = {}
-        try:
-            merge_packages(parts, destination, assets[0].default_function, placeholders,
-                           expected, schemes, stored, written)
-        except MergeError as error:
-            raise ExportError(str(error)) from error
-        info["bytes"] = tree_bytes(destination)
-    return stored
