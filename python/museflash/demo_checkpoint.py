@@ -1,17 +1,11 @@
 """The built-in checkpoint pairs: the trained demo pair committed under demo/, and
-deterministic tiny random Muse Glimmer + DFlash checkpoints in the real on-disk layout; and
-`checkpoint_dirs`, the checkpoints an export was made from (a directory or a built-in pair).
-
-    python -m museflash.demo_checkpoint --output-dir DIR [--dtype bf16] [--max-shard-bytes N]
-
-writes DIR/target (config.json with `text_config`, model.safetensors or shards, including
-`model.vision_*` keys the loader must ignore) and DIR/drafter (flat config.json, weights
-without embedding or lm_head).
+deterministic tiny random Muse Glimmer + DFlash checkpoints in the real on-disk layout
+(`write_tiny_checkpoints`; `./bazelw run //:demo_checkpoint -- --output-dir DIR` writes them);
+and `checkpoint_dirs`, the checkpoints an export was made from (a directory or a built-in pair).
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import math
@@ -27,11 +21,10 @@ from torch import nn
 from museflash.bundle import BUILTIN_PAIRS, METADATA_FILE, LayerType, Metadata, builtin_pair
 from museflash.checkpoint.configs import DRAFTER_MODELS, drafter_architecture
 from museflash.checkpoint.load import drafter_checkpoint_tensors, target_checkpoint_tensors
-from museflash.checkpoint.tensor_files import DTYPES, CheckpointError, write_safetensors
+from museflash.checkpoint.tensor_files import CheckpointError, write_safetensors
 from museflash.models.dflash import ZLAB_ENCODER_KEYS, DFlashDrafter
 from museflash.models.dflash2 import DFlash2Drafter
 from museflash.models.muse_glimmer import MuseGlimmerConfig, MuseGlimmerWithDrafterFeatures
-from museflash.paths import resolve_user_path
 
 _S, _G = LayerType.SLIDING_ATTENTION.value, LayerType.FULL_ATTENTION.value
 
@@ -312,22 +305,3 @@ def write_tiny_checkpoints(
         write_word_tokenizer(out_dir / "target", target.config.vocab_size,
                              {"<mask>": drafter.config.mask_token_id})
     return out_dir / "target", out_dir / "drafter"
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--output-dir", required=True, type=Path)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
-    parser.add_argument("--max-shard-bytes", type=int, default=None,
-                        help="write model-0000N-of-0000M.safetensors shards of at most this size")
-    args = parser.parse_args(argv)
-    output_dir = resolve_user_path(args.output_dir)
-    target_dir, drafter_dir = write_tiny_checkpoints(
-        output_dir, args.seed, args.dtype, max_shard_bytes=args.max_shard_bytes
-    )
-    print(f"wrote {target_dir} and {drafter_dir}")
-
-
-if __name__ == "__main__":
-    main()

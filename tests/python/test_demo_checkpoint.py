@@ -4,12 +4,14 @@ import json
 import re
 
 import pytest
+from command_line import run_main
 from safetensors import safe_open
 
 from museflash import demo_checkpoint
 from museflash.checkpoint.configs import check_configs
 from museflash.checkpoint.tensor_files import CheckpointError
-from museflash.demo_checkpoint import main, write_tiny_checkpoints
+from museflash.cli.demo_checkpoint_main import main
+from museflash.demo_checkpoint import write_tiny_checkpoints
 from museflash.export.options import ExportError, ExportOptions, check_flag_rules
 
 
@@ -43,7 +45,8 @@ def test_layout_and_determinism(tmp_path):
 
 
 def test_command_line_writes_shards(tmp_path, capsys):
-    main(["--output-dir", str(tmp_path), "--dtype", "fp16", "--max-shard-bytes", "100000"])
+    assert run_main(main, "--output-dir", str(tmp_path), "--dtype", "fp16",
+                    "--max-shard-bytes", "100000") == 0
     index = json.loads((tmp_path / "target" / "model.safetensors.index.json").read_text())
     shards = set(index["weight_map"].values())
     assert all((tmp_path / "target" / name).is_file() for name in shards)

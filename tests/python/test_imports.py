@@ -99,7 +99,8 @@ LAYERS = {
     "runtime": {"bundle", "checkpoint", "demo_checkpoint", "models"},
     "checks": {"bundle", "checkpoint", "demo_checkpoint", "models", "export", "runtime"},
     "tools": {"bundle", "checkpoint", "demo_checkpoint", "models", "export", "runtime", "checks"},
-    "cli": {"bundle", "checkpoint", "models", "export", "runtime", "checks", "tools"},
+    "cli": {"bundle", "checkpoint", "demo_checkpoint", "models", "export", "runtime", "checks",
+            "tools"},
 }
 
 

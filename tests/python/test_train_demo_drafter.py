@@ -7,9 +7,11 @@ import json
 
 import pytest
 import torch
+from command_line import run_main
 
 from museflash.checkpoint.configs import check_configs, read_config
 from museflash.checkpoint.load import load_drafter, load_target
+from museflash.cli import train_demo_drafter_main
 from museflash.demo_checkpoint import TINY_DRAFTER_CONFIG, write_tiny_checkpoints
 from museflash.tools import train_demo_drafter as trainer
 
@@ -197,11 +199,12 @@ def test_command_line_flags_reach_the_run(tmp_path, monkeypatch, capsys):
 
     monkeypatch.setattr(trainer, "run", fake_run)
     monkeypatch.setattr(trainer, "format_report", lambda report: f"REPORT {report['fake']}")
-    trainer.main(["--output-dir", str(tmp_path), "--target-dir", str(tmp_path / "t"),
-                  "--train-steps", "5", "--train-seconds", "7", "--sequences", "16",
-                  "--prompt-length", "12", "--continuation", "24", "--layers", "3",
-                  "--window", "32", "--target-layer-ids", "0,2", "--batch", "8", "--lr", "1e-3",
-                  "--seed", "2", "--threads", "1"])
+    assert run_main(train_demo_drafter_main.main, "--output-dir", str(tmp_path),
+                    "--target-dir", str(tmp_path / "t"), "--train-steps", "5",
+                    "--train-seconds", "7", "--sequences", "16", "--prompt-length", "12",
+                    "--continuation", "24", "--layers", "3", "--window", "32",
+                    "--target-layer-ids", "0,2", "--batch", "8", "--lr", "1e-3", "--seed", "2",
+                    "--threads", "1") == 0
     assert seen == {"output_dir": tmp_path, "target_dir": tmp_path / "t", "corpus_root": None,
                     "train_seconds": 7.0, "train_steps": 5, "sequences": 16,
                     "prompt_length": 12, "continuation": 24, "layers": 3, "window": 32,
@@ -210,6 +213,14 @@ def test_command_line_flags_reach_the_run(tmp_path, monkeypatch, capsys):
     # Relative paths are relative to where `bazel run` was typed; the target defaults to the
     # committed demo target (run() resolves None).
     monkeypatch.setenv("BUILD_WORKING_DIRECTORY", str(tmp_path))
-    trainer.main(["--output-dir", "relative"])
+    assert run_main(train_demo_drafter_main.main, "--output-dir", "relative") == 0
     assert seen["output_dir"] == tmp_path / "relative" and seen["target_dir"] is None
     assert trainer.default_target_dir().parts[-2:] == ("demo", "target")
+    # Unusable input is one line on stderr and exit status 2, before anything runs.
+    seen.clear()
+    capsys.readouterr()
+    assert run_main(train_demo_drafter_main.main, "--output-dir", "x",
+                    "--target-layer-ids", "1,b") == 2
+    errors = capsys.readouterr().err.splitlines()
+    assert len(errors) == 1 and "--target-layer-ids" in errors[0] and not seen
+    assert run_main(train_demo_drafter_main.main) == 2 and not seen

@@ -1,5 +1,5 @@
 """runtime_goldens: the reference decoding loop's golden JSON for one exported bundle, made by
-//tests/runtime:runtime_goldens_tool (python/museflash/tools/runtime_goldens.py) as a build
+//tests/runtime:runtime_goldens_tool (python/museflash/cli/runtime_goldens_main.py) as a build
 action, so the Swift engine and interpreter tests read files made from exactly that bundle."""
 
 def runtime_goldens(name, bundle, args = [], visibility = None):

@@ -1,8 +1,9 @@
-"""museflash_tool: a command line from python/museflash/cli/ (or any module), runnable with
-`./bazelw run //:NAME -- FLAGS`; `args` presets flags."""
+"""museflash_tool: a command line of python/museflash/cli/ (every entry point lives there),
+runnable with `./bazelw run //:NAME -- FLAGS`; `main` is the file name in cli/, `args` presets
+flags."""
 
 def museflash_tool(name, main, args = [], **kwargs):
-    script = "//python:museflash/" + main
+    script = "//python:museflash/cli/" + main
     native.py_binary(
         name = name,
         srcs = [script],

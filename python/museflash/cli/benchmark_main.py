@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import sys
 
-from absl import app, flags, logging
+from absl import flags, logging
 
+from museflash.cli.command import run_command
 from museflash.paths import resolve_user_path
 from museflash.tools.benchmark import run_benchmark
 
@@ -46,7 +47,7 @@ def main(argv: list[str]) -> int:
 
 
 def run() -> None:
-    app.run(main)
+    run_command(main, "benchmark")
 
 
 if __name__ == "__main__":

@@ -15,10 +15,11 @@ from __future__ import annotations
 import sys
 import traceback
 
-from absl import app, flags, logging
+from absl import flags, logging
 
 from museflash.bundle import BUILTIN_PAIRS
 from museflash.checkpoint.tensor_files import CheckpointError
+from museflash.cli.command import run_command
 from museflash.export.options import ExportError, ExportOptions
 from museflash.export.pipeline import export_bundle
 from museflash.export.progress import log_path_for, quiet_console
@@ -140,7 +141,7 @@ def _export(options: ExportOptions, keep_traceback: bool) -> tuple[int, str] | N
 
 
 def run() -> None:
-    app.run(main)
+    run_command(main, "export")
 
 
 if __name__ == "__main__":

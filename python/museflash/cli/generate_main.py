@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import sys
 
-from absl import app, flags, logging
+from absl import flags, logging
 
 from museflash.checkpoint.tensor_files import CheckpointError
+from museflash.cli.command import run_command
 from museflash.paths import resolve_user_path
 from museflash.runtime.generate import BACKENDS, GenerateError, GenerateOptions, generate
 
@@ -76,7 +77,7 @@ def main(argv: list[str]) -> int:
 
 
 def run() -> None:
-    app.run(main)
+    run_command(main, "generate")
 
 
 if __name__ == "__main__":

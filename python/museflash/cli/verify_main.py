@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import sys
 
-from absl import app, flags, logging
+from absl import flags, logging
 
 from museflash.checks.verify import VerifyOptions, run_verify
+from museflash.cli.command import run_command
 from museflash.paths import resolve_user_path
 
 flags.DEFINE_string("export-dir", None, "Export directory (holds metadata.json).")
@@ -53,7 +54,7 @@ def main(argv: list[str]) -> int:
 
 
 def run() -> None:
-    app.run(main)
+    run_command(main, "verify")
 
 
 if __name__ == "__main__":

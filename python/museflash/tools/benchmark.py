@@ -327,8 +327,8 @@ def checkpoint_weight_bytes(checkpoints: Path) -> int:
 
 def run_one(path: str, checkpoints: Path, output: Path) -> tuple[float, int, int]:
     """(wall seconds, peak RSS, peak anonymous RSS) of one export in a fresh process."""
-    command = [sys.executable, "-m", "museflash.tools.benchmark", "--child", path,
-               "--checkpoints", str(checkpoints), "--output", str(output)]
+    command = [sys.executable, "-m", "museflash.tools.benchmark", path, str(checkpoints),
+               str(output)]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     # Output goes to files, not pipes: nothing reads a pipe while the child runs, and
     # coremltools' progress bars alone can fill one and stall the child.
@@ -676,19 +676,18 @@ def plot(records: list[Record], destination: Path) -> None:
 
 
 def _child_main(argv: list[str]) -> None:
-    import argparse
+    """One export of `run_one`'s child process: argv is [path, checkpoints, output], as
+    run_one passes them (a process protocol, not a command line)."""
     import logging
 
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--child", choices=ALL_PATHS, required=True)
-    parser.add_argument("--checkpoints", type=Path, required=True)
-    parser.add_argument("--output", type=Path, required=True)
-    args = parser.parse_args(argv)
+    path, checkpoints, output = argv
+    if path not in ALL_PATHS:
+        raise SystemExit(f"benchmark: no export path {path!r}; choose from {list(ALL_PATHS)}")
     logging.getLogger("coremltools").setLevel(logging.ERROR)
-    if args.child == "naive":
-        naive_export(args.checkpoints, args.output)
+    if path == "naive":
+        naive_export(Path(checkpoints), Path(output))
     else:
-        streaming_export(args.checkpoints, args.output, COMPRESSED_PATHS.get(args.child))
+        streaming_export(Path(checkpoints), Path(output), COMPRESSED_PATHS.get(path))
     print(CHILD_PEAK_PREFIX + str(_status_kib(os.getpid(), "VmHWM") * 1024), flush=True)
 
 

@@ -24,9 +24,6 @@ its scheme's bytes (compression.Scheme.stored_bytes) or 2 bytes an element in fp
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -47,7 +44,6 @@ from museflash.compression import Scheme, preset_rules
 from museflash.demo_checkpoint import builtin_checkpoints
 from museflash.export.placeholders import compressed_weights
 from museflash.export.weights import StoredWeight
-from museflash.paths import resolve_user_path
 
 # name -> (preset, clipping of linear schemes)
 VARIANTS = {
@@ -278,22 +274,3 @@ def markdown(report: dict[str, Any]) -> str:
                 f"{figures['unique_weight_bytes_predicted']} | "
                 f"{figures['unique_weight_bytes_predicted'] / figures['fp16_weight_bytes']:.3f} |")
     return "\n".join(lines)
-
-
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--output", default=None, type=resolve_user_path)
-    parser.add_argument("--no-exports", action="store_true",
-                        help="skip the exports that measure the bundle sizes")
-    args = parser.parse_args(argv[1:])
-    report = {"quality": quality()}
-    if not args.no_exports:
-        report["sizes"] = sizes()
-    print(markdown(report))
-    if args.output:
-        args.output.write_text(json.dumps(report, indent=2) + "\n")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv))

@@ -34,18 +34,14 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import json  # noqa: E402
 import math  # noqa: E402
 import subprocess  # noqa: E402
-import sys  # noqa: E402
-import tempfile  # noqa: E402
 import time  # noqa: E402
-from dataclasses import asdict, dataclass, field  # noqa: E402
+from dataclasses import dataclass, field  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
-from absl import app, flags, logging  # noqa: E402
 
 from museflash.bundle import BundleError, Metadata  # noqa: E402
 from museflash.checkpoint.tensor_files import CheckpointError  # noqa: E402
-from museflash.paths import resolve_user_path  # noqa: E402
 from museflash.runtime.package_check import PackageError, check_packages  # noqa: E402
 from museflash.runtime.sampling import Sampling  # noqa: E402
 from museflash.runtime.speculative import (  # noqa: E402
@@ -59,21 +55,6 @@ TEMPERATURES = (0.0, 0.7)
 DEFAULT_DRAFT_TOKENS = (3, 7, 15)
 DEFAULT_PAIRS = ("demo", "demo-dflash2")
 TARGET_ALONE = "target-alone"
-
-flags.DEFINE_list("pairs", list(DEFAULT_PAIRS), "Built-in pairs to export and measure.")
-flags.DEFINE_list("num-draft-tokens", [str(k) for k in DEFAULT_DRAFT_TOKENS],
-                  "Drafted tokens per step, k: one export per k (a block of k + 1).")
-flags.DEFINE_string("work-dir", None, "Where the exports go (default: a temporary directory); "
-                    "exports already there with the same settings are reused.")
-flags.DEFINE_integer("prompts", 8, "Held-out prompts per row.")
-flags.DEFINE_integer("prompt-tokens", 48, "Tokens per prompt.")
-flags.DEFINE_integer("new-tokens", 48, "Tokens generated per prompt.")
-flags.DEFINE_integer("max-scored-tokens", 20000, "Held-out tokens scored for perplexity.")
-flags.DEFINE_string("output", None, "Also write the figures to this JSON file.")
-flags.DEFINE_string("swift-generate", None, "The swift-generate binary (Bazel passes it); "
-                    "without it only the Python backend is timed.")
-
-FLAGS = flags.FLAGS
 
 
 class FiguresError(Exception):
@@ -423,48 +404,3 @@ def markdown(figures: Figures) -> str:
     for length, engines in sorted(figures.main_ms_per_call.items()):
         lines.append(f"| {length} | {_ms(engines['python'])} | {_ms(engines['swift'])} |")
     return "\n".join(lines)
-
-
-def main(argv: list[str]) -> int:
-    if len(argv) > 1:
-        print(f"demo_figures: error: unexpected arguments {argv[1:]}; all options are --flags",
-              file=sys.stderr)
-        return 2
-    logging.set_verbosity(logging.ERROR)
-    try:
-        counts = sorted({int(k) for k in FLAGS["num-draft-tokens"].value})
-    except ValueError:
-        print("demo_figures: error: --num-draft-tokens takes integers, e.g. 3,7,15",
-              file=sys.stderr)
-        return 2
-    if not FLAGS.pairs or not counts:
-        print("demo_figures: error: give at least one --pairs name and one --num-draft-tokens",
-              file=sys.stderr)
-        return 2
-    binary = (Path(FLAGS["swift-generate"].value).resolve()
-              if FLAGS["swift-generate"].value else None)
-    with tempfile.TemporaryDirectory(prefix="museflash-figures-") as scratch:
-        work_dir = resolve_user_path(FLAGS["work-dir"].value) if FLAGS["work-dir"].value \
-            else Path(scratch)
-        work_dir.mkdir(parents=True, exist_ok=True)
-        try:
-            figures = measure(FLAGS.pairs, counts, work_dir, binary, prompts=FLAGS.prompts,
-                              prompt_tokens=FLAGS["prompt-tokens"].value,
-                              new_tokens=FLAGS["new-tokens"].value,
-                              max_scored_tokens=FLAGS["max-scored-tokens"].value)
-        except (FiguresError, BundleError) as error:
-            print(f"demo_figures: error: {error}", file=sys.stderr)
-            return 2
-    print(markdown(figures))
-    if FLAGS.output:
-        out = resolve_user_path(FLAGS.output)
-        out.write_text(json.dumps(asdict(figures), indent=2) + "\n")
-    return 0
-
-
-def run() -> None:
-    app.run(main)
-
-
-if __name__ == "__main__":
-    run()

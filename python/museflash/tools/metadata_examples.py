@@ -1,6 +1,6 @@
 """Golden metadata.json examples for both readers of the bundle contract.
 
-  python -m museflash.tools.metadata_examples OUTPUT.json
+  ./bazelw build //python:metadata_examples   (cli/metadata_examples_main.py OUTPUT.json)
 
 `valid` holds the metadata the exporter writes for each kind of export (made by the exporter's
 own plan, load and describe stages on the demo checkpoints, without converting anything);
@@ -16,7 +16,6 @@ from __future__ import annotations
 import copy
 import json
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -244,15 +243,3 @@ def _invalid_dflash2(base: dict[str, Any]) -> list[dict[str, Any]]:
          "metadata": changed(lambda r: r["speculative_decoding"]["dflash2"].pop(
              "selector_top_k"))},
     ]
-
-
-def main(argv: list[str]) -> int:
-    if len(argv) != 2:
-        print("usage: python -m museflash.tools.metadata_examples OUTPUT.json", file=sys.stderr)
-        return 2
-    Path(argv[1]).write_text(json.dumps(examples(), indent=1) + "\n")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv))

@@ -22,17 +22,13 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import json  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
-import sys  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
-
-from absl import app, flags, logging  # noqa: E402
 
 DEFAULT_PROMPT = ('def read_lines(path):\n    """Return the stripped lines of a text file."""\n'
                   '    with open(path) as handle:\n        return [line.strip() for line in')
 
 from museflash.bundle import Metadata  # noqa: E402
-from museflash.paths import resolve_user_path  # noqa: E402
 from museflash.runtime.generate import TextTokenizer  # noqa: E402
 from museflash.runtime.speculative import (  # noqa: E402
     load_exported_pair,
@@ -40,13 +36,6 @@ from museflash.runtime.speculative import (  # noqa: E402
     target_only_generate,
 )
 
-flags.DEFINE_string("export-dir", None, "Export directory (holds metadata.json).")
-flags.DEFINE_string("swift-generate", None, "The swift-generate binary (Bazel passes it).")
-flags.DEFINE_string("prompt", DEFAULT_PROMPT, "Prompt text, tokenized by the bundle's tokenizer.")
-flags.DEFINE_integer("max-new-tokens", 48, "Tokens to generate per run.")
-flags.DEFINE_integer("repeats", 3, "Runs of each side, alternating.")
-
-FLAGS = flags.FLAGS
 FUNCTIONS = ("prefill", "main", "inject_kv", "draft")
 
 
@@ -112,30 +101,21 @@ def swift_run(binary: Path, export_dir: Path, prompt, new_tokens, draft: bool):
     return report["tokens"], report["tokens_per_second"], per_call, report
 
 
-def main(argv: list[str]) -> int:
-    if len(argv) > 1:
-        print(f"runtime_benchmark: error: unexpected arguments {argv[1:]}", file=sys.stderr)
-        return 1
-    if FLAGS["export-dir"].value is None or FLAGS["swift-generate"].value is None:
-        print("runtime_benchmark: error: --export-dir and --swift-generate are required",
-              file=sys.stderr)
-        return 1
-    # coremltools logs every loaded var at INFO through absl's handler.
-    logging.set_verbosity(logging.WARNING)
-    export_dir = resolve_user_path(FLAGS["export-dir"].value)
-    binary = Path(FLAGS["swift-generate"].value).resolve()
+def benchmark(export_dir: Path, binary: Path, prompt: str, new_tokens: int,
+              repeats: int) -> None:
+    """Decodes `prompt` over the export at `export_dir` with both engines, `repeats` times
+    each, alternating, with and without the drafter, and prints the table (medians)."""
     target, drafter, metadata = load_exported_pair(export_dir)
     timers = [TimedPackage(target.package), TimedPackage(drafter.package)]
     tokenizer = TextTokenizer(export_dir, Metadata.read(export_dir))
     PAD[0] = tokenizer.pad
-    ids = tokenizer.encode(FLAGS.prompt)
-    new_tokens = FLAGS["max-new-tokens"].value
+    ids = tokenizer.encode(prompt)
     rows = []
     report = None
     for draft in (True, False):
         figures: dict[str, list[list[float]]] = {"python": [], "swift": []}
         calls: dict[str, list[dict[str, float]]] = {"python": [], "swift": []}
-        for _ in range(FLAGS["repeats"].value):
+        for _ in range(repeats):
             py_tokens, py_rate, py_calls = python_run(target, drafter, metadata, ids, new_tokens,
                                                       draft, timers)
             sw_tokens, sw_rate, sw_calls, report = swift_run(binary, export_dir, ids, new_tokens,
@@ -158,7 +138,7 @@ def main(argv: list[str]) -> int:
                 py_ms, sw_ms = statistics.median(py), statistics.median(sw)
                 rows.append((f"ms per {name} call, {mode}", py_ms, sw_ms, py_ms / sw_ms))
     print(f"{export_dir}: prompt {len(ids)} tokens, {new_tokens} new, median of "
-          f"{FLAGS['repeats'].value} alternating runs each")
+          f"{repeats} alternating runs each")
     print("| figure | Python (numpy interpreter) | Swift (MILInterpreter) | Swift speed-up |")
     print("| --- | --- | --- | --- |")
     for name, py, sw, ratio in rows:
@@ -171,12 +151,3 @@ def main(argv: list[str]) -> int:
               f"MB = {bundle / 1e6:.2f} MB; peak / bundle {report['peak_rss_bytes'] / bundle:.2f}x,"
               f" above start-up / bundle "
               f"{(report['peak_rss_bytes'] - report['startup_rss_bytes']) / bundle:.2f}x")
-    return 0
-
-
-def run() -> None:
-    app.run(main)
-
-
-if __name__ == "__main__":
-    run()

@@ -1,6 +1,6 @@
 """Golden files of the reference decoding loop, for the Swift engine and interpreter tests.
 
-  python -m museflash.tools.runtime_goldens --export-dir D --output F.json
+  runtime_goldens --export-dir D --output F.json   (cli/runtime_goldens_main.py)
       [--prompt-lengths 1,7,31,33,200] [--max-new-tokens N] [--wrap-prompt-length L]
       [--parity-steps 0,-1]
 
@@ -36,9 +36,10 @@ context leaves (prompt + new + block - 1 <= context_length).
 
 BLAS threads: the interpreter's float results can depend on OpenBLAS's thread count (with fp32
 accumulation in its matmuls they differed in the last fp16 bit or two between 1 and 2 threads),
-so `environment` records the setting the goldens were made with. Run as a program, this tool
-defaults OPENBLAS_NUM_THREADS to 1 (set before numpy loads; the small matmuls were also several
-times faster on one thread on a busy 2-core machine); the Bazel rules set it explicitly.
+so `environment` records the setting the goldens were made with. Imported before numpy (as
+its command line is), this module defaults OPENBLAS_NUM_THREADS to 1 (the small matmuls were
+also several times faster on one thread on a busy 2-core machine); the Bazel rules set it
+explicitly.
 """
 
 from __future__ import annotations
@@ -51,24 +52,20 @@ os.environ.setdefault(BLAS_THREADS, "1")
 
 import base64  # noqa: E402
 import json  # noqa: E402
-import sys  # noqa: E402
 import time  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 import numpy as np  # noqa: E402
-from absl import app, flags, logging  # noqa: E402
 
 from museflash.bundle import (  # noqa: E402
     METADATA_FILE,
-    BundleError,
     FunctionName,
     InputName,
     Metadata,
     StateKind,
 )
-from museflash.paths import resolve_user_path  # noqa: E402
 from museflash.runtime.speculative import (  # noqa: E402
     DecodeResult,
     load_exported_pair,
@@ -134,24 +131,6 @@ def load(path):
             inventory.add(name.strip(), int(count))
     return inventory
 '''
-
-flags.DEFINE_string("export-dir", None, "Export directory (holds metadata.json).")
-flags.DEFINE_string("output", None, "The golden JSON file to write.")
-flags.DEFINE_string("prompt-lengths", DEFAULT_PROMPT_LENGTHS,
-                    "Comma-separated prompt lengths in tokens, one speculative and one "
-                    "target-only case each.")
-flags.DEFINE_integer("max-new-tokens", 48,
-                     "New tokens per case (fewer when the context has no room for them).")
-flags.DEFINE_integer("wrap-prompt-length", 33,
-                     "The prompt length (one of --prompt-lengths) whose cases generate until "
-                     "the rings wrap while decoding; the parity records come from its "
-                     "speculative case.")
-flags.DEFINE_string("parity-steps", "0,-1",
-                    "Which calls of each function of the ring-wrapping speculative case become "
-                    "parity records: indices into that function's calls, negative from the end.")
-
-FLAGS = flags.FLAGS
-
 
 class GoldensError(ValueError):
     pass
@@ -401,54 +380,3 @@ def build_goldens(export_dir: Path, prompt_lengths: list[int], max_new_tokens: i
             "prompt": {"source": prompt.source, "pad_token_id": prompt.pad_token_id},
             "cases": cases,
             "parity": parity}
-
-
-def _int_list(flag: str, value: str) -> list[int]:
-    try:
-        values = [int(part) for part in value.split(",") if part.strip()]
-    except ValueError:
-        raise GoldensError(f"--{flag} {value!r} is not a comma-separated list of "
-                           "integers") from None
-    if not values:
-        raise GoldensError(f"--{flag} is empty")
-    return values
-
-
-def main(argv: list[str]) -> int:
-    if len(argv) > 1:
-        print(f"runtime_goldens: unexpected arguments {argv[1:]}; all options are --flags",
-              file=sys.stderr)
-        return 2
-    logging.set_verbosity(logging.ERROR)
-    if FLAGS["export-dir"].value is None or FLAGS.output is None:
-        print("runtime_goldens: error: --export-dir and --output are required",
-              file=sys.stderr)
-        return 2
-    export_dir = resolve_user_path(FLAGS["export-dir"].value)
-    output = resolve_user_path(FLAGS.output)
-    try:
-        lengths = _int_list("prompt-lengths", FLAGS["prompt-lengths"].value)
-        if min(lengths) < 1:
-            raise GoldensError("--prompt-lengths must be positive")
-        goldens = build_goldens(export_dir, lengths, FLAGS["max-new-tokens"].value,
-                                FLAGS["wrap-prompt-length"].value,
-                                _int_list("parity-steps", FLAGS["parity-steps"].value),
-                                say=print)
-    except (GoldensError, BundleError, OSError) as error:
-        print(f"runtime_goldens: error: {error}", file=sys.stderr)
-        return 2
-    output.parent.mkdir(parents=True, exist_ok=True)
-    partial = output.with_name(output.name + ".partial")
-    partial.write_text(json.dumps(goldens, indent=1) + "\n")
-    partial.replace(output)
-    print(f"[runtime_goldens] wrote {output} ({output.stat().st_size:,} bytes, "
-          f"{len(goldens['cases'])} cases, {len(goldens['parity'])} parity records)")
-    return 0
-
-
-def run() -> None:
-    app.run(main)
-
-
-if __name__ == "__main__":
-    run()

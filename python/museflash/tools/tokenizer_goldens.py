@@ -1,6 +1,6 @@
 """Golden token ids from the `tokenizers` library, for the Swift tokenizer's parity tests.
 
-  python -m museflash.tools.tokenizer_goldens OUTPUT.json
+  tokenizer_goldens OUTPUT.json      (the build runs it: //python:tokenizer_goldens)
 
 For the trained demo tokenizer (`demo/target/tokenizer.json`), variants of it that switch on
 the settings the Swift side implements besides (prefix space, no regex, `ignore_merges`, added
@@ -14,17 +14,16 @@ seeded random strings over awkward characters. `decodes` holds seeded random id 
 (special and out-of-range ids among them) with their decoded text. Built by
 `//python:tokenizer_goldens` and read by swift/Tests/MuseflashTokenizerTests.
 
-  python -m museflash.tools.tokenizer_goldens --speed --swift-tokenize BIN --export-dir DIR
+  ./bazelw run //python:tokenizer_goldens_tool -- --speed --swift-tokenize BIN --export-dir DIR
 
 measures encode throughput of the tokenizers library and of swift-tokenize side by side on the
-held-out files (docs/tokenizer.md).
+held-out files (docs/tokenizer.md). The command line is cli/tokenizer_goldens_main.py.
 """
 
 from __future__ import annotations
 
 import json
 import random
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -245,45 +244,3 @@ def speed(swift_tokenize: Path, export_dir: Path, repeat: int) -> dict[str, Any]
         raise SystemExit(f"swift-tokenize made {swift['tokens']} tokens, tokenizers {tokens}")
     return {"tokenizers": rust, "swift": swift, "ratio": swift["mb_per_s"] / rust["mb_per_s"],
             "first_pass_ratio": rust["first_pass_seconds"] / swift["first_pass_seconds"]}
-
-
-def main(argv: list[str]) -> int:
-    if len(argv) >= 2 and argv[1] == "--speed":
-        import argparse
-
-        from museflash.paths import resolve_user_path
-
-        parser = argparse.ArgumentParser(prog="tokenizer_goldens --speed")
-        parser.add_argument("--swift-tokenize", required=True,
-                            help="the swift-tokenize binary (bazel-bin/swift/swift-tokenize)")
-        parser.add_argument("--export-dir", required=True)
-        parser.add_argument("--repeat", type=int, default=5)
-        args = parser.parse_args(argv[2:])
-        result = speed(resolve_user_path(args.swift_tokenize), resolve_user_path(args.export_dir),
-                       args.repeat)
-        for name in ("tokenizers", "swift"):
-            r = result[name]
-            print(f"{name:10s} {r['files']} files {r['bytes']:,} bytes {r['tokens']:,} tokens: "
-                  f"{r['mb_per_s']:.2f} MB/s (best of {args.repeat}), first pass "
-                  f"{r['bytes'] / r['first_pass_seconds'] / 1e6:.2f} MB/s")
-        print(f"swift / tokenizers: {result['ratio']:.2f}x (first pass "
-              f"{result['first_pass_ratio']:.2f}x)")
-        print(json.dumps(result))
-        return 0
-    if len(argv) != 2:
-        print("usage: python -m museflash.tools.tokenizer_goldens OUTPUT.json\n"
-              "       python -m museflash.tools.tokenizer_goldens --speed --swift-tokenize BIN "
-              "--export-dir DIR", file=sys.stderr)
-        return 2
-    result = goldens()
-    Path(argv[1]).write_text(json.dumps(result, ensure_ascii=False) + "\n", encoding="utf-8")
-    summary = result["held_out"]
-    same = "" if summary["same_as_demo_training"] else " (NOT the files the demo was trained with)"
-    print(f"{len(result['cases'])} encode cases, {len(result['decodes'])} decode cases; held out: "
-          f"{summary['files']} files, {summary['bytes']} bytes from {summary['root']}{same}",
-          file=sys.stderr)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv))

@@ -1,6 +1,7 @@
 """Train the demo Muse Glimmer target on the Python standard library's own sources, on CPU.
 
     ./bazelw run //:train_demo -- --output-dir DIR [--minutes 26 | --steps N] [--seed 0]
+    (the command line: cli/train_demo_main.py)
 
 Corpus: the `.py` files of the standard library of the interpreter running this tool
 (`sysconfig.get_paths()["stdlib"]`), without site-packages, the test packages and two
@@ -33,7 +34,7 @@ import os
 # Idle OpenMP threads sleep instead of spinning. On a machine whose two cores are shared with
 # other work, a spinning thread holds a core while its partner waits to be scheduled: measured
 # here, 0.5-1.8k tokens/s spinning against 3.8k sleeping. Read when torch is first imported, so
-# it only takes effect when this file is the program (`bazel run`, `python train_demo.py`).
+# it only takes effect when a program imports this module before torch (cli/train_demo_main.py).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import dataclasses
@@ -55,7 +56,6 @@ from museflash.checkpoint.configs import check_configs
 from museflash.checkpoint.load import load_target, target_checkpoint_tensors
 from museflash.checkpoint.tensor_files import write_safetensors
 from museflash.models.muse_glimmer import FULL, SLIDING, MuseGlimmerConfig, MuseGlimmerForCausalLM
-from museflash.paths import resolve_user_path
 
 # --- Corpus ----------------------------------------------------------------------------------
 
@@ -587,77 +587,3 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, Path):
         return str(value)
     return value
-
-
-# --- Command line ----------------------------------------------------------------------------
-
-
-def main(argv: list[str]) -> int:
-    from absl import flags
-
-    values = flags.FLAGS
-    if len(argv) > 1:
-        print(f"train_demo: unexpected arguments {argv[1:]}", file=sys.stderr)
-        return 2
-    if values["output-dir"].value is None:
-        print("train_demo: --output-dir is required", file=sys.stderr)
-        return 2
-    defaults = Architecture()
-    arch = Architecture(
-        hidden_size=values["hidden-size"].value,
-        intermediate_size=values["intermediate-size"].value,
-        num_hidden_layers=values["layers"].value,
-        num_attention_heads=values["heads"].value,
-        num_key_value_heads=values["kv-heads"].value,
-        head_dim=values["head-dim"].value,
-        sliding_window=values["sliding-window"].value,
-        global_every=defaults.global_every,
-    )
-    settings = Settings(
-        output_dir=resolve_user_path(values["output-dir"].value),
-        seed=values.seed,
-        minutes=values.minutes,
-        steps=values.steps,
-        threads=values.threads,
-        vocab_size=values["vocab-size"].value,
-        context=values.context,
-        batch_size=values["batch-size"].value,
-        learning_rate=values.lr,
-        warmup_steps=values["warmup-steps"].value,
-        include_tests=values["include-tests"].value,
-        arch=arch,
-    )
-    run(settings, lambda line: print(line, flush=True))
-    return 0
-
-
-def _define_flags() -> None:
-    from absl import flags
-
-    arch, settings = Architecture(), Settings(output_dir=Path("."))
-    flags.DEFINE_string("output-dir", None, "Writes DIR/target and DIR/train_demo.json.")
-    flags.DEFINE_float("minutes", settings.minutes, "Training-loop time budget.")
-    flags.DEFINE_integer("steps", None, "Exact number of optimiser steps (overrides --minutes).")
-    flags.DEFINE_integer("seed", settings.seed, "Seed of initialisation and batch order.")
-    flags.DEFINE_integer("threads", settings.threads, "torch CPU threads.")
-    flags.DEFINE_integer("vocab-size", settings.vocab_size, "Tokens, special ones included.")
-    flags.DEFINE_integer("context", settings.context, "Training sequence length.")
-    flags.DEFINE_integer("batch-size", settings.batch_size, "Sequences per step.")
-    flags.DEFINE_float("lr", settings.learning_rate, "Peak AdamW learning rate.")
-    flags.DEFINE_integer("warmup-steps", settings.warmup_steps, "Linear warmup steps.")
-    flags.DEFINE_bool("include-tests", settings.include_tests,
-                      "Also train on the stdlib's test packages.")
-    flags.DEFINE_integer("hidden-size", arch.hidden_size, "Model width.")
-    flags.DEFINE_integer("intermediate-size", arch.intermediate_size, "MLP width.")
-    flags.DEFINE_integer("layers", arch.num_hidden_layers, "Decoder layers.")
-    flags.DEFINE_integer("heads", arch.num_attention_heads, "Query heads.")
-    flags.DEFINE_integer("kv-heads", arch.num_key_value_heads, "Key/value heads.")
-    flags.DEFINE_integer("head-dim", arch.head_dim, "Attention head width.")
-    flags.DEFINE_integer("sliding-window", arch.sliding_window, "Sliding layers' window.")
-
-
-if __name__ == "__main__":
-    from absl import app
-
-    _define_flags()
-    app.run(main)

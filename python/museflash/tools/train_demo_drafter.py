@@ -43,7 +43,6 @@ drafter to it with `load_pair`, `generate_corpus`, `train` and `write_drafter`).
 
 from __future__ import annotations
 
-import argparse
 import json
 import tempfile
 import time
@@ -61,7 +60,6 @@ from museflash.checkpoint.configs import check_configs, read_config
 from museflash.checkpoint.load import drafter_checkpoint_tensors, load_drafter, load_target
 from museflash.checkpoint.tensor_files import write_safetensors
 from museflash.models.dflash import DFlashConfig, DFlashDrafter, DFlashEncoder
-from museflash.paths import resolve_user_path
 from museflash.runtime.sampling import Sampling
 from museflash.runtime.speculative import EagerDrafter, EagerTarget, speculative_generate
 
@@ -661,46 +659,3 @@ def format_report(report: dict) -> str:
             line += f" | {100 * sa:13.1f}% {sl:5.2f}"
         lines.append(line)
     return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--output-dir", required=True, type=resolve_user_path,
-                        help="writes DIR/drafter and DIR/train_demo_drafter.json")
-    parser.add_argument("--target-dir", type=resolve_user_path, default=None,
-                        help="the target checkpoint with its tokenizer (default: demo/target)")
-    parser.add_argument("--corpus-root", type=resolve_user_path, default=None,
-                        help="the target's corpus (default: this interpreter's stdlib)")
-    parser.add_argument("--train-seconds", type=float, default=None,
-                        help="also stop after this many seconds, whichever comes first")
-    parser.add_argument("--train-steps", type=int, default=4000,
-                        help="optimizer steps (about 15 minutes on 2 CPU cores)")
-    parser.add_argument("--sequences", type=int, default=8192,
-                        help="prompts from the training files, continued by the target")
-    parser.add_argument("--prompt-length", type=int, default=32)
-    parser.add_argument("--continuation", type=int, default=96)
-    parser.add_argument("--layers", type=int, default=3, help="drafter layers")
-    parser.add_argument("--window", type=int, default=32,
-                        help="drafter sliding window: context + block positions a draft sees")
-    parser.add_argument("--target-layer-ids", type=lambda s: [int(i) for i in s.split(",")],
-                        default=None, help="e.g. 1,3,5 (default: spread over the depth)")
-    parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--lr", type=float, default=2e-3)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch CPU threads (small matrices: 1 is fastest, several times "
-                        "so on a machine shared with another job)")
-    args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    torch.set_flush_denormal(True)
-    report = run(args.output_dir, target_dir=args.target_dir, corpus_root=args.corpus_root,
-                 train_seconds=args.train_seconds, train_steps=args.train_steps,
-                 sequences=args.sequences, prompt_length=args.prompt_length,
-                 continuation=args.continuation, layers=args.layers, window=args.window,
-                 target_layer_ids=args.target_layer_ids, batch=args.batch, lr=args.lr,
-                 seed=args.seed)
-    print(format_report(report))
-
-
-if __name__ == "__main__":
-    main()

@@ -1,4 +1,4 @@
-"""Write the JSON Schema of metadata.json, generated from museflash.bundle's types.
+"""museflash metadata_schema: the JSON Schema of metadata.json, generated from museflash.bundle.
 
   ./bazelw run //:metadata_schema            # rewrites docs/metadata.schema.json in the workspace
   ./bazelw run //:metadata_schema -- FILE    # writes FILE instead
@@ -13,13 +13,15 @@ import sys
 from pathlib import Path
 
 from museflash.bundle import schema_text
+from museflash.cli.command import run_command
 
 CHECKED_IN = Path("docs") / "metadata.schema.json"
 
 
 def main(argv: list[str]) -> int:
     if len(argv) > 2:
-        print("usage: metadata_schema [FILE]", file=sys.stderr)
+        print(f"metadata_schema: error: unexpected arguments {argv[2:]}; give at most one FILE",
+              file=sys.stderr)
         return 2
     workspace = Path(os.environ.get("BUILD_WORKSPACE_DIRECTORY", "."))
     destination = Path(argv[1]) if len(argv) == 2 else workspace / CHECKED_IN
@@ -28,5 +30,9 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def run() -> None:
+    run_command(main, "metadata_schema")
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    run()
