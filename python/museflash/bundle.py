@@ -367,9 +367,11 @@ class Compression:
     preset: CompressionPreset | None = _doc("null for rules from --compression-config")
     rules: list[CompressionRule]
     groups: list[CompressedGroup]
-    fp16_tensors: int = _doc("large weights (2-D, at least 2^16 elements) matched by no "
-                             "compressing rule, kept fp16")
+    fp16_tensors: int = _doc("streamed weights no rule compressed, kept fp16")
     fp16_bytes: int
+    min_compressible_elements: int | None = _doc(
+        "a weight is compressed only when it is 2-D with at least this many elements; smaller "
+        "ones stay fp16 whatever the rules (null when the exporter did not record it)")
 
 
 @dataclass(frozen=True)

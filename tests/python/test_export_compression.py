@@ -7,6 +7,7 @@ has no weight large enough (2^16 elements) to compress.
 """
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -94,6 +95,12 @@ def test_each_package_stores_what_its_metadata_declares(mixed):
                 key = (COMPRESSION_OPS[group.mode][0], _data_type(group.mode, group.bits))
                 declared[key] = declared.get(key, 0) + stored.tensors
         assert {k: len(v) for k, v in found.items()} == declared, role
+        # The size below which metadata says nothing is compressed holds for every weight the
+        # package rebuilds from a constexpr op.
+        assert compression.min_compressible_elements == MIN_ELEMENTS
+        sizes = [math.prod(d.constant.size for d in op.outputs[0].type.tensorType.dimensions)
+                 for function_ops in ops.values() for op in function_ops]
+        assert sizes and min(sizes) >= compression.min_compressible_elements
         # Every function of the target reads its weights through the same constexpr ops, and
         # the drafter's draft reads the embedding and lm_head through the target's.
         main, prefill = ({op.outputs[0].name for op in ops[f]} for f in ("main", "prefill"))

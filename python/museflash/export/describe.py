@@ -34,7 +34,7 @@ from museflash.bundle import (
     builtin_pair,
     schema_errors,
 )
-from museflash.compression import first_matching_rule
+from museflash.compression import MIN_ELEMENTS, first_matching_rule
 from museflash.export.options import ExportError
 from museflash.export.plan import AssetPlan, CompressionPlan, ExportPlan
 from museflash.export.weights import StoredWeight
@@ -113,7 +113,8 @@ def compression_block(plan: CompressionPlan | None,
                       for role, (n, size) in g["packages"].items()})
             for (rule, mode, bits, block, group_size), g in sorted(
                 groups.items(), key=lambda item: item[0][0])],
-        fp16_tensors=len(fp16), fp16_bytes=sum(fp16.values()))
+        fp16_tensors=len(fp16), fp16_bytes=sum(fp16.values()),
+        min_compressible_elements=MIN_ELEMENTS)
 
 
 def bundle_metadata(plan: ExportPlan, modules: dict[str, torch.nn.Module], source: Source,

@@ -20,7 +20,16 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from museflash.bundle import SUPPORTED_SCHEMA_VERSIONS, Metadata, Name, Source
+from museflash.bundle import (
+    EMBEDDED_METADATA_KEY,
+    METADATA_FILE,
+    SUPPORTED_SCHEMA_VERSIONS,
+    TOKENIZER_FILE,
+    TOKENIZER_FILES,
+    Metadata,
+    Name,
+    Source,
+)
 
 # name -> export flags, and the demo pair it exports: "plain", "with_tokenizer" (the target
 # checkpoint has a tokenizer) or "dflash2" (the drafter is a DFlash2 in z-lab's layout)
@@ -213,12 +222,20 @@ def contract_names() -> dict[str, list[str]]:
             for names in sorted(Name.__subclasses__(), key=lambda names: names.__name__)}
 
 
+def contract_files() -> dict[str, Any]:
+    """The bundle's fixed names (files and the embedded metadata key), so the Swift reader can
+    compare its BundleContract with them."""
+    return {"metadata_file": METADATA_FILE, "embedded_metadata_key": EMBEDDED_METADATA_KEY,
+            "tokenizer_file": TOKENIZER_FILE, "tokenizer_files": list(TOKENIZER_FILES)}
+
+
 def examples() -> dict[str, Any]:
     valid = {name: metadata.to_json() for name, metadata in
              {**exported_metadata(), **compressed_metadata()}.items()}
     return {
         "supported_schema_versions": list(SUPPORTED_SCHEMA_VERSIONS),
         "names": contract_names(),
+        "files": contract_files(),
         "valid": [{"name": name, "metadata": raw} for name, raw in valid.items()],
         "forward_compatible": [{"name": f"{name}_with_unknown_keys", "base": name,
                                 "metadata": _with_unknown_keys(raw)}

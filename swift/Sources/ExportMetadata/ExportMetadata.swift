@@ -226,8 +226,6 @@ public struct ExportMetadata: Codable, Equatable, Sendable {
 extension ExportMetadata {
     /// The target checkpoint's Hugging Face tokenizer files, copied into the export.
     public struct Tokenizer: Codable, Equatable, Sendable {
-        public static let tokenizerFileName = "tokenizer.json"
-
         /// Relative to the export directory; `tokenizer.json` first.
         public var files: [String]
         /// Ids the tokenizer can produce, added tokens included; equals the bundle's `vocab_size`.
@@ -257,23 +255,29 @@ extension ExportMetadata {
         /// In order: the first rule whose `match` fits a checkpoint tensor's name decides it.
         public var rules: [CompressionRule]
         public var groups: [CompressedGroup]
-        /// Large weights matched by no compressing rule, kept fp16.
+        /// Streamed weights no rule compressed, kept fp16.
         public var fp16Tensors: Int
         public var fp16Bytes: Int
+        /// A weight is compressed only when it is 2-D with at least this many elements; smaller
+        /// ones stay fp16 whatever the rules. Nil (null or absent) when the exporter did not
+        /// record it.
+        public var minCompressibleElements: Int?
 
         public init(preset: CompressionPreset?, rules: [CompressionRule], groups: [CompressedGroup],
-                    fp16Tensors: Int, fp16Bytes: Int) {
+                    fp16Tensors: Int, fp16Bytes: Int, minCompressibleElements: Int? = nil) {
             self.preset = preset
             self.rules = rules
             self.groups = groups
             self.fp16Tensors = fp16Tensors
             self.fp16Bytes = fp16Bytes
+            self.minCompressibleElements = minCompressibleElements
         }
 
         enum CodingKeys: String, CodingKey {
             case preset, rules, groups
             case fp16Tensors = "fp16_tensors"
             case fp16Bytes = "fp16_bytes"
+            case minCompressibleElements = "min_compressible_elements"
         }
     }
 

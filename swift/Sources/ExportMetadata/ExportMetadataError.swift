@@ -29,8 +29,6 @@ public enum ExportMetadataError: Error, Equatable, Sendable, CustomStringConvert
 }
 
 extension ExportMetadata {
-    public static let fileName = "metadata.json"
-
     /// Only the version, so an unknown schema can be reported as such even
     /// when the rest of the file no longer matches this model.
     private struct VersionProbe: Decodable {
@@ -39,16 +37,16 @@ extension ExportMetadata {
     }
 
     /// `path` only labels errors.
-    public static func decode(from data: Data, path: String = fileName) throws -> ExportMetadata {
+    public static func decode(from data: Data, path: String = BundleContract.metadataFileName) throws -> ExportMetadata {
         try decode(ExportMetadata.self, from: data, path: path)
     }
 
-    public static func decodeSchemaVersion(from data: Data, path: String = fileName) throws -> Int {
+    public static func decodeSchemaVersion(from data: Data, path: String = BundleContract.metadataFileName) throws -> Int {
         try decode(VersionProbe.self, from: data, path: path).schemaVersion
     }
 
     public static func load(fromExportDirectory directory: URL) throws -> (metadata: ExportMetadata, data: Data) {
-        let url = directory.appendingPathComponent(fileName)
+        let url = directory.appendingPathComponent(BundleContract.metadataFileName)
         let data = try readFile(at: url)
         return (try decode(from: data, path: url.path), data)
     }

@@ -157,10 +157,11 @@ extension LoadedBundle {
                 if declared != 0 || stored != 0 { summary.append("\(label): \(stored)") }
                 guard declared != stored else { continue }
                 var message = "\(label): metadata.json declares \(declared) \(role) weights, the package stores \(stored) compressed"
-                let candidates = analysis.compressibleFP16Weights
+                let minimum = compression.minCompressibleElements
+                let candidates = analysis.fp16Weights(ofAtLeast: minimum)
                 if stored < declared, !candidates.isEmpty {
-                    message += " (fp16 consts of at least \(CompressionAnalysis.compressibleElements) elements, "
-                        + "which might be the others: \(capped(candidates.map(\.label))))"
+                    let which = minimum.map { "fp16 consts of at least \($0) elements" } ?? "2-D fp16 consts"
+                    message += " (\(which), which might be the others: \(capped(candidates.map(\.label))))"
                 }
                 problems.add(message)
             }
@@ -472,10 +473,6 @@ struct CompressionAnalysis {
         var label: String { "\(function).\(name) \(describe(shape.map { Int64(clamping: $0) }))" }
     }
 
-    /// The exporter compresses only 2-D weights of at least this many elements (bundle.py
-    /// `Compression.fp16_tensors`); smaller ones are fp16 whatever the rules.
-    static let compressibleElements: UInt64 = 1 << 16
-
     let package: PackageInterface
     var program: MLProgram? { package.program }
     private(set) var uses: [Use] = []
@@ -487,11 +484,13 @@ struct CompressionAnalysis {
     /// Every 2-D fp16 const of every function.
     private(set) var fp16Weights: [PlainWeight] = []
 
-    /// The distinct fp16 consts large enough that the exporter could have compressed them.
-    var compressibleFP16Weights: [PlainWeight] {
+    /// The distinct 2-D fp16 consts of at least `minimum` elements (metadata.json's
+    /// `compression.min_compressible_elements`: the smallest the exporter compresses; nil, when
+    /// the bundle does not record it: every size).
+    func fp16Weights(ofAtLeast minimum: Int?) -> [PlainWeight] {
         var seen = Set<MILBlobReference>()
         return fp16Weights.filter {
-            MILTensorType(dimensions: $0.shape.map(MILDimension.constant)).elementCount ?? .max >= Self.compressibleElements
+            MILTensorType(dimensions: $0.shape.map(MILDimension.constant)).elementCount ?? .max >= UInt64(max(0, minimum ?? 0))
                 && seen.insert($0.blob).inserted
         }
     }

@@ -28,8 +28,6 @@ public struct ContractChecker {
         self.loadInterface = loadInterface
     }
 
-    public static let embeddedMetadataKey = "museflash.metadata"
-
     public func check(exportDirectory: URL) throws -> ContractReport {
         var isDirectory: ObjCBool = false
         guard FileManager.default.fileExists(atPath: exportDirectory.path, isDirectory: &isDirectory),
@@ -37,7 +35,7 @@ public struct ContractChecker {
             throw ContractInputError.exportDirectoryMissing(path: exportDirectory.path)
         }
 
-        let metadataURL = exportDirectory.appendingPathComponent(ExportMetadata.fileName)
+        let metadataURL = exportDirectory.appendingPathComponent(BundleContract.metadataFileName)
         let metadata: ExportMetadata
         let metadataJSON: JSONValue
         do {

@@ -41,7 +41,7 @@ extension LoadedBundle {
     func embeddedMetadata(_ role: AssetRole) -> PropertyResult {
         evaluate("\(role).embedded_metadata") {
             let package = try package(role)
-            let key = ContractChecker.embeddedMetadataKey
+            let key = BundleContract.embeddedMetadataKey
             guard let text = package.userDefinedMetadata[key] else {
                 throw Violation(detail: "the package has no user-defined metadata entry \(key)")
             }

@@ -10,7 +10,7 @@ import ExportMetadata
 extension LoadedBundle {
     typealias TokenizerSettings = ExportMetadata.Tokenizer
 
-    private var tokenizerFileName: String { TokenizerSettings.tokenizerFileName }
+    private var tokenizerFileName: String { BundleContract.tokenizerFileName }
 
     func tokenizerProperties(_ settings: TokenizerSettings) -> [PropertyResult] {
         let file = loadTokenizerFile(settings)

@@ -19,7 +19,7 @@ public struct MuseflashBundle: Sendable {
         guard FileManager.default.fileExists(atPath: url.path, isDirectory: &isDirectory), isDirectory.boolValue else {
             throw RuntimeError.exportDirectoryMissing(path: url.path)
         }
-        let metadataURL = url.appendingPathComponent(ExportMetadata.fileName)
+        let metadataURL = url.appendingPathComponent(BundleContract.metadataFileName)
         let data = try ExportMetadata.readFile(at: metadataURL)
         let version = try ExportMetadata.decodeSchemaVersion(from: data, path: metadataURL.path)
         guard ExportMetadata.supportedSchemaVersions.contains(version) else {
@@ -52,7 +52,7 @@ public struct MuseflashBundle: Sendable {
     /// tokenizer_config.json's token names (a token is written as its text or as
     /// `{"content": text}`); empty when the file is absent or unreadable.
     static func tokenizerConfig(in url: URL) -> [String: String] {
-        guard let data = try? Data(contentsOf: url.appendingPathComponent("tokenizer_config.json")),
+        guard let data = try? Data(contentsOf: url.appendingPathComponent(BundleContract.tokenizerConfigFileName)),
               let object = try? JSONSerialization.jsonObject(with: data) as? [String: Any] else { return [:] }
         var names: [String: String] = [:]
         for (key, value) in object {

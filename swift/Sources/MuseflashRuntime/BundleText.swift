@@ -11,8 +11,8 @@ extension MuseflashBundle {
             throw RuntimeError.badOption(reason: "\(url.path) has no tokenizer (metadata.json tokenizer is null); export a checkpoint whose folder holds tokenizer.json, or give --prompt-ids")
         }
         let tokenizer = try Tokenizer(directory: url)
-        let metadataPath = url.appendingPathComponent(ExportMetadata.fileName).path
-        let tokenizerPath = url.appendingPathComponent(Tokenizer.fileName).path
+        let metadataPath = url.appendingPathComponent(BundleContract.metadataFileName).path
+        let tokenizerPath = url.appendingPathComponent(BundleContract.tokenizerFileName).path
         for (key, size) in [("vocab_size", metadata.vocabSize), ("tokenizer.vocab_size", listed.vocabSize)]
         where size != tokenizer.vocabularySize {
             throw RuntimeError.badOption(reason: "\(tokenizerPath) has \(tokenizer.vocabularySize) token ids but \(metadataPath) \(key) is \(size); the tokenizer does not belong to this export, re-export it")

@@ -89,8 +89,8 @@ func loadTokenizer(exportDirectory path: String) throws -> Tokenizer {
                       + "export a checkpoint whose folder holds tokenizer.json")
     }
     let tokenizer = try Tokenizer(directory: directory)
-    let metadataPath = directory.appendingPathComponent(ExportMetadata.fileName).path
-    let tokenizerPath = directory.appendingPathComponent(Tokenizer.fileName).path
+    let metadataPath = directory.appendingPathComponent(BundleContract.metadataFileName).path
+    let tokenizerPath = directory.appendingPathComponent(BundleContract.tokenizerFileName).path
     for (key, size) in [("vocab_size", metadata.vocabSize), ("tokenizer.vocab_size", listed.vocabSize)]
     where size != tokenizer.vocabularySize {
         throw Failure(description: "\(tokenizerPath) has \(tokenizer.vocabularySize) token ids but \(metadataPath) "

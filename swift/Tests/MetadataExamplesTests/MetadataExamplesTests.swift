@@ -12,6 +12,7 @@ final class MetadataExamplesTests: XCTestCase {
         var supportedSchemaVersions: [Int]
         /// Every closed set of contract names on the Python side: class name -> spellings.
         var names: [String: [String]]
+        var files: Files
         var valid: [Example]
         var forwardCompatible: [Example]
         var invalid: [Example]
@@ -19,9 +20,25 @@ final class MetadataExamplesTests: XCTestCase {
         enum CodingKeys: String, CodingKey {
             case supportedSchemaVersions = "supported_schema_versions"
             case names
+            case files
             case valid
             case forwardCompatible = "forward_compatible"
             case invalid
+        }
+    }
+
+    /// The bundle's fixed names on the Python side (bundle.py).
+    struct Files: Decodable {
+        var metadataFile: String
+        var embeddedMetadataKey: String
+        var tokenizerFile: String
+        var tokenizerFiles: [String]
+
+        enum CodingKeys: String, CodingKey {
+            case metadataFile = "metadata_file"
+            case embeddedMetadataKey = "embedded_metadata_key"
+            case tokenizerFile = "tokenizer_file"
+            case tokenizerFiles = "tokenizer_files"
         }
     }
 
@@ -70,6 +87,16 @@ final class MetadataExamplesTests: XCTestCase {
 
     func testSupportedSchemaVersionsAgree() throws {
         XCTAssertEqual(try examples().supportedSchemaVersions, ExportMetadata.supportedSchemaVersions)
+    }
+
+    /// BundleContract, every Swift module's file names and embedded metadata key, says what
+    /// bundle.py says.
+    func testBundleFileNamesAgreeWithPython() throws {
+        let python = try examples().files
+        XCTAssertEqual(BundleContract.metadataFileName, python.metadataFile)
+        XCTAssertEqual(BundleContract.embeddedMetadataKey, python.embeddedMetadataKey)
+        XCTAssertEqual(BundleContract.tokenizerFileName, python.tokenizerFile)
+        XCTAssertEqual(BundleContract.tokenizerFileNames, python.tokenizerFiles)
     }
 
     /// Each Swift enum of contract names has exactly the spellings of its Python namesake

@@ -112,6 +112,22 @@ final class CompressionContractTests: XCTestCase {
             detail("target.compression.stored_compressed", report))
     }
 
+    /// A group left short names the fp16 consts the exporter could have compressed instead:
+    /// those of at least metadata.json's `compression.min_compressible_elements` elements.
+    func testShortGroupListsTheFP16ConstsOfAtLeastTheRecordedSize() throws {
+        export.editWeight(role: "target", "p_layers_0_mlp_up_proj_weight") { $0.storage = .fp16 }
+        export.setMetadata(["compression", "min_compressible_elements"], to: 16 * 32)
+        let listed = detail("target.compression.stored_compressed", try report())
+        XCTAssertTrue(listed.contains("fp16 consts of at least 512 elements"), listed)
+        XCTAssertTrue(listed.contains(".p_layers_0_mlp_up_proj_weight [32, 16]"), listed)
+        // Recorded one larger, the weight is too small to have been compressed: not listed.
+        export.setMetadata(["compression", "min_compressible_elements"], to: 16 * 32 + 1)
+        let larger = try report()
+        XCTAssertEqual(larger.result(named: "target.compression.stored_compressed")?.holds, false)
+        let unlisted = detail("target.compression.stored_compressed", larger)
+        XCTAssertFalse(unlisted.contains("p_layers_0_mlp_up_proj_weight"), unlisted)
+    }
+
     func testWeightCompressedInOneFunctionOnlyFailsFunctionsAgree() throws {
         export.editFunction(role: "target", "prefill") { $0.plainWeights = ["p_layers_0_mlp_down_proj_weight"] }
         let report = try report()

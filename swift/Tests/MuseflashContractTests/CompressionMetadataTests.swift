@@ -62,6 +62,23 @@ final class CompressionMetadataTests: XCTestCase {
         XCTAssertEqual(compression.fp16Bytes, 16 * 16 * 2)
     }
 
+    /// `min_compressible_elements` is read when present; a bundle that does not record it
+    /// (null or absent) decodes with nil.
+    func testTheSmallestCompressibleSizeIsReadWhenRecorded() throws {
+        let recorded = try ExportMetadata.decode(from: try data {
+            $0.setMetadata(["compression", "min_compressible_elements"], to: 65536)
+        })
+        XCTAssertEqual(recorded.compression?.minCompressibleElements, 65536)
+        XCTAssertNil(try ExportMetadata.decode(from: try data()).compression?.minCompressibleElements)
+        let null = try ExportMetadata.decode(from: try data {
+            $0.setMetadata(["compression", "min_compressible_elements"], to: NSNull())
+        })
+        XCTAssertNil(null.compression?.minCompressibleElements)
+        XCTAssertEqual(try decodingError {
+            $0.setMetadata(["compression", "min_compressible_elements"], to: "large")
+        }, .wrongType(path: "metadata.json", keyPath: "compression.min_compressible_elements", expected: "an integer"))
+    }
+
     func testPresetsAndVersionOneDecode() throws {
         for preset in ["4bit", "8bit", "palettize4"] {
             let metadata = try ExportMetadata.decode(from: try data { $0.setMetadata(["compression", "preset"], to: preset) })

@@ -59,7 +59,7 @@ final class RandomDamageTests: XCTestCase {
 
             switch damage {
             case .metadataByte:
-                let url = directory.appendingPathComponent(ExportMetadata.fileName)
+                let url = directory.appendingPathComponent(BundleContract.metadataFileName)
                 let change = try replaceByte(in: url, range: nil, using: &generator) { old, generator in
                     old &+ UInt8.random(in: 1...255, using: &generator)
                 }
