@@ -27,6 +27,7 @@ COMMANDS = {
     "runtime_benchmark_main": "--swift-generate:",
     "runtime_goldens_main": "--parity-steps:",
     "tokenizer_goldens_main": "--[no]speed:",
+    "train_demo_dflash2_main": "--selector-rank:",
     "train_demo_drafter_main": "--target-layer-ids:",
     "train_demo_main": "--kv-heads:",
     "verify_main": "--export-dir:",

@@ -1,7 +1,8 @@
-"""tools/train_demo_drafter trains through the models' own entry points, batched: the batched
-drafting equals the drafter's inject_kv + draft block by block, in value and in gradient, and
-the tool runs end to end on a tiny trained target, writing a drafter checkpoint in the real
-layout that the exporter's checks accept and that drafts better than the untrained one."""
+"""tools/train_demo_drafter and tools/train_demo_dflash2 train through the models' own entry
+points, batched: the batched drafting equals the drafter's inject_kv + draft block by block, in
+value and in gradient (and DFlash2's batched selector picks its `draft_tokens`), and both tools
+run end to end on a tiny trained target, writing a drafter checkpoint in the real layout that
+the exporter's checks accept and that drafts better than the untrained one."""
 
 import json
 
@@ -12,7 +13,13 @@ from command_line import run_main
 from museflash.checkpoint.configs import check_configs, read_config
 from museflash.checkpoint.load import load_drafter, load_target
 from museflash.cli import train_demo_drafter_main
-from museflash.demo_checkpoint import TINY_DRAFTER_CONFIG, write_tiny_checkpoints
+from museflash.demo_checkpoint import (
+    TINY_DFLASH2_CONFIG,
+    TINY_DRAFTER_CONFIG,
+    write_tiny_checkpoints,
+)
+from museflash.models.dflash2 import DFlash2Drafter
+from museflash.tools import train_demo_dflash2 as dflash2_trainer
 from museflash.tools import train_demo_drafter as trainer
 
 # Small matrices: one thread is several times faster than two on a shared 2-core machine.
@@ -97,6 +104,40 @@ def test_batched_drafting_has_the_entry_points_values_and_gradients(pair, block)
     assert all(bool(g.abs().max() > 0) for g in batched_grads[-2:])  # the drafter's last layers
 
 
+def test_fp16_rings_train_without_copies_and_with_the_fp32_gradients(pair):
+    """Training gives the drafter fp16 rings (the device's state dtype) so that autograd needs
+    no copies of saved tensors: the loss and gradients are those of fp32 rings with copies, up
+    to fp16 rounding of the cached K/V."""
+    target, drafter, corpus = pair
+    rows = torch.tensor([0, 1, 2, 3])
+    low, _ = trainer._anchor_range(corpus, rows, 4)
+    trained = trainer.trained_parameters(target, drafter)
+    assert not any(name.startswith(("embed_tokens.", "lm_head."))
+                   for name, p in drafter.named_parameters()
+                   if any(p is q for q in trained))
+    results = []
+    for dtype in (torch.float32, torch.float16):
+        drafter.cache_dtype = dtype
+        drafter.reset_caches()
+        for p in trained:
+            p.requires_grad_(True)
+        try:
+            with trainer.saved_tensor_copies(drafter):
+                loss = trainer.block_loss(target, drafter, corpus, rows, low, 4)
+                grads = torch.autograd.grad(loss, trained, allow_unused=True)
+        finally:
+            for p in trained:
+                p.requires_grad_(False)
+        results.append((loss.detach(), grads))
+    drafter.cache_dtype = torch.float32
+    drafter.reset_caches()
+    (loss32, grads32), (loss16, grads16) = results
+    assert torch.allclose(loss16, loss32, rtol=1e-3)
+    for g32, g16 in zip(grads32, grads16, strict=True):
+        if g32 is not None:
+            assert torch.allclose(g16, g32, rtol=2e-2, atol=1e-3 * float(g32.abs().max()))
+
+
 def test_context_before_position_zero_is_hidden_as_at_run_time(pair):
     """Anchors right after a short prompt: the batched blocks inject placeholder features at
     negative positions, which must change nothing against injecting only the real ones."""
@@ -116,6 +157,112 @@ def test_prompts_are_windows_of_the_documents():
     windows = {tuple(doc[i:i + 8]) for doc in documents for i in range(len(doc) - 7)}
     assert {tuple(p) for p in prompts} <= windows
     assert trainer.spread_layer_ids(6) == [1, 3, 5] and trainer.spread_layer_ids(2) == [1]
+
+
+@pytest.fixture(scope="module")
+def dflash2_pair(tmp_path_factory):
+    target_dir, drafter_dir = write_tiny_checkpoints(tmp_path_factory.mktemp("dflash2"),
+                                                     drafter_config=TINY_DFLASH2_CONFIG)
+    target, drafter = trainer.load_pair(target_dir, drafter_dir, max_context=64, max_query=16)
+    prompts = trainer.random_prompts(4, 5, target.config.vocab_size,
+                                     drafter.config.mask_token_id, seed=3)
+    return target, drafter, trainer.generate_corpus_batched(target, prompts, 40)
+
+
+@pytest.mark.parametrize("block", [4, 8])
+def test_dflash2_blocks_get_the_window_per_query_and_the_selector_path(dflash2_pair, block):
+    """DFlash2's first query reaches window - 1 positions back, so its batched blocks carry
+    that much context (placeholders below position 0 included, as v1's), and the batched
+    selector given the drafter's own path as predecessors picks that path."""
+    target, drafter, corpus = dflash2_pair
+    assert trainer.context_length(drafter.config, block) == drafter.config.sliding_window - 1
+    assert dflash2_trainer.check_batched_dflash2(target, drafter, corpus, block=block) < 1e-4
+
+
+def test_the_selector_loss_reaches_the_codebooks_through_true_predecessors(dflash2_pair):
+    target, drafter, corpus = dflash2_pair
+    rows, block = torch.tensor([0, 1, 2, 3]), 4
+    low, _ = trainer._anchor_range(corpus, rows, block)
+    # A random drafter rarely ranks the target's token among its candidates (such positions
+    # are left out of the selector's loss); labelled with each row's argmax, every one counts.
+    with torch.no_grad():
+        _, logits, _, _ = dflash2_trainer.block_outputs(target, drafter, corpus, rows, low,
+                                                        block)
+    tokens = corpus.tokens.clone()
+    tokens[rows[:, None], low[:, None] + torch.arange(1, block)] = logits.argmax(dim=-1)
+    labelled = trainer.Corpus(tokens, corpus.captured, corpus.starts)
+    selector = drafter.candidate_selector
+    trained = [selector.predecessor_codebook, selector.successor_codebook]
+    losses = {}
+    for weight in (0.0, 1.0):
+        for p in trained:
+            p.requires_grad_(True)
+        try:
+            with trainer.saved_tensor_copies(drafter):
+                loss = dflash2_trainer.make_loss(weight)(target, drafter, labelled, rows, low,
+                                                         block)
+                grads = torch.autograd.grad(loss, trained, allow_unused=True)
+        finally:
+            for p in trained:
+                p.requires_grad_(False)
+        losses[weight] = (float(loss.detach()), grads)
+    assert all(g is None or not g.abs().any() for g in losses[0.0][1])
+    assert losses[1.0][0] > losses[0.0][0]
+    predecessor_grad, successor_grad = losses[1.0][1]
+    _, _, labels, predecessors = dflash2_trainer.block_outputs(target, drafter, labelled, rows,
+                                                               low, block)
+    # The predecessors are the anchor, then the target's own tokens: only their rows learn.
+    assert torch.equal(predecessors[:, 1:], labels[:, :-1])
+    touched = predecessor_grad.abs().sum(dim=1).nonzero().flatten()
+    assert set(touched.tolist()) == set(predecessors.flatten().tolist())
+    assert successor_grad.abs().sum() > 0
+
+
+def test_line_prompts_are_bos_and_a_definition_line():
+    from museflash.tools.train_demo import load_tokenizer
+
+    texts = ["import os\n\nclass Parser:\n    def feed(self, data):\n        pass\n",
+             "x = 1  # def not_a_header\nasync def main():\n    await go()\n"]
+    assert trainer.definition_lines(texts) == ["class Parser:", "def feed(self, data):",
+                                               "async def main():"]
+    tokenizer = load_tokenizer(trainer.default_target_dir())
+    prompts = trainer.line_prompts(tokenizer, texts, 12, 4, bos=1, seed=0)
+    assert prompts == trainer.line_prompts(tokenizer, texts, 12, 4, bos=1, seed=0)
+    assert len(prompts) == 12 and all(p[0] == 1 and 2 <= len(p) <= 4 for p in prompts)
+    decoded = {tokenizer.decode(p[1:]) for p in prompts}
+    assert all(any(line.startswith(text) for line in trainer.definition_lines(texts))
+               for text in decoded)
+
+
+def test_prompts_of_several_lengths_are_generated_per_length(pair):
+    target, drafter, _ = pair
+    prompts = [p[:n] for p, n in zip(trainer.random_prompts(
+        5, 9, target.config.vocab_size, drafter.config.mask_token_id, seed=5),
+        (9, 4, 9, 6, 4), strict=True)]
+    corpus = trainer.generate_corpus_grouped(target, prompts, 20)
+    by_length = sorted(prompts, key=len)
+    assert corpus.starts.tolist() == [len(p) for p in by_length]
+    single = trainer.generate_corpus(target, by_length, 20)
+    assert torch.equal(corpus.tokens, single.tokens)
+    assert torch.allclose(corpus.captured, single.captured, rtol=1e-4, atol=1e-5)
+
+
+def test_the_corpus_cache_is_read_only_with_the_same_key(pair, tmp_path):
+    _, _, corpus = pair
+    made = []
+
+    def make():
+        made.append(1)
+        return corpus
+
+    path = tmp_path / "corpus.pt"
+    first, seconds = trainer.cached_corpus(path, {"sequences": 4}, make, log=lambda _l: None)
+    again, recorded = trainer.cached_corpus(path, {"sequences": 4}, make, log=lambda _l: None)
+    assert len(made) == 1 and recorded == seconds
+    assert torch.equal(again.tokens, corpus.tokens) and torch.equal(again.starts, corpus.starts)
+    assert torch.equal(again.captured, corpus.captured)
+    trainer.cached_corpus(path, {"sequences": 5}, make, log=lambda _l: None)
+    assert len(made) == 2
 
 
 # --- The whole tool on a tiny trained target --------------------------------------------------
@@ -151,10 +298,10 @@ def test_tiny_run_distils_a_drafter_the_exporter_accepts(tiny_target, tmp_path):
     out = tmp_path / "trained"
     lines = []
     report = trainer.run(out, target_dir=target_dir, corpus_root=corpus_root,
-                         train_seconds=None, train_steps=150, sequences=48, prompt_length=8,
-                         continuation=24, layers=2, window=16, eval_prompts_count=2,
-                         new_tokens=12, heldout_sequences=8, tf_stride=1, batch=16, lr=1e-2,
-                         log=lines.append)
+                         train_seconds=None, train_steps=150, sequences=40,
+                         line_prompts_count=8, prompt_length=8, continuation=24, layers=2,
+                         window=16, eval_prompts_count=2, new_tokens=12, heldout_sequences=8,
+                         tf_stride=1, batch=16, lr=1e-2, log=lines.append)
     print(trainer.format_report(report))
     assert report["train_steps"] == 150
     drafter_dir = out / "drafter"
@@ -180,6 +327,9 @@ def test_tiny_run_distils_a_drafter_the_exporter_accepts(tiny_target, tmp_path):
             acceptance, length, per_call = report[key][block]
             # tokens per main call: a prompt shorter than a block costs one extra call
             assert 0 <= acceptance <= 1 and 0 <= length <= block - 1 and per_call > 0.5
+    for block in trainer.EVAL_BLOCKS:  # held-out <bos> + definition-line prompts
+        assert 0 <= report["trained_line_prompts"][block][0] <= 1
+    assert report["data"]["sequences"] == 40 and report["data"]["line_prompts"] == 8
     assert report["corpus"]["train_files"] == 24 and report["corpus"]["held_out_files"] == 3
     assert report["corpus"]["same_corpus_as_target"] is True  # train_demo.json's digest
     saved = json.loads((out / "train_demo_drafter.json").read_text())
@@ -187,6 +337,37 @@ def test_tiny_run_distils_a_drafter_the_exporter_accepts(tiny_target, tmp_path):
     rows = [line.split() for line in trainer.format_report(report).splitlines()]
     assert [row[0] for row in rows if row and row[0].isdigit()] == [
         str(block) for block in trainer.EVAL_BLOCKS]
+
+
+def test_tiny_dflash2_run_distils_a_drafter_the_exporter_accepts(tiny_target, tmp_path):
+    target_dir, corpus_root = tiny_target
+    out = tmp_path / "trained"
+    report = dflash2_trainer.run(out, target_dir=target_dir, corpus_root=corpus_root,
+                                 train_seconds=None, train_steps=150, sequences=40,
+                                 line_prompts_count=8, prompt_length=8, continuation=24,
+                                 layers=2, window=16, kernel=2, group=16, rank=8, top_k=4,
+                                 eval_prompts_count=2, new_tokens=12, heldout_sequences=8,
+                                 tf_stride=1, batch=16, lr=1e-2, log=lambda _line: None)
+    print(dflash2_trainer.format_report(report))
+    drafter_dir = out / dflash2_trainer.DRAFTER_DIR
+    checked = check_configs(target_dir, drafter_dir)
+    config = read_config(drafter_dir)
+    assert config["architectures"] == ["DFlash2DraftModel"] and config["is_causal"] is False
+    assert config["dflash_config"]["block_size"] == trainer.BLOCK_SIZE
+    assert config["dflash_config"]["mask_token_id"] == checked.tokenizer.special_tokens["<mask>"]
+    target = load_target(target_dir, drafter_dir, dtype=torch.float32, max_context=64)
+    drafter = load_drafter(drafter_dir, target, target_dir=target_dir, dtype=torch.float32)
+    assert isinstance(drafter, DFlash2Drafter)
+    assert float(drafter.candidate_selector.successor_codebook.abs().max()) > 0
+    for block in trainer.EVAL_BLOCKS:
+        assert report["trained_teacher_forced"][block] > report[
+            "untrained_teacher_forced"][block] + 0.03, block
+        for key in ("trained", "trained_argmax", "trained_sampled", "trained_line_prompts"):
+            acceptance, length, _ = report[key][block]
+            assert 0 <= acceptance <= 1 and 0 <= length <= block - 1
+    saved = json.loads((out / dflash2_trainer.REPORT_FILE).read_text())
+    assert saved["trained_teacher_forced_argmax"]["4"] == report[
+        "trained_teacher_forced_argmax"][4]
 
 
 def test_command_line_flags_reach_the_run(tmp_path, monkeypatch, capsys):
@@ -204,11 +385,13 @@ def test_command_line_flags_reach_the_run(tmp_path, monkeypatch, capsys):
                     "--train-seconds", "7", "--sequences", "16", "--prompt-length", "12",
                     "--continuation", "24", "--layers", "3", "--window", "32",
                     "--target-layer-ids", "0,2", "--batch", "8", "--lr", "1e-3", "--seed", "2",
-                    "--threads", "1") == 0
+                    "--threads", "1", "--line-prompts", "4",
+                    "--corpus-cache", str(tmp_path / "corpus.pt")) == 0
     assert seen == {"output_dir": tmp_path, "target_dir": tmp_path / "t", "corpus_root": None,
                     "train_seconds": 7.0, "train_steps": 5, "sequences": 16,
-                    "prompt_length": 12, "continuation": 24, "layers": 3, "window": 32,
-                    "target_layer_ids": [0, 2], "batch": 8, "lr": 1e-3, "seed": 2}
+                    "line_prompts_count": 4, "prompt_length": 12, "continuation": 24,
+                    "layers": 3, "window": 32, "target_layer_ids": [0, 2], "batch": 8,
+                    "lr": 1e-3, "seed": 2, "corpus_cache": tmp_path / "corpus.pt"}
     assert capsys.readouterr().out == "REPORT report\n"
     # Relative paths are relative to where `bazel run` was typed; the target defaults to the
     # committed demo target (run() resolves None).

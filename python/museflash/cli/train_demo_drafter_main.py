@@ -1,7 +1,8 @@
 """museflash train_demo_drafter: distil the demo DFlash drafter from the trained demo target.
 
   ./bazelw run //:train_demo_drafter -- --output-dir DIR [--target-dir demo/target]
-      [--train-steps 4000 | --train-seconds S] [--layers 3] [--window 32] [--sequences 8192]
+      [--train-steps 8000 | --train-seconds S] [--layers 3] [--window 48] [--sequences 16384]
+      [--line-prompts 8192] [--corpus-cache FILE]
 
 Writes DIR/drafter and DIR/train_demo_drafter.json and prints held-out acceptance for K = 4, 8
 and 16 before and after training (tools/train_demo_drafter.py says how). Relative paths resolve
@@ -26,18 +27,22 @@ flags.DEFINE_string("corpus-root", None, "The target's corpus (default: this int
                     "stdlib).")
 flags.DEFINE_float("train-seconds", None,
                    "Also stop after this many seconds, whichever comes first.")
-flags.DEFINE_integer("train-steps", 4000, "Optimizer steps (about 15 minutes on 2 CPU cores).")
-flags.DEFINE_integer("sequences", 8192,
-                     "Prompts from the training files, continued by the target.")
+flags.DEFINE_integer("train-steps", 8000, "Optimizer steps (about 30 minutes on one CPU core).")
+flags.DEFINE_integer("sequences", 16384,
+                     "Windows of the training files, continued by the target.")
+flags.DEFINE_integer("line-prompts", 8192, "<bos> + a definition line of a training file, "
+                     "continued by the target (prompts of a user's shape).")
 flags.DEFINE_integer("prompt-length", 32, "Tokens per prompt.")
 flags.DEFINE_integer("continuation", 96, "Tokens the target generates after each prompt.")
 flags.DEFINE_integer("layers", 3, "Drafter layers.")
-flags.DEFINE_integer("window", 32,
+flags.DEFINE_integer("window", 48,
                      "Drafter sliding window: context + block positions a draft sees.")
 flags.DEFINE_list("target-layer-ids", None, "e.g. 1,3,5 (default: spread over the depth).")
 flags.DEFINE_integer("batch", 64, "Blocks per optimizer step.")
 flags.DEFINE_float("lr", 2e-3, "Peak learning rate.")
 flags.DEFINE_integer("seed", 0, "Seed of initialisation, prompts and batch order.")
+flags.DEFINE_string("corpus-cache", None, "Keep the generated corpus in this file (reused by a "
+                    "later run with the same target and data settings; several GB).")
 flags.DEFINE_integer("threads", 1, "torch CPU threads (small matrices: 1 is fastest, several "
                      "times so on a machine shared with another job).")
 
@@ -67,9 +72,11 @@ def main(argv: list[str]) -> int:
         target_dir=resolve_user_path(FLAGS["target-dir"].value),
         corpus_root=resolve_user_path(FLAGS["corpus-root"].value),
         train_seconds=FLAGS["train-seconds"].value, train_steps=FLAGS["train-steps"].value,
-        sequences=FLAGS.sequences, prompt_length=FLAGS["prompt-length"].value,
-        continuation=FLAGS.continuation, layers=FLAGS.layers, window=FLAGS.window,
-        target_layer_ids=layer_ids, batch=FLAGS.batch, lr=FLAGS.lr, seed=FLAGS.seed)
+        sequences=FLAGS.sequences, line_prompts_count=FLAGS["line-prompts"].value,
+        prompt_length=FLAGS["prompt-length"].value, continuation=FLAGS.continuation,
+        layers=FLAGS.layers, window=FLAGS.window, target_layer_ids=layer_ids, batch=FLAGS.batch,
+        lr=FLAGS.lr, seed=FLAGS.seed,
+        corpus_cache=resolve_user_path(FLAGS["corpus-cache"].value))
     print(trainer.format_report(report))
     return 0
 

@@ -127,7 +127,6 @@ class MuseGlimmerConfig:
         )
 
 
-
 # --- Checkpoint keys (the Hugging Face multimodal layout) ------------------------------------
 # The text decoder's parameters sit under TARGET_PREFIX, lm_head at the top level; the vision
 # tower's and projector's keys belong to no module here and are ignored.
@@ -141,6 +140,7 @@ def target_checkpoint_key(param_name: str) -> str:
     if param_name.startswith(TARGET_UNPREFIXED):
         return param_name
     return TARGET_PREFIX + param_name
+
 
 class MuseGlimmerAttention(nn.Module):
     def __init__(self, config: MuseGlimmerConfig, layer_id: int):

@@ -1,7 +1,8 @@
 """Distil the demo DFlash drafter from the trained demo target (self-distillation), on CPU.
 
     ./bazelw run //:train_demo_drafter -- --output-dir DIR [--target-dir demo/target]
-        [--train-steps 4000 | --train-seconds S] [--layers 3] [--window 32] [--sequences 8192]
+        [--train-steps 4000 | --train-seconds S] [--layers 3] [--window 32]
+        [--sequences 8192] [--line-prompts N] [--corpus-cache FILE]
 
 Target: a Muse Glimmer checkpoint with its tokenizer (default: the trained demo target
 committed under demo/target, made by //:train_demo from the Python standard library's sources).
@@ -12,13 +13,17 @@ are measured at each K with the config's block_size set to it). Its layers and t
 start from a seeded random initialisation; the embedding and lm_head are borrowed from the
 target and stay frozen.
 
-Data: prompts are random windows of the TRAINING files of the target's corpus (train_demo's
-split by file; `<bos>` + text + `<eos>` per file, as the target saw them), continued greedily by
-the target itself (eager torch, fp32, batched with `generate_corpus_batched`, checked
-token-for-token against the one-sequence-at-a-time `generate_corpus` at every run). For an
-anchor position a of a continuation the drafter sees what it sees at run time: the target
-features injected for the context positions inside its window (fewer near the prompt's start),
-and the block [token_a, MASK x (K-1)]; it learns to predict the target's next K-1 tokens.
+Data: prompts from the TRAINING files of the target's corpus (train_demo's split by file;
+`<bos>` + text + `<eos>` per file, as the target saw them) of two kinds: windows at random
+places (`document_prompts`), and `<bos>` + a function or class header line (`line_prompts`:
+the shape of a prompt a user types, `def fibonacci(n):`, whose continuation starts a sequence).
+Each is continued greedily by the target itself to one length (eager torch, fp32, batched with
+`generate_corpus_batched` per prompt length, checked token-for-token against the
+one-sequence-at-a-time `generate_corpus` at every run); `--corpus-cache` keeps the result for
+later runs with the same settings (and for //:train_demo_dflash2). For an anchor position a of
+a continuation the drafter sees what it sees at run time: the target features injected for the
+context positions inside its window (fewer near the prompt's start), and the block
+[token_a, MASK x (K-1)]; it learns to predict the target's next K-1 tokens.
 
 Everything runs through the models' own code (museflash.models): the target's `hidden_states` /
 `logits` and the drafter's `inject_kv` / `draft`, batched with torch.func.vmap (each sequence or
@@ -31,19 +36,24 @@ after training on prompts from the HELD-OUT files (never trained on, by the targ
 drafter), two ways:
   loop            the speculative loop (runtime/speculative.py) over EAGER torch modules loaded
                   from the written bf16 checkpoint with block_size K (not an export), greedy and
-                  sampled at temperature 0.7 (rejection sampling; a seeded numpy Generator);
+                  sampled at temperature 0.7 (rejection sampling; a seeded numpy Generator) on
+                  windows, and greedy on `<bos>` + definition-line prompts;
   teacher-forced  the batched inject_kv + draft at anchors of held-out greedy continuations:
                   what the greedy loop would accept from each anchor, all anchors alike.
   acceptance      = mean over steps (anchors) of (drafted tokens accepted) / (K - 1)
   accepted length = mean drafted tokens accepted per step (the target's own token not counted)
 
 The functions also serve the tiny random demo pair (tests/python/test_speculative.py fits a
-drafter to it with `load_pair`, `generate_corpus`, `train` and `write_drafter`).
+drafter to it with `load_pair`, `generate_corpus`, `train` and `write_drafter`) and the DFlash2
+distillation (tools/train_demo_dflash2.py).
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
+import re
 import tempfile
 import time
 from dataclasses import dataclass
@@ -61,7 +71,12 @@ from museflash.checkpoint.load import drafter_checkpoint_tensors, load_drafter, 
 from museflash.checkpoint.tensor_files import write_safetensors
 from museflash.models.dflash import DFlashConfig, DFlashDrafter, DFlashEncoder
 from museflash.runtime.sampling import Sampling
-from museflash.runtime.speculative import EagerDrafter, EagerTarget, speculative_generate
+from museflash.runtime.speculative import (
+    Drafted,
+    EagerDrafter,
+    EagerTarget,
+    speculative_generate,
+)
 
 UPSTREAM_ACCEPTANCE = {4: 0.64, 8: 0.30, 16: 0.17}
 EVAL_BLOCKS = (4, 8, 16)
@@ -70,6 +85,9 @@ MAX_CONTEXT = 256
 MAX_QUERY = 128
 PROMPT_LENGTH = 16  # random prompts for the tiny random pair (tests)
 SAMPLED_TEMPERATURE = 0.7
+# The training corpus keeps the target's layer outputs (the encoder's inputs) in fp16, the
+# precision the device computes them in: half the memory of fp32 (3.2 GB for 32768 rows).
+CORPUS_CAPTURE_DTYPE = torch.float16
 
 
 def default_target_dir() -> Path:
@@ -86,13 +104,14 @@ class Corpus:
 
 
 def load_pair(target_dir: Path, drafter_dir: Path, *, max_context: int = MAX_CONTEXT,
-              max_query: int = MAX_QUERY):
-    """fp32 fused target and drafter with fp32 caches (eager reference numerics). The caches
-    hold `max_context` positions and take queries of up to `max_query` tokens."""
+              max_query: int = MAX_QUERY, drafter_cache_dtype: torch.dtype = torch.float32):
+    """fp32 fused target and drafter with fp32 caches (eager reference numerics; training
+    gives the drafter fp16 ring caches, see `train`). The caches hold `max_context` positions
+    and take queries of up to `max_query` tokens."""
     target = load_target(target_dir, drafter_dir, dtype=torch.float32, max_context=max_context,
                          max_query_len=max_query, cache_dtype=torch.float32)
     drafter = load_drafter(drafter_dir, target, target_dir=target_dir, dtype=torch.float32,
-                           max_query_len=max_query, cache_dtype=torch.float32)
+                           max_query_len=max_query, cache_dtype=drafter_cache_dtype)
     return target, drafter
 
 
@@ -116,6 +135,30 @@ def document_prompts(documents: list[list[int]], count: int, length: int,
     return [usable[i][start:start + length]
             for i, start in zip(picks, (rng.integers(0, starts[i]) for i in picks),
                                 strict=True)]
+
+
+# A line a user might start a program with (`def fibonacci(n):`): a function or class header.
+DEFINITION_LINE = re.compile(r"(?:async\s+)?(?:def|class)\s+\w")
+
+
+def definition_lines(texts: list[str]) -> list[str]:
+    """Every line of `texts` that starts a function or class definition, without its
+    indentation, in order (repeats kept: common headers weigh as often as they occur)."""
+    return [line.strip() for text in texts for line in text.splitlines()
+            if DEFINITION_LINE.match(line.lstrip())]
+
+
+def line_prompts(tokenizer, texts: list[str], count: int, max_length: int, bos: int,
+                 seed: int) -> list[list[int]]:
+    """`count` prompts `<bos>` + a definition line of `texts` (seeded picks), cut to
+    `max_length` tokens: the shape of a prompt typed by a user, which starts a sequence."""
+    lines = definition_lines(texts)
+    if not lines:
+        raise ValueError("no definition line (def/class) in the texts")
+    rng = np.random.default_rng(seed)
+    picks = rng.choice(len(lines), size=count, replace=count > len(lines))
+    encoded = tokenizer.encode_batch([lines[i] for i in picks], add_special_tokens=False)
+    return [[bos, *e.ids[:max_length - 1]] for e in encoded]
 
 
 def generate_corpus(target, prompts: list[list[int]], length: int) -> Corpus:
@@ -192,12 +235,14 @@ def batched_hidden_states(target, caches: dict[str, torch.Tensor], ids: torch.Te
 
 
 def draft_blocks(drafter, features: torch.Tensor, ctx_positions: torch.Tensor,
-                 block_ids: torch.Tensor, block_positions: torch.Tensor) -> torch.Tensor:
+                 block_ids: torch.Tensor, block_positions: torch.Tensor,
+                 method: str = "draft") -> torch.Tensor:
     """What the app does for one block, for B blocks at once: on fresh caches, the drafter's
     `inject_kv` of the context features [B, C, H] at ctx_positions [B, C] (C may be 0), then its
-    `draft` of block_ids [B, K] at block_positions [B, K]. Returns logits [B, K, vocab];
-    differentiable in the drafter's weights and in the features."""
-    inject, draft = _Method(drafter, "inject_kv"), _Method(drafter, "draft")
+    `draft` of block_ids [B, K] at block_positions [B, K]. Returns logits [B, K, vocab] (or
+    what `method` returns instead of `draft`, e.g. DFlash2's `_draft_hidden`); differentiable
+    in the drafter's weights and in the features."""
+    inject, draft = _Method(drafter, "inject_kv"), _Method(drafter, method)
     with_context = features.shape[1] > 0
 
     def one(row_caches, row_features, row_ctx, row_ids, row_positions):
@@ -211,10 +256,11 @@ def draft_blocks(drafter, features: torch.Tensor, ctx_positions: torch.Tensor,
 
 
 def generate_corpus_batched(target, prompts: list[list[int]], length: int,
-                            chunk: int = 512) -> Corpus:
+                            chunk: int = 512,
+                            capture_dtype: torch.dtype = torch.float32) -> Corpus:
     """`generate_corpus` for many prompts of one length at once: the same calls of the target's
-    own `hidden_states` and `logits`, each row with its own caches.
-    `check_batched_generation` compares the two."""
+    own `hidden_states` and `logits`, each row with its own caches; the encoder inputs kept as
+    `capture_dtype`. `check_batched_generation` compares the two."""
     if len({len(p) for p in prompts}) != 1:
         raise ValueError("batched generation needs prompts of one length")
     rows, captures = [], []
@@ -233,9 +279,60 @@ def generate_corpus_batched(target, prompts: list[list[int]], length: int,
                 step_ids = target.logits(hidden[:, -1:]).argmax(dim=-1)
                 tokens = torch.cat([tokens, step_ids], dim=1)
             rows.append(tokens)
-            captures.append(torch.cat(fed, dim=1))
+            captures.append(torch.cat(fed, dim=1).to(capture_dtype))
     return Corpus(torch.cat(rows), torch.cat(captures),
                   torch.full((len(prompts),), len(prompts[0])))
+
+
+def generate_corpus_grouped(target, prompts: list[list[int]], length: int, chunk: int = 512,
+                            capture_dtype: torch.dtype = torch.float32) -> Corpus:
+    """`generate_corpus_batched` for prompts of several lengths: one batched generation per
+    prompt length (rows ordered by prompt length, then as given), each row's `starts` its own
+    prompt length. The encoder inputs go straight into one [N, length, width] tensor."""
+    by_length: dict[int, list[list[int]]] = {}
+    for prompt in prompts:
+        by_length.setdefault(len(prompt), []).append(prompt)
+    width = len(target.target_layer_ids) * target.config.hidden_size
+    captured = torch.empty((len(prompts), length, width), dtype=capture_dtype)
+    tokens, starts, row = [], [], 0
+    for _, group in sorted(by_length.items()):
+        part = generate_corpus_batched(target, group, length, chunk, capture_dtype)
+        captured[row:row + len(group)] = part.captured
+        tokens.append(part.tokens)
+        starts.append(part.starts)
+        row += len(group)
+    return Corpus(torch.cat(tokens), captured, torch.cat(starts))
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def cached_corpus(path: Path | None, key: dict[str, Any], make, log=print) -> tuple[Corpus, float]:
+    """(corpus, seconds its generation took): read from `path` when it holds a corpus made
+    with the same `key` (the target's weights and every setting the generation depends on),
+    else made by `make()` and, with a `path`, saved there for the next run."""
+    text = json.dumps(key, sort_keys=True)
+    if path is not None and path.is_file():
+        saved = torch.load(path, weights_only=True)
+        if saved.get("key") == text:
+            log(f"[train] corpus read from {path} (generated in "
+                f"{saved['generation_seconds']:.0f} s by an earlier run)")
+            return (Corpus(saved["tokens"], saved["captured"], saved["starts"]),
+                    float(saved["generation_seconds"]))
+        log(f"[train] {path} holds a corpus made with other settings; generating anew")
+    began = time.monotonic()
+    corpus = make()
+    seconds = time.monotonic() - began
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"key": text, "generation_seconds": seconds, "tokens": corpus.tokens,
+                    "captured": corpus.captured, "starts": corpus.starts}, path)
+    return corpus, seconds
 
 
 def check_batched_generation(target, prompts: list[list[int]], length: int) -> float:
@@ -281,18 +378,28 @@ def check_batched_drafting(target, drafter, corpus: Corpus, block: int = 4,
     return worst
 
 
+def context_length(config, block: int) -> int:
+    """Injected positions a block of K sees before its anchor: the window - K before it when
+    the window is the block's (DFlash v1, none when K fills it), the window - 1 its first
+    query reaches with z-lab's window per query (|q - k| < window; DFlash2)."""
+    if config.window_per_query:
+        return config.sliding_window - 1
+    return max(0, config.sliding_window - block)
+
+
 def _blocks(target, drafter, corpus: Corpus, rows: torch.Tensor, anchors: torch.Tensor,
             block: int):
     """`draft_blocks` inputs and labels [B, K-1] for blocks at `anchors` of `rows`, with the
-    context run time gives them: the injected positions inside the drafter's window, i.e. the
-    window - K positions before the anchor (none when K fills the window). Near the start of a
-    sequence some of them are negative: the ring mask hides those slots (a slot written with
-    position p < 0 reads back as p, not >= 0), so such a block sees only the real positions,
-    as at run time, and their (placeholder) features get no gradient."""
-    ctx = max(0, drafter.config.sliding_window - block)
+    context run time gives them: the injected positions inside the drafter's window
+    (`context_length`). Near the start of a sequence some of them are negative: the ring mask
+    hides those slots (a slot written with position p < 0 reads back as p, not >= 0), so such
+    a block sees only the real positions, as at run time, and their (placeholder) features get
+    no gradient."""
+    ctx = context_length(drafter.config, block)
     ctx_pos = anchors[:, None] + torch.arange(-ctx, 0)
     block_pos = anchors[:, None] + torch.arange(block)
-    features = target.encoder([corpus.captured[rows[:, None], ctx_pos.clamp(min=0)]])
+    features = target.encoder([corpus.captured[rows[:, None], ctx_pos.clamp(min=0)]
+                               .to(torch.float32)])
     ids = torch.full((len(rows), block), drafter.config.mask_token_id)
     ids[:, 0] = corpus.tokens[rows, anchors]
     labels = corpus.tokens[rows[:, None], block_pos[:, 1:]]
@@ -312,17 +419,48 @@ def loss_decay(block: int) -> float:
     return 7.0 if block >= 16 else 5.0 if block >= 8 else 4.0
 
 
+def block_loss(target, drafter, corpus: Corpus, rows: torch.Tensor, anchors: torch.Tensor,
+               block: int) -> torch.Tensor:
+    """The drafted positions' cross-entropy against the target's tokens, position i (1-based)
+    weighted exp(-(i - 1) / gamma) (`loss_decay`), averaged over the blocks."""
+    decay = torch.exp(-torch.arange(block - 1, dtype=torch.float32) / loss_decay(block))
+    inputs, labels = _blocks(target, drafter, corpus, rows, anchors, block)
+    logits = draft_blocks(drafter, *inputs)[:, 1:]
+    losses = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                         labels.reshape(-1), reduction="none")
+    return (losses.reshape(len(rows), -1) * decay).sum() / (decay.sum() * len(rows))
+
+
+def trained_parameters(target, drafter) -> list[nn.Parameter]:
+    """The encoder (stored with the drafter, run inside the fused target) and every parameter
+    of the drafter but the borrowed embedding and lm_head."""
+    own = [p for name, p in drafter.named_parameters()
+           if not name.startswith(("embed_tokens.", "lm_head."))]
+    return list(target.encoder.parameters()) + own
+
+
+def saved_tensor_copies(drafter):
+    """What autograd needs around the drafter's entry points. Each drafter layer writes its
+    ring cache in place after the previous layer read its own: with fp32 caches that read is a
+    view of the same buffer, which autograd refuses unless the tensors it saved are copied when
+    mutated (allow_mutation_on_saved_tensors, a dispatch mode that costs time on every op).
+    With fp16 caches, the device's state dtype, a read is an fp32 copy and nothing is needed:
+    autograd's version counters would still catch a saved tensor changed in place."""
+    if drafter.caches[0].dtype == torch.float32:
+        return torch.autograd.graph.allow_mutation_on_saved_tensors()
+    return contextlib.nullcontext()
+
+
 def train(target, drafter, corpus: Corpus, *, steps: int | None, seconds: float | None,
           batch: int = 64, lr: float = 3e-3, seed: int = 0, blocks: tuple[int, ...] = EVAL_BLOCKS,
-          log=print) -> int:
-    """Trains the encoder (stored with the drafter, run inside the fused target), the drafter
-    layers and its final norm in place; the borrowed embedding and lm_head stay frozen. Stops
-    after `steps` or `seconds`, whichever comes first; the learning rate warms up over the
-    first 5% of that budget and decays linearly to 0 (by the elapsed fraction of it). Steps
-    cycle through `blocks` (K), anchors uniform over the generated positions."""
+          loss_fn=block_loss, log=print) -> int:
+    """Trains `trained_parameters` in place (the borrowed embedding and lm_head stay frozen)
+    on `loss_fn` (`block_loss`) of batches of blocks. Stops after `steps` or `seconds`,
+    whichever comes first; the learning rate warms up over the first 5% of that budget and
+    decays linearly to 0 (by the elapsed fraction of it). Steps cycle through `blocks` (K),
+    anchors uniform over the generated positions."""
     generator = torch.Generator().manual_seed(seed)
-    params = (list(target.encoder.parameters()) + list(drafter.layers.parameters())
-              + list(drafter.norm.parameters()))
+    params = trained_parameters(target, drafter)
     for p in params:
         p.requires_grad_(True)
     optimizer = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.98), weight_decay=0.0)
@@ -346,16 +484,8 @@ def train(target, drafter, corpus: Corpus, *, steps: int | None, seconds: float 
         anchors = low + (torch.rand(batch, generator=generator) * (high - low)).long()
         # Rows too short for this block keep their last whole block (prompt labels included).
         anchors = anchors.clamp(max=corpus.tokens.shape[1] - block)
-        decay = torch.exp(-torch.arange(block - 1, dtype=torch.float32) / loss_decay(block))
-        # Each drafter layer writes its cache in place after the previous layer read its own
-        # (a view of the same buffer, with fp32 caches); autograd refuses that unless the
-        # tensors it saved are copied when mutated.
-        with torch.autograd.graph.allow_mutation_on_saved_tensors():
-            inputs, labels = _blocks(target, drafter, corpus, rows, anchors, block)
-            logits = draft_blocks(drafter, *inputs)[:, 1:]
-            losses = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                                 labels.reshape(-1), reduction="none")
-            loss = (losses.reshape(batch, -1) * decay).sum() / (decay.sum() * batch)
+        with saved_tensor_copies(drafter):
+            loss = loss_fn(target, drafter, corpus, rows, anchors, block)
             optimizer.zero_grad()
             loss.backward()
         nn.utils.clip_grad_norm_(params, 1.0)
@@ -474,12 +604,22 @@ def write_initial_drafter(target_dir: Path, config: dict[str, Any], out_dir: Pat
     return out_dir
 
 
-def corpus_documents(target_dir: Path, corpus_root: Path | None = None):
-    """(training, held-out) documents of the target's corpus: train_demo's split by file,
-    each file `<bos>` + text + `<eos>` with the target's tokenizer, and the corpus figures.
-    When the target's run report (train_demo.json beside the target directory) is there, its
-    corpus settings are used and `same_corpus_as_target` says whether the training files'
-    digest matches it."""
+@dataclass
+class Split:
+    """The target's corpus as train_demo split it: each file `<bos>` + text + `<eos>` in the
+    target's tokenizer, the files' texts, and the corpus figures."""
+    train: list[list[int]]
+    held_out: list[list[int]]
+    train_texts: list[str]
+    held_out_texts: list[str]
+    tokenizer: Any
+    stats: dict[str, Any]
+
+
+def corpus_split(target_dir: Path, corpus_root: Path | None = None) -> Split:
+    """train_demo's split by file of the target's corpus. When the target's run report
+    (train_demo.json beside the target directory) is there, its corpus settings are used and
+    `same_corpus_as_target` says whether the training files' digest matches it."""
     from museflash.tools import train_demo
 
     run_report = Path(target_dir).parent / "train_demo.json"
@@ -493,23 +633,36 @@ def corpus_documents(target_dir: Path, corpus_root: Path | None = None):
     stats = corpus.stats()
     digest = recorded.get("corpus", {}).get("train_sha256")
     stats["same_corpus_as_target"] = None if digest is None else digest == stats["train_sha256"]
-    return (train_demo.encode_files(tokenizer, corpus.train),
-            train_demo.encode_files(tokenizer, corpus.held_out), stats)
+    return Split(train_demo.encode_files(tokenizer, corpus.train),
+                 train_demo.encode_files(tokenizer, corpus.held_out),
+                 [f.text for f in corpus.train], [f.text for f in corpus.held_out], tokenizer,
+                 stats)
+
+
+class ArgmaxDrafter(EagerDrafter):
+    """An eager drafter whose proposals are each drafted row's argmax: a DFlash2 drafter with
+    its candidate selector bypassed (the same as EagerDrafter for DFlash v1)."""
+
+    def draft(self, ids, positions) -> Drafted:
+        return Drafted(super().draft(ids, positions).logits)
 
 
 def measure_acceptance(target_dir: Path, drafter_dir: Path, block: int, prompts: list[list[int]],
                        new_tokens: int, sampling: Sampling | None = None,
-                       seed: int = 0) -> tuple[float, float, float]:
+                       seed: int = 0, selector: bool = True) -> tuple[float, float, float]:
     """(acceptance, mean accepted length, tokens per main call) of the eager speculative loop,
     with the checkpoint as written (bf16 weights, like an export would read them); greedy, or
-    sampled with `sampling` (numpy Generator seeded with `seed`)."""
-    context = -(-(len(prompts[0]) + new_tokens + block) // 32) * 32
+    sampled with `sampling` (numpy Generator seeded with `seed`). A DFlash2 drafter proposes
+    its selector's `draft_tokens`, or with `selector` False each row's argmax. Prompts may differ in
+    length: the prefill chunk is the longest one's, shorter ones are padded (as an export pads
+    a prompt shorter than its prefill chunk)."""
+    longest = max(len(p) for p in prompts)
+    context = -(-(longest + new_tokens + block) // 32) * 32
     target, drafter = load_pair(target_dir, drafter_dir, max_context=max(MAX_CONTEXT, context))
     mask = drafter.config.mask_token_id
     # A prompt shorter than a block is padded to one, as an export's prefill chunk pads it.
-    eager_target = EagerTarget(target, prefill_length=max(len(prompts[0]), block),
-                               verify_length=block)
-    eager_drafter = EagerDrafter(drafter)
+    eager_target = EagerTarget(target, prefill_length=max(longest, block), verify_length=block)
+    eager_drafter = (EagerDrafter if selector else ArgmaxDrafter)(drafter)
     rng = np.random.default_rng(seed) if sampling is not None else None
     accepted, per_call = [], []
     with torch.no_grad():
@@ -523,19 +676,21 @@ def measure_acceptance(target_dir: Path, drafter_dir: Path, block: int, prompts:
 
 
 def with_block_sizes(target, drafter, source_dir: Path, out_root: Path, name: str,
-                     final: Path | None = None) -> dict[int, Path]:
-    """Checkpoint dirs for every evaluated block size (same weights); `final`, when given,
-    is the BLOCK_SIZE one (the drafter this tool delivers)."""
+                     final: Path | None = None, writer=write_drafter) -> dict[int, Path]:
+    """Checkpoint dirs for every evaluated block size (same weights, written by `writer`);
+    `final`, when given, is the BLOCK_SIZE one (the drafter this tool delivers)."""
     dirs = {}
     for block in EVAL_BLOCKS:
         out = final if final is not None and block == BLOCK_SIZE else out_root / f"{name}-k{block}"
-        dirs[block] = write_drafter(target, drafter, source_dir, out, block)
+        dirs[block] = writer(target, drafter, source_dir, out, block)
     return dirs
 
 
 def loop_acceptance(target_dir: Path, dirs: dict[int, Path], prompts: list[list[int]],
-                    new_tokens: int, sampling: Sampling | None, seed: int) -> dict[int, tuple]:
-    return {k: measure_acceptance(target_dir, d, k, prompts, new_tokens, sampling, seed + k)
+                    new_tokens: int, sampling: Sampling | None, seed: int,
+                    selector: bool = True) -> dict[int, tuple]:
+    return {k: measure_acceptance(target_dir, d, k, prompts, new_tokens, sampling, seed + k,
+                                  selector)
             for k, d in dirs.items()}
 
 
@@ -543,32 +698,78 @@ def _roundup32(n: int) -> int:
     return -(-n // 32) * 32
 
 
+@dataclass
+class Data:
+    """What a distillation run trains and is measured on."""
+    corpus: Corpus  # the target's greedy continuations of prompts from the training files
+    heldout: Corpus  # ... of held-out windows: the teacher-forced figures
+    prompts: list[list[int]]  # held-out windows: the loop figures
+    line_prompts: list[list[int]]  # held-out `<bos>` + definition line: the loop figures
+    report: dict[str, Any]
+
+
+def distillation_data(target, target_dir: Path, split: Split, *, sequences: int,
+                      line_prompts_count: int, prompt_length: int, continuation: int, seed: int,
+                      eval_prompts_count: int, heldout_sequences: int,
+                      corpus_cache: Path | None = None, log=print) -> Data:
+    """The training corpus: `sequences` windows of `prompt_length` tokens at random places of
+    the training files and `line_prompts_count` prompts `<bos>` + a definition line of a
+    training file (at most `prompt_length` tokens), every row continued greedily by `target`
+    to prompt_length + continuation tokens in all (generated once per prompt length;
+    `corpus_cache` keeps it between runs). And the held-out prompts of both kinds."""
+    from museflash.tools.train_demo import BOS_ID
+
+    length = prompt_length + continuation
+    train_prompts = (document_prompts(split.train, sequences, prompt_length, seed)
+                     if sequences else [])
+    train_prompts += (line_prompts(split.tokenizer, split.train_texts, line_prompts_count,
+                                   prompt_length, BOS_ID, seed) if line_prompts_count else [])
+    if not train_prompts:
+        raise ValueError("no training prompts: give sequences or line prompts")
+    first = [p for p in train_prompts if len(p) == len(train_prompts[0])][:3]
+    log(f"[train] batched generation vs generate_corpus: identical tokens, encoder inputs "
+        f"rel error {check_batched_generation(target, first, length):.1e}")
+    key = {"target_weights_sha256": file_sha256(Path(target_dir) / "model.safetensors"),
+           "capture_dtype": str(CORPUS_CAPTURE_DTYPE),
+           "train_sha256": split.stats["train_sha256"], "sequences": sequences,
+           "line_prompts": line_prompts_count, "prompt_length": prompt_length,
+           "length": length, "seed": seed, "target_layer_ids": list(target.target_layer_ids)}
+    corpus, seconds = cached_corpus(
+        corpus_cache, key,
+        lambda: generate_corpus_grouped(target, train_prompts, length,
+                                        capture_dtype=CORPUS_CAPTURE_DTYPE), log)
+    generated = int((length - corpus.starts).sum())
+    report = {"sequences": sequences, "line_prompts": line_prompts_count,
+              "prompt_length": prompt_length, "continuation": continuation,
+              "generated_tokens": generated, "generation_seconds": seconds}
+    log(f"[train] data: {sequences} windows + {line_prompts_count} <bos>-led definition lines "
+        f"from the training files, continued to {length} tokens: {generated} generated tokens "
+        f"in {seconds:.0f} s")
+    # Held-out: prompts from the held-out files, which trained neither model.
+    heldout = generate_corpus_batched(
+        target, document_prompts(split.held_out, heldout_sequences, prompt_length, seed + 2),
+        length)
+    return Data(corpus, heldout,
+                document_prompts(split.held_out, eval_prompts_count, prompt_length, seed + 1),
+                line_prompts(split.tokenizer, split.held_out_texts, eval_prompts_count,
+                             prompt_length, BOS_ID, seed + 3), report)
+
+
 def run(output_dir: Path, *, target_dir: Path | None = None, corpus_root: Path | None = None,
         train_seconds: float | None, train_steps: int | None, sequences: int,
-        prompt_length: int = 32, continuation: int = 96, layers: int = 3, window: int = 32,
-        target_layer_ids: list[int] | None = None, seed: int = 0, eval_prompts_count: int = 16,
-        new_tokens: int = 64, heldout_sequences: int = 96, tf_stride: int = 3,
-        batch: int = 64, lr: float = 2e-3, temperature: float | None = SAMPLED_TEMPERATURE,
+        line_prompts_count: int = 0, prompt_length: int = 32, continuation: int = 96,
+        layers: int = 3, window: int = 32, target_layer_ids: list[int] | None = None,
+        seed: int = 0, eval_prompts_count: int = 16, new_tokens: int = 64,
+        heldout_sequences: int = 96, tf_stride: int = 3, batch: int = 64, lr: float = 2e-3,
+        temperature: float | None = SAMPLED_TEMPERATURE, corpus_cache: Path | None = None,
         log=print) -> dict:
     output_dir = Path(output_dir)
-    target_dir = Path(target_dir) if target_dir is not None else default_target_dir()
-    if not (target_dir / "config.json").is_file():
-        raise FileNotFoundError(f"no target checkpoint in {target_dir} (make one with "
-                                "//:train_demo, or pass --target-dir)")
+    target_dir = resolve_target_dir(target_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
     wall = time.monotonic()
-    report: dict = {"acceptance_definition": "mean over decode steps of accepted/(K-1); "
-                    "accepted length = drafted tokens accepted per step", "measured_with":
-                    "eager torch (fp32 compute, bf16 checkpoint weights), not an export",
-                    "target_dir": str(target_dir)}
-    train_docs, heldout_docs, stats = corpus_documents(target_dir, corpus_root)
-    report["corpus"] = {key: stats[key] for key in (
-        "root", "train_files", "held_out_files", "train_sha256", "held_out_sha256",
-        "same_corpus_as_target")}
-    if stats["same_corpus_as_target"] is False:
-        log("[train] warning: these training files differ from the ones train_demo.json "
-            "records for the target (another Python version?); the split rule is the same")
+    report = new_report(target_dir)
+    split = load_split(target_dir, corpus_root, report, log)
     config = drafter_config(target_dir, layers=layers, window=window,
                             target_layer_ids=target_layer_ids)
     report["drafter_config"] = config
@@ -578,76 +779,120 @@ def run(output_dir: Path, *, target_dir: Path | None = None, corpus_root: Path |
     with tempfile.TemporaryDirectory(prefix="museflash-train-") as scratch:
         initial = write_initial_drafter(target_dir, config, Path(scratch) / "initial", seed)
         # Caches no larger than the corpus needs: every call writes and reads all of them.
+        # The drafter's ring in fp16, the device's state dtype: training then needs no copies
+        # of saved tensors (`saved_tensor_copies`), which roughly halves a step's time.
         target, drafter = load_pair(target_dir, initial, max_context=_roundup32(length),
-                                    max_query=max(prompt_length, window, *EVAL_BLOCKS))
+                                    max_query=max(prompt_length, window, *EVAL_BLOCKS),
+                                    drafter_cache_dtype=torch.float16)
         report["drafter_parameters"] = sum(p.numel() for m in (target.encoder, drafter.layers,
                                                                drafter.norm)
                                            for p in m.parameters())
-        train_prompts = document_prompts(train_docs, sequences, prompt_length, seed)
-        log(f"[train] batched generation vs generate_corpus: identical tokens, encoder inputs "
-            f"rel error {check_batched_generation(target, train_prompts[:3], length):.1e}")
-        began = time.monotonic()
-        corpus = generate_corpus_batched(target, train_prompts, length)
-        report["data"] = {"sequences": sequences, "prompt_length": prompt_length,
-                          "continuation": continuation,
-                          "generated_tokens": sequences * continuation,
-                          "generation_seconds": time.monotonic() - began}
-        log(f"[train] data: {sequences} prompts from the training files x {continuation} "
-            f"generated tokens in {report['data']['generation_seconds']:.0f} s")
+        data = distillation_data(target, target_dir, split, sequences=sequences,
+                                 line_prompts_count=line_prompts_count,
+                                 prompt_length=prompt_length, continuation=continuation,
+                                 seed=seed, eval_prompts_count=eval_prompts_count,
+                                 heldout_sequences=heldout_sequences, corpus_cache=corpus_cache,
+                                 log=log)
+        report["data"] = data.report
         log(f"[train] batched vs one-block inject_kv+draft: rel error "
-            f"{check_batched_drafting(target, drafter, corpus):.1e}")
-        # Held-out: prompts from the held-out files, which trained neither model.
-        prompts = document_prompts(heldout_docs, eval_prompts_count, prompt_length, seed + 1)
-        heldout = generate_corpus_batched(
-            target, document_prompts(heldout_docs, heldout_sequences, prompt_length, seed + 2),
-            length)
-        sampling = Sampling(temperature) if temperature else None
+            f"{check_batched_drafting(target, drafter, data.corpus):.1e}")
         untrained = with_block_sizes(target, drafter, initial, Path(scratch), "untrained")
-        report["untrained"] = loop_acceptance(target_dir, untrained, prompts, new_tokens, None,
-                                              seed)
+        report["untrained"] = loop_acceptance(target_dir, untrained, data.prompts, new_tokens,
+                                              None, seed)
         report["untrained_teacher_forced"] = {
-            k: teacher_forced_acceptance(target, drafter, heldout, k, stride=tf_stride)
+            k: teacher_forced_acceptance(target, drafter, data.heldout, k, stride=tf_stride)
             for k in EVAL_BLOCKS}
         log("[train] untrained: " + ", ".join(
             f"K={k} {100 * report['untrained'][k][0]:.1f}%" for k in EVAL_BLOCKS))
         began = time.monotonic()
-        steps = train(target, drafter, corpus, steps=train_steps, seconds=train_seconds,
+        steps = train(target, drafter, data.corpus, steps=train_steps, seconds=train_seconds,
                       batch=batch, lr=lr, seed=seed, log=log)
         report["train_steps"], report["train_seconds"] = steps, time.monotonic() - began
         report["batch"], report["lr"] = batch, lr
+        report["training_ring_cache_dtype"] = "float16"
         report["trained_teacher_forced"] = {
-            k: teacher_forced_acceptance(target, drafter, heldout, k, stride=tf_stride)
+            k: teacher_forced_acceptance(target, drafter, data.heldout, k, stride=tf_stride)
             for k in EVAL_BLOCKS}
         final = output_dir / "drafter"
         trained = with_block_sizes(target, drafter, initial, Path(scratch), "trained", final)
-        report["trained"] = loop_acceptance(target_dir, trained, prompts, new_tokens, None, seed)
-        if sampling is not None:
-            report["trained_sampled"] = loop_acceptance(target_dir, trained, prompts,
-                                                        new_tokens, sampling, seed)
-    report["eval"] = {"loop_prompts": eval_prompts_count, "prompt_length": prompt_length,
-                      "new_tokens": new_tokens, "teacher_forced_sequences": heldout_sequences,
-                      "teacher_forced_stride": tf_stride, "temperature": temperature}
+        measure_trained(report, target_dir, trained, data, new_tokens, temperature, seed)
+    report["eval"] = eval_settings(eval_prompts_count, prompt_length, new_tokens,
+                                   heldout_sequences, tf_stride, temperature)
     report["drafter_dir"] = str(final)
     report["wall_seconds"] = time.monotonic() - wall
     (output_dir / "train_demo_drafter.json").write_text(json.dumps(report, indent=2) + "\n")
     return report
 
 
+def resolve_target_dir(target_dir: Path | None) -> Path:
+    target_dir = Path(target_dir) if target_dir is not None else default_target_dir()
+    if not (target_dir / "config.json").is_file():
+        raise FileNotFoundError(f"no target checkpoint in {target_dir} (make one with "
+                                "//:train_demo, or pass --target-dir)")
+    return target_dir
+
+
+def new_report(target_dir: Path) -> dict[str, Any]:
+    return {"acceptance_definition": "mean over decode steps of accepted/(K-1); "
+            "accepted length = drafted tokens accepted per step", "measured_with":
+            "eager torch (fp32 compute, bf16 checkpoint weights), not an export",
+            "target_dir": str(target_dir)}
+
+
+def load_split(target_dir: Path, corpus_root: Path | None, report: dict, log=print) -> Split:
+    split = corpus_split(target_dir, corpus_root)
+    report["corpus"] = {key: split.stats[key] for key in (
+        "root", "train_files", "held_out_files", "train_sha256", "held_out_sha256",
+        "same_corpus_as_target")}
+    if split.stats["same_corpus_as_target"] is False:
+        log("[train] warning: these training files differ from the ones train_demo.json "
+            "records for the target (another Python version?); the split rule is the same")
+    return split
+
+
+def measure_trained(report: dict, target_dir: Path, trained: dict[int, Path], data: Data,
+                    new_tokens: int, temperature: float | None, seed: int) -> None:
+    """The loop figures of the written checkpoints: greedy and sampled on held-out windows,
+    greedy on held-out `<bos>` + definition-line prompts."""
+    report["trained"] = loop_acceptance(target_dir, trained, data.prompts, new_tokens, None,
+                                        seed)
+    if temperature:
+        report["trained_sampled"] = loop_acceptance(target_dir, trained, data.prompts,
+                                                    new_tokens, Sampling(temperature), seed)
+    report["trained_line_prompts"] = loop_acceptance(target_dir, trained, data.line_prompts,
+                                                     new_tokens, None, seed)
+
+
+def eval_settings(eval_prompts_count: int, prompt_length: int, new_tokens: int,
+                  heldout_sequences: int, tf_stride: int,
+                  temperature: float | None) -> dict[str, Any]:
+    return {"loop_prompts": eval_prompts_count, "prompt_length": prompt_length,
+            "line_prompts": "<bos> + a definition line of a held-out file, at most "
+            f"{prompt_length} tokens", "new_tokens": new_tokens,
+            "teacher_forced_sequences": heldout_sequences, "teacher_forced_stride": tf_stride,
+            "temperature": temperature}
+
+
 def format_report(report: dict) -> str:
     data, evaluation = report["data"], report["eval"]
     sampled = report.get("trained_sampled")
+    lined = report.get("trained_line_prompts")
     temperature = evaluation.get("temperature")
     lines = [f"acceptance ({report['acceptance_definition']}; {report['measured_with']}), "
              f"held-out prompts; trained {report['train_steps']} steps / "
-             f"{report['train_seconds']:.0f} s on {data['sequences']} prompts x "
-             f"{data['continuation']} generated tokens (generated in "
-             f"{data['generation_seconds']:.0f} s)",
+             f"{report['train_seconds']:.0f} s on {data['sequences']} windows + "
+             f"{data.get('line_prompts', 0)} <bos>-led definition lines continued to "
+             f"{data['prompt_length'] + data['continuation']} tokens "
+             f"({data['generated_tokens']} generated in {data['generation_seconds']:.0f} s)",
              f"  loop: {evaluation['loop_prompts']} prompts of {evaluation['prompt_length']} "
              f"tokens x {evaluation['new_tokens']} new tokens; teacher-forced: anchors at "
              f"stride {evaluation['teacher_forced_stride']} in "
-             f"{evaluation['teacher_forced_sequences']} greedy continuations",
+             f"{evaluation['teacher_forced_sequences']} greedy continuations"
+             + ("; <bos>+def: as many held-out <bos> + definition-line prompts, greedy"
+                if lined else ""),
              "  K   upstream | untrained: accept  t-forced | trained: accept  len   tok/main  "
-             "t-forced" + (f" | T={temperature:g}: accept  len" if sampled else "")]
+             "t-forced" + (f" | T={temperature:g}: accept  len" if sampled else "")
+             + (" | <bos>+def: accept  len" if lined else "")]
     for k in EVAL_BLOCKS:
         ua = report["untrained"][k][0]
         ta, tl, tt = report["trained"][k]
@@ -657,5 +902,8 @@ def format_report(report: dict) -> str:
         if sampled:
             sa, sl, _ = sampled[k]
             line += f" | {100 * sa:13.1f}% {sl:5.2f}"
+        if lined:
+            la, ll, _ = lined[k]
+            line += f" | {100 * la:17.1f}% {ll:5.2f}"
         lines.append(line)
     return "\n".join(lines)
