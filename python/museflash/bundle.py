@@ -41,10 +41,11 @@ METADATA_FILE = "metadata.json"
 # Key of the user-defined spec metadata entry holding the same JSON text in every package.
 EMBEDDED_METADATA_KEY = "museflash.metadata"
 # `source.checkpoint` of an export of a built-in pair: "builtin:<name>". `demo` is the trained
-# pair under demo/ (tools/train_demo.py), `tiny` the random 0.8 MB pair the tests export,
+# pair under demo/ (tools/train_demo.py, with the DFlash v1 drafter), `demo-dflash2` the same
+# target with its trained DFlash2 drafter, `tiny` the random 0.8 MB pair the tests export,
 # `tiny-dflash2` the same target with a random DFlash2 drafter in z-lab's layout.
 BUILTIN_PREFIX = "builtin:"
-BUILTIN_PAIRS = ("demo", "tiny", "tiny-dflash2")
+BUILTIN_PAIRS = ("demo", "demo-dflash2", "tiny", "tiny-dflash2")
 
 
 def builtin_source(pair: str) -> str:

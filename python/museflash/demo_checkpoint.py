@@ -183,16 +183,25 @@ def _near_identity_convolutions(drafter: DFlash2Drafter, generator: torch.Genera
 TRAINED_DEMO_DIR = Path(__file__).resolve().parents[2] / "demo"
 
 
+# The trained pairs' drafter directories under demo/, by built-in name: the DFlash v1 drafter
+# (tools/train_demo_drafter.py) and the DFlash2 one (tools/train_demo_dflash2.py), both
+# distilled from demo/target.
+TRAINED_DRAFTERS = {"demo": "drafter", "demo-dflash2": "drafter-dflash2"}
+DRAFTER_TOOLS = {"demo": "//:train_demo_drafter", "demo-dflash2": "//:train_demo_dflash2"}
+
+
 @contextmanager
 def builtin_checkpoints(name: str) -> Iterator[tuple[Path, Path]]:
-    """(target dir, drafter dir) of a built-in pair: `demo`, the trained pair committed under
-    demo/, or `tiny`, the random pair written to a temporary directory (in the real layout, so
-    it goes through the same loader)."""
-    if name == "demo":
-        target, drafter = TRAINED_DEMO_DIR / "target", TRAINED_DEMO_DIR / "drafter"
+    """(target dir, drafter dir) of a built-in pair: `demo` and `demo-dflash2`, the trained
+    target committed under demo/ with its DFlash v1 or DFlash2 drafter, or `tiny` /
+    `tiny-dflash2`, the random pairs written to a temporary directory (in the real layout, so
+    they go through the same loader)."""
+    if name in TRAINED_DRAFTERS:
+        target, drafter = TRAINED_DEMO_DIR / "target", TRAINED_DEMO_DIR / TRAINED_DRAFTERS[name]
         if not (target / "config.json").is_file() or not (drafter / "config.json").is_file():
-            raise CheckpointError(f"the trained demo pair is missing from {TRAINED_DEMO_DIR}; "
-                                  "restore it from git or rebuild it with //:train_demo")
+            raise CheckpointError(f"the trained demo pair {name!r} is missing from "
+                                  f"{TRAINED_DEMO_DIR}; restore it from git or rebuild it with "
+                                  f"//:train_demo and {DRAFTER_TOOLS[name]}")
         yield target, drafter
     elif name == "tiny":
         with tempfile.TemporaryDirectory(prefix="museflash-tiny-") as scratch:

@@ -28,6 +28,7 @@ from museflash.bundle import (
     AssetKind,
     AssetRole,
     BundleError,
+    DrafterKind,
     FunctionName,
     InputName,
     Metadata,
@@ -348,8 +349,13 @@ def check_decoding(export_dir: Path, metadata: Metadata, target_dir: Path, promp
     eager = eager_greedy_generate(eager_model, prompt, new_tokens)
     lossless = speculative.tokens == plain.tokens
     agree = _common_prefix(eager, plain.tokens)
+    # A DFlash2 `draft` proposes its candidate selector's path (`draft_tokens`), not its rows'
+    # argmax; the loop is lossless either way, so say which one ran.
+    proposals = ("; proposals: the selector's draft_tokens"
+                 if spec.drafter_kind == DrafterKind.DFLASH2 else "")
     lines = [
-        f"speculative: prompt {len(prompt)} tokens, {new_tokens} new: {speculative.summary()}",
+        f"speculative: prompt {len(prompt)} tokens, {new_tokens} new: {speculative.summary()}"
+        f"{proposals}",
         f"lossless: speculative {'==' if lossless else '!='} target-only greedy over the "
         f"export ({_common_prefix(speculative.tokens, plain.tokens)}/{new_tokens} tokens agree)",
         f"eager fp32 greedy (informational): first {agree}/{new_tokens} tokens agree with the "
