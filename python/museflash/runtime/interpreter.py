@@ -22,6 +22,7 @@ so functions of one multifunction package (e.g. `inject_kv` and `draft`) can sha
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -655,6 +656,21 @@ DECOMPRESSORS = {COMPRESSION_OPS[CompressionMode.LINEAR][0]: _blockwise_shift_sc
                  COMPRESSION_OPS[CompressionMode.PALETTIZE][0]: _lut_to_dense}
 
 
+# Elements of `linear` weights an Interpreter keeps in float64 (8 bytes each): 256 MB.
+LINEAR_CACHE_ELEMENTS = 1 << 25
+
+
+@dataclass(frozen=True)
+class _Step:
+    """One op of a function, resolved for `Interpreter.run`."""
+
+    op: Any
+    kernel: Kernel
+    inputs: tuple[tuple[str, Any, bool], ...]  # (param, var name or names, is a list)
+    fixed: dict[str, np.ndarray]  # params bound at load time (linear's float64 weight)
+    outputs: tuple[tuple[str, np.dtype, tuple[int, ...] | None], ...]
+
+
 class Interpreter:
     """Runs one function of a loaded ML program with numpy."""
 
@@ -689,6 +705,26 @@ class Interpreter:
                 unsupported.append((op.op_type, op.name))
         if unsupported:
             raise UnsupportedOpError(name, unsupported)
+        # Each op's kernel, inputs and declared outputs, looked up once: reading types and
+        # shapes through coremltools' Var on every call cost more than most kernels.
+        # `linear` sums in float64, so its constant weights are converted once here, not on
+        # every call (the same values in the same memory order: the same bits out), up to
+        # LINEAR_CACHE_ELEMENTS per function; a bigger program converts the rest per call.
+        self._plan: list[_Step] = []
+        budget = LINEAR_CACHE_ELEMENTS
+        for op in self._ops:
+            fixed: dict[str, np.ndarray] = {}
+            weight = op.inputs.get("weight") if op.op_type == "linear" else None
+            value = self.constants.get(weight.name) if weight is not None else None
+            if isinstance(value, np.ndarray) and value.size <= budget:
+                fixed["weight"] = np.asarray(_f32(value), np.float64)
+                budget -= value.size
+            inputs = tuple((param, tuple(v.name for v in var), True)
+                           if isinstance(var, (list, tuple)) else (param, var.name, False)
+                           for param, var in op.inputs.items() if param not in fixed)
+            outputs = tuple((var.name, _numpy_dtype(var.dtype), _static_shape(var))
+                            for var in op.outputs)
+            self._plan.append(_Step(op, KERNELS[op.op_type], inputs, fixed, outputs))
 
     def _load_constant(self, op: Any) -> None:
         if op.op_type == "const":
@@ -713,42 +749,39 @@ class Interpreter:
         env: dict[str, Any] = dict(self.constants)
         env.update(self._bind_inputs(inputs))
         env.update(self._bind_states(states or {}))
-        for op in self._ops:
-            args = {param: self._resolve(env, value) for param, value in op.inputs.items()}
+        for step in self._plan:
+            args = dict(step.fixed)
+            for param, name, many in step.inputs:
+                args[param] = [env[n] for n in name] if many else env[name]
             try:
-                result = KERNELS[op.op_type](args)
+                result = step.kernel(args)
             except InterpreterError:
                 raise
             except Exception as error:
+                op = step.op
                 raise InterpreterError(
                     f"{op.op_type} (op {op.name!r}) failed: {type(error).__name__}: {error}"
                 ) from error
             results = result if isinstance(result, tuple) else (result,)
-            if len(results) != len(op.outputs):
+            if len(results) != len(step.outputs):
                 raise InterpreterError(
-                    f"{op.op_type} (op {op.name!r}) produced {len(results)} values for "
-                    f"{len(op.outputs)} outputs"
+                    f"{step.op.op_type} (op {step.op.name!r}) produced {len(results)} values "
+                    f"for {len(step.outputs)} outputs"
                 )
-            for var, value in zip(op.outputs, results, strict=True):
-                env[var.name] = self._conform(op, var, value)
+            for (name, dtype, expected), value in zip(step.outputs, results, strict=True):
+                env[name] = self._conform(step.op, name, dtype, expected, value)
         return {var.name: env[var.name] for var in self.function.outputs}
 
     @staticmethod
-    def _resolve(env: dict[str, Any], value: Any) -> Any:
-        if isinstance(value, (list, tuple)):
-            return [env[v.name] for v in value]
-        return env[value.name]
-
-    @staticmethod
-    def _conform(op: Any, var: Any, value: Any) -> np.ndarray:
+    def _conform(op: Any, name: str, dtype: np.dtype, expected: tuple[int, ...] | None,
+                 value: Any) -> np.ndarray:
         """Stores the value in its declared dtype (this is where fp16 rounding happens) and
         checks the declared static shape, which catches kernel mistakes early."""
-        value = np.asarray(value).astype(_numpy_dtype(var.dtype), copy=False)
-        expected = _static_shape(var)
+        value = np.asarray(value).astype(dtype, copy=False)
         if expected is not None and value.shape != expected:
             raise InterpreterError(
                 f"{op.op_type} (op {op.name!r}) produced shape {value.shape} for output "
-                f"{var.name!r}, but the program declares {expected}"
+                f"{name!r}, but the program declares {expected}"
             )
         return value
 
