@@ -231,6 +231,18 @@ def test_drafter_hidden_size_is_preferred_and_falls_back_to_hidden_size():
     assert _spec(TINY_DRAFTER_CONFIG).drafter_hidden_size == TINY_DRAFTER_CONFIG["hidden_size"]
 
 
+def test_the_default_draft_length_is_the_measured_one_within_the_trained_block():
+    """Without --num-draft-tokens, a block_size-16 drafter drafts DEFAULT_NUM_DRAFT_TOKENS
+    (7, measured fastest on the demo pairs), a drafter trained on shorter blocks its own
+    block_size - 1."""
+    long = _spec(dict(TINY_DRAFTER_CONFIG, block_size=16))
+    assert (long.num_draft_tokens, long.block_size) == (plan_module.DEFAULT_NUM_DRAFT_TOKENS,
+                                                        plan_module.DEFAULT_NUM_DRAFT_TOKENS + 1)
+    assert plan_module.DEFAULT_NUM_DRAFT_TOKENS < 15
+    short = _spec(TINY_DRAFTER_CONFIG)
+    assert short.num_draft_tokens == TINY_DRAFTER_CONFIG["block_size"] - 1 < 7
+
+
 def test_num_draft_tokens_sets_the_exported_block_within_the_trained_one():
     short = _spec(TINY_DRAFTER_CONFIG, num_draft_tokens=2)
     assert (short.num_draft_tokens, short.block_size) == (2, 3)

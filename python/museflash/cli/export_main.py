@@ -22,6 +22,7 @@ from museflash.checkpoint.tensor_files import CheckpointError
 from museflash.cli.command import run_command
 from museflash.export.options import ExportError, ExportOptions
 from museflash.export.pipeline import export_bundle
+from museflash.export.plan import DEFAULT_NUM_DRAFT_TOKENS
 from museflash.export.progress import log_path_for, quiet_console
 from museflash.export.publish import OutputDirError
 from museflash.models.dflash import DrafterTargetMismatchError
@@ -43,8 +44,9 @@ flags.DEFINE_bool("with-drafter", False,
                   "Export the older ring drafter (exclusive with --dflash-drafter).")
 flags.DEFINE_integer("num-draft-tokens", None,
                      "Tokens drafted per step, k: the exported block is k + 1, the query "
-                     "length of draft, inject_kv and main (default: the drafter's "
-                     "block_size - 1).")
+                     "length of draft, inject_kv and main (default: "
+                     f"{DEFAULT_NUM_DRAFT_TOKENS}, measured fastest on the demo pairs, or the "
+                     "drafter's block_size - 1 when smaller).")
 flags.DEFINE_integer("max-context-length", None,
                      "Capacity of the global KV caches (default: 512, or the model's "
                      "max_position_embeddings when smaller).")

@@ -214,6 +214,14 @@ def compression_plan(options: ExportOptions, target_dir: Path,
     return CompressionPlan(preset, rules, schemes)
 
 
+# Tokens drafted per step when --num-draft-tokens is not given (capped by the drafter's
+# block_size - 1). Chosen by measurement (docs/benchmarks.md, //:demo_figures): on both demo
+# pairs k = 7 decoded fastest on the Python export backend, and on the Swift engine for v1;
+# k = 15 was slower on every engine, because a 16-token main costs far more than it returns.
+# Third-party MLX figures for the real DFlash2 pair agree: block 5 faster than block 16.
+DEFAULT_NUM_DRAFT_TOKENS = 7
+
+
 def speculative_decoding(
     drafter_raw: dict[str, Any],
     drafter_cfg: DFlashConfig,
@@ -223,13 +231,15 @@ def speculative_decoding(
     """Structural values come from the drafter's config (DFlashConfig reads them explicitly,
     flat or under dflash_config); runtime knobs from the command line override them.
 
-    The exported block is the anchor plus `--num-draft-tokens` k (default: the config's
-    block_size - 1): `inject_kv`, `draft` and the target's `main` all take k + 1 tokens, so a
-    short draft is verified by a short `main` call, not by a block_size one. k is at most the
-    config's block_size - 1, the longest block the drafter was trained for."""
+    The exported block is the anchor plus `--num-draft-tokens` k (default:
+    DEFAULT_NUM_DRAFT_TOKENS, or the config's block_size - 1 when that is smaller):
+    `inject_kv`, `draft` and the target's `main` all take k + 1 tokens, so a short draft is
+    verified by a short `main` call, not by a block_size one. k is at most the config's
+    block_size - 1, the longest block the drafter was trained for."""
     trained_block = drafter_cfg.block_size
     hidden = drafter_raw.get("drafter_hidden_size", drafter_cfg.hidden_size)
-    draft_tokens = num_draft_tokens if num_draft_tokens is not None else trained_block - 1
+    draft_tokens = (num_draft_tokens if num_draft_tokens is not None
+                    else min(DEFAULT_NUM_DRAFT_TOKENS, trained_block - 1))
     if not 1 <= draft_tokens <= trained_block - 1:
         raise ExportError(
             f"--num-draft-tokens {draft_tokens} must be between 1 and the drafter's "
