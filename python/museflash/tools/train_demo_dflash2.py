@@ -51,6 +51,7 @@ import torch
 from torch import nn
 from torch.func import vmap
 
+from museflash.bundle import LayerType
 from museflash.checkpoint.configs import read_config
 from museflash.checkpoint.load import drafter_checkpoint_tensors
 from museflash.checkpoint.tensor_files import write_safetensors
@@ -80,7 +81,7 @@ def dflash2_config(target_dir: Path, *, layers: int, window: int, kernel: int, g
                    "final_logit_softcapping": target.final_logit_softcapping})
     return {**flat, "architectures": ["DFlash2DraftModel"], "model_type": "qwen3",
             "is_causal": False, "dflash_config": dict(sorted(dflash.items())),
-            "layer_types": ["sliding_attention"] * layers,
+            "layer_types": [LayerType.SLIDING_ATTENTION.value] * layers,
             "num_target_layers": target.num_hidden_layers, "tie_word_embeddings": False}
 
 
