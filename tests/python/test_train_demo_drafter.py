@@ -159,23 +159,6 @@ def test_prompts_are_windows_of_the_documents():
     assert trainer.spread_layer_ids(6) == [1, 3, 5] and trainer.spread_layer_ids(2) == [1]
 
 
-def test_loop_prompts_repeat_a_short_piece_of_the_documents():
-    documents = [[1, *range(10, 60), 2], [1, *range(100, 160), 2]]
-    prompts = trainer.loop_prompts(documents, 30, 20, seed=5)
-    assert prompts == trainer.loop_prompts(documents, 30, 20, seed=5)
-    assert len(prompts) == 30 and all(len(p) == 20 for p in prompts)
-    windows = {tuple(doc[i:i + n]) for doc in documents for n in range(3, 17)
-               for i in range(len(doc) - n + 1)}
-    periods = set()
-    for prompt in prompts:
-        # The smallest period the prompt repeats with is a piece of one document.
-        period = next(n for n in range(3, 17)
-                      if all(prompt[i] == prompt[i % n] for i in range(len(prompt))))
-        assert tuple(prompt[:period]) in windows
-        periods.add(period)
-    assert len(periods) > 3  # pieces of several lengths
-
-
 @pytest.fixture(scope="module")
 def dflash2_pair(tmp_path_factory):
     target_dir, drafter_dir = write_tiny_checkpoints(tmp_path_factory.mktemp("dflash2"),
@@ -316,10 +299,9 @@ def test_tiny_run_distils_a_drafter_the_exporter_accepts(tiny_target, tmp_path):
     lines = []
     report = trainer.run(out, target_dir=target_dir, corpus_root=corpus_root,
                          train_seconds=None, train_steps=150, sequences=40,
-                         line_prompts_count=8, loop_prompts_count=6, prompt_length=8,
-                         continuation=24, layers=2, window=16, eval_prompts_count=2,
-                         new_tokens=12, heldout_sequences=8, tf_stride=1, batch=16, lr=1e-2,
-                         corpus_cache=tmp_path / "corpus.pt", log=lines.append)
+                         line_prompts_count=8, prompt_length=8, continuation=24, layers=2,
+                         window=16, eval_prompts_count=2, new_tokens=12, heldout_sequences=8,
+                         tf_stride=1, batch=16, lr=1e-2, log=lines.append)
     print(trainer.format_report(report))
     assert report["train_steps"] == 150
     drafter_dir = out / "drafter"
@@ -348,10 +330,6 @@ def test_tiny_run_distils_a_drafter_the_exporter_accepts(tiny_target, tmp_path):
     for block in trainer.EVAL_BLOCKS:  # held-out <bos> + definition-line prompts
         assert 0 <= report["trained_line_prompts"][block][0] <= 1
     assert report["data"]["sequences"] == 40 and report["data"]["line_prompts"] == 8
-    # The loops are generated and cached beside the rest (rows of prompt + continuation).
-    assert report["data"]["loop_prompts"] == 6
-    assert (tmp_path / "corpus.pt").is_file() and (tmp_path / "corpus.loops.pt").is_file()
-    assert torch.load(tmp_path / "corpus.loops.pt")["tokens"].shape == (6, 32)
     assert report["corpus"]["train_files"] == 24 and report["corpus"]["held_out_files"] == 3
     assert report["corpus"]["same_corpus_as_target"] is True  # train_demo.json's digest
     saved = json.loads((out / "train_demo_drafter.json").read_text())
@@ -407,12 +385,11 @@ def test_command_line_flags_reach_the_run(tmp_path, monkeypatch, capsys):
                     "--train-seconds", "7", "--sequences", "16", "--prompt-length", "12",
                     "--continuation", "24", "--layers", "3", "--window", "32",
                     "--target-layer-ids", "0,2", "--batch", "8", "--lr", "1e-3", "--seed", "2",
-                    "--threads", "1", "--line-prompts", "4", "--loop-prompts", "3",
+                    "--threads", "1", "--line-prompts", "4",
                     "--corpus-cache", str(tmp_path / "corpus.pt")) == 0
     assert seen == {"output_dir": tmp_path, "target_dir": tmp_path / "t", "corpus_root": None,
                     "train_seconds": 7.0, "train_steps": 5, "sequences": 16,
-                    "line_prompts_count": 4, "loop_prompts_count": 3, "prompt_length": 12,
-                    "continuation": 24,
+                    "line_prompts_count": 4, "prompt_length": 12, "continuation": 24,
                     "layers": 3, "window": 32, "target_layer_ids": [0, 2], "batch": 8,
                     "lr": 1e-3, "seed": 2, "corpus_cache": tmp_path / "corpus.pt"}
     assert capsys.readouterr().out == "REPORT report\n"

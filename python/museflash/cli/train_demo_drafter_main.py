@@ -32,8 +32,6 @@ flags.DEFINE_integer("sequences", 16384,
                      "Windows of the training files, continued by the target.")
 flags.DEFINE_integer("line-prompts", 8192, "<bos> + a definition line of a training file, "
                      "continued by the target (prompts of a user's shape).")
-flags.DEFINE_integer("loop-prompts", 0, "Prompts repeating a short piece of a training file, "
-                     "continued by the target (teach the drafter to copy from its context).")
 flags.DEFINE_integer("prompt-length", 32, "Tokens per prompt.")
 flags.DEFINE_integer("continuation", 96, "Tokens the target generates after each prompt.")
 flags.DEFINE_integer("layers", 3, "Drafter layers.")
@@ -75,7 +73,6 @@ def main(argv: list[str]) -> int:
         corpus_root=resolve_user_path(FLAGS["corpus-root"].value),
         train_seconds=FLAGS["train-seconds"].value, train_steps=FLAGS["train-steps"].value,
         sequences=FLAGS.sequences, line_prompts_count=FLAGS["line-prompts"].value,
-        loop_prompts_count=FLAGS["loop-prompts"].value,
         prompt_length=FLAGS["prompt-length"].value, continuation=FLAGS.continuation,
         layers=FLAGS.layers, window=FLAGS.window, target_layer_ids=layer_ids, batch=FLAGS.batch,
         lr=FLAGS.lr, seed=FLAGS.seed,

@@ -161,26 +161,6 @@ def line_prompts(tokenizer, texts: list[str], count: int, max_length: int, bos: 
     return [[bos, *e.ids[:max_length - 1]] for e in encoded]
 
 
-def loop_prompts(documents: list[list[int]], count: int, length: int,
-                 seed: int) -> list[list[int]]:
-    """`count` prompts of `length` tokens that repeat one short piece of `documents` (3 to 16
-    tokens from a seeded random place) over and over: the target continues the loop, so its
-    continuations teach a drafter to copy a piece it has never seen whole from its context
-    (a greedy loop over an invented word, as in the README's example)."""
-    rng = np.random.default_rng(seed)
-    pieces = document_prompts(documents, count, 16, seed)
-    prompts = []
-    for piece in pieces:
-        period = int(rng.integers(3, 17))
-        prompts.append((piece[:period] * (length // period + 1))[:length])
-    return prompts
-
-
-def concatenated(parts: list[Corpus]) -> Corpus:
-    return Corpus(torch.cat([c.tokens for c in parts]), torch.cat([c.captured for c in parts]),
-                  torch.cat([c.starts for c in parts]))
-
-
 def generate_corpus(target, prompts: list[list[int]], length: int) -> Corpus:
     """Each prompt continued greedily by the target up to `length` tokens in all, one sequence
     at a time: the prompt in one `hidden_states` call, then one token per call, each call's
@@ -731,14 +711,12 @@ class Data:
 def distillation_data(target, target_dir: Path, split: Split, *, sequences: int,
                       line_prompts_count: int, prompt_length: int, continuation: int, seed: int,
                       eval_prompts_count: int, heldout_sequences: int,
-                      corpus_cache: Path | None = None, loop_prompts_count: int = 0,
-                      log=print) -> Data:
+                      corpus_cache: Path | None = None, log=print) -> Data:
     """The training corpus: `sequences` windows of `prompt_length` tokens at random places of
     the training files and `line_prompts_count` prompts `<bos>` + a definition line of a
     training file (at most `prompt_length` tokens), every row continued greedily by `target`
     to prompt_length + continuation tokens in all (generated once per prompt length;
-    `corpus_cache` keeps it between runs), plus `loop_prompts_count` loop prompts
-    (`loop_prompts`, cached beside the rest). And the held-out prompts of both kinds."""
+    `corpus_cache` keeps it between runs). And the held-out prompts of both kinds."""
     from museflash.tools.train_demo import BOS_ID
 
     length = prompt_length + continuation
@@ -760,23 +738,13 @@ def distillation_data(target, target_dir: Path, split: Split, *, sequences: int,
         corpus_cache, key,
         lambda: generate_corpus_grouped(target, train_prompts, length,
                                         capture_dtype=CORPUS_CAPTURE_DTYPE), log)
-    if loop_prompts_count:
-        loops = loop_prompts(split.train, loop_prompts_count, prompt_length, seed + 4)
-        loop_cache = (corpus_cache.with_name(f"{corpus_cache.stem}.loops{corpus_cache.suffix}")
-                      if corpus_cache is not None else None)
-        loop_corpus, loop_seconds = cached_corpus(
-            loop_cache, dict(key, loop_prompts=loop_prompts_count),
-            lambda: generate_corpus_grouped(target, loops, length,
-                                            capture_dtype=CORPUS_CAPTURE_DTYPE), log)
-        corpus, seconds = concatenated([corpus, loop_corpus]), seconds + loop_seconds
     generated = int((length - corpus.starts).sum())
     report = {"sequences": sequences, "line_prompts": line_prompts_count,
-              "loop_prompts": loop_prompts_count,
               "prompt_length": prompt_length, "continuation": continuation,
               "generated_tokens": generated, "generation_seconds": seconds}
     log(f"[train] data: {sequences} windows + {line_prompts_count} <bos>-led definition lines "
-        f"+ {loop_prompts_count} loops from the training files, continued to {length} tokens: "
-        f"{generated} generated tokens in {seconds:.0f} s")
+        f"from the training files, continued to {length} tokens: {generated} generated tokens "
+        f"in {seconds:.0f} s")
     # Held-out: prompts from the held-out files, which trained neither model.
     heldout = generate_corpus_batched(
         target, document_prompts(split.held_out, heldout_sequences, prompt_length, seed + 2),
@@ -789,9 +757,8 @@ def distillation_data(target, target_dir: Path, split: Split, *, sequences: int,
 
 def run(output_dir: Path, *, target_dir: Path | None = None, corpus_root: Path | None = None,
         train_seconds: float | None, train_steps: int | None, sequences: int,
-        line_prompts_count: int = 0, loop_prompts_count: int = 0, prompt_length: int = 32,
-        continuation: int = 96, layers: int = 3, window: int = 32,
-        target_layer_ids: list[int] | None = None,
+        line_prompts_count: int = 0, prompt_length: int = 32, continuation: int = 96,
+        layers: int = 3, window: int = 32, target_layer_ids: list[int] | None = None,
         seed: int = 0, eval_prompts_count: int = 16, new_tokens: int = 64,
         heldout_sequences: int = 96, tf_stride: int = 3, batch: int = 64, lr: float = 2e-3,
         temperature: float | None = SAMPLED_TEMPERATURE, corpus_cache: Path | None = None,
@@ -825,7 +792,7 @@ def run(output_dir: Path, *, target_dir: Path | None = None, corpus_root: Path |
                                  prompt_length=prompt_length, continuation=continuation,
                                  seed=seed, eval_prompts_count=eval_prompts_count,
                                  heldout_sequences=heldout_sequences, corpus_cache=corpus_cache,
-                                 loop_prompts_count=loop_prompts_count, log=log)
+                                 log=log)
         report["data"] = data.report
         log(f"[train] batched vs one-block inject_kv+draft: rel error "
             f"{check_batched_drafting(target, drafter, data.corpus):.1e}")
