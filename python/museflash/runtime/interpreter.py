@@ -694,13 +694,13 @@ class Interpreter:
                 self.input_specs[input_name] = (_static_shape(var), _numpy_dtype(var.dtype))
         self.output_names = [var.name for var in self.function.outputs]
         self.constants: dict[str, Any] = {}
-        self._ops: list[Any] = []
+        ops: list[Any] = []
         unsupported: list[tuple[str, str]] = []
         for op in self.function.operations:
             if op.op_type == "const" or op.op_type.startswith("constexpr_"):
                 self._load_constant(op)
             elif op.op_type in KERNELS:
-                self._ops.append(op)
+                ops.append(op)
             else:
                 unsupported.append((op.op_type, op.name))
         if unsupported:
@@ -709,15 +709,20 @@ class Interpreter:
         # shapes through coremltools' Var on every call cost more than most kernels.
         # `linear` sums in float64, so its constant weights are converted once here, not on
         # every call (the same values in the same memory order: the same bits out), up to
-        # LINEAR_CACHE_ELEMENTS per function; a bigger program converts the rest per call.
+        # LINEAR_CACHE_ELEMENTS per function (a weight two linears share is converted once);
+        # a bigger program converts the rest per call.
         self._plan: list[_Step] = []
+        float64_weights: dict[str, np.ndarray] = {}
         budget = LINEAR_CACHE_ELEMENTS
-        for op in self._ops:
+        for op in ops:
             fixed: dict[str, np.ndarray] = {}
             weight = op.inputs.get("weight") if op.op_type == "linear" else None
             value = self.constants.get(weight.name) if weight is not None else None
-            if isinstance(value, np.ndarray) and value.size <= budget:
-                fixed["weight"] = np.asarray(_f32(value), np.float64)
+            if weight is not None and weight.name in float64_weights:
+                fixed["weight"] = float64_weights[weight.name]
+            elif isinstance(value, np.ndarray) and value.size <= budget:
+                fixed["weight"] = float64_weights[weight.name] = np.asarray(_f32(value),
+                                                                            np.float64)
                 budget -= value.size
             inputs = tuple((param, tuple(v.name for v in var), True)
                            if isinstance(var, (list, tuple)) else (param, var.name, False)
