@@ -183,11 +183,11 @@ def _near_identity_convolutions(drafter: DFlash2Drafter, generator: torch.Genera
 TRAINED_DEMO_DIR = Path(__file__).resolve().parents[2] / "demo"
 
 
-# The trained pairs' drafter directories under demo/, by built-in name: the DFlash v1 drafter
-# (tools/train_demo_drafter.py) and the DFlash2 one (tools/train_demo_dflash2.py), both
-# distilled from demo/target.
-TRAINED_DRAFTERS = {"demo": "drafter", "demo-dflash2": "drafter-dflash2"}
-DRAFTER_TOOLS = {"demo": "//:train_demo_drafter", "demo-dflash2": "//:train_demo_dflash2"}
+# The trained pairs by built-in name: the drafter's directory under demo/ and the tool that
+# distils it from demo/target (DFlash v1: tools/train_demo_drafter.py; DFlash2:
+# tools/train_demo_dflash2.py).
+TRAINED_DRAFTERS = {"demo": ("drafter", "//:train_demo_drafter"),
+                    "demo-dflash2": ("drafter-dflash2", "//:train_demo_dflash2")}
 
 
 @contextmanager
@@ -197,11 +197,12 @@ def builtin_checkpoints(name: str) -> Iterator[tuple[Path, Path]]:
     `tiny-dflash2`, the random pairs written to a temporary directory (in the real layout, so
     they go through the same loader)."""
     if name in TRAINED_DRAFTERS:
-        target, drafter = TRAINED_DEMO_DIR / "target", TRAINED_DEMO_DIR / TRAINED_DRAFTERS[name]
+        drafter_dir, tool = TRAINED_DRAFTERS[name]
+        target, drafter = TRAINED_DEMO_DIR / "target", TRAINED_DEMO_DIR / drafter_dir
         if not (target / "config.json").is_file() or not (drafter / "config.json").is_file():
             raise CheckpointError(f"the trained demo pair {name!r} is missing from "
                                   f"{TRAINED_DEMO_DIR}; restore it from git or rebuild it with "
-                                  f"//:train_demo and {DRAFTER_TOOLS[name]}")
+                                  f"//:train_demo and {tool}")
         yield target, drafter
     elif name == "tiny":
         with tempfile.TemporaryDirectory(prefix="museflash-tiny-") as scratch:
