@@ -122,13 +122,8 @@ def write_initial_dflash2(target_dir: Path, config: dict[str, Any], out_dir: Pat
                     param.zero_()
                 elif name.endswith("predecessor_codebook"):
                     param.copy_(torch.randn(param.shape, generator=generator))
-                elif param.dim() == 2:
-                    std = param.shape[1] ** -0.5
-                    if name.endswith(("o_proj.weight", "down_proj.weight")):
-                        std *= residual_scale
-                    param.copy_(torch.randn(param.shape, generator=generator) * std)
                 else:
-                    param.fill_(1.0)
+                    v1.init_parameter(name, param, generator, residual_scale)
     write_safetensors(zlab_tensors(drafter, encoder), out_dir, config, dtype="fp32")
     return out_dir
 

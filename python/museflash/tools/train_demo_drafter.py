@@ -578,6 +578,19 @@ def drafter_config(target_dir: Path, *, layers: int, window: int,
     }
 
 
+def init_parameter(name: str, param: nn.Parameter, generator: torch.Generator,
+                   residual_scale: float) -> None:
+    """A linear weight ~ N(0, 1/fan_in), scaled by `residual_scale` for the residual branches'
+    output projections; a norm weight (any other parameter) 1. In place, under no_grad."""
+    if param.dim() == 2:
+        std = param.shape[1] ** -0.5
+        if name.endswith(("o_proj.weight", "down_proj.weight")):
+            std *= residual_scale
+        param.copy_(torch.randn(param.shape, generator=generator) * std)
+    else:
+        param.fill_(1.0)
+
+
 def write_initial_drafter(target_dir: Path, config: dict[str, Any], out_dir: Path,
                           seed: int) -> Path:
     """A seeded random drafter checkpoint (encoder and layers; fp32) for `config`: linear
@@ -592,13 +605,7 @@ def write_initial_drafter(target_dir: Path, config: dict[str, Any], out_dir: Pat
     with torch.no_grad():
         for module in (encoder, drafter.layers, drafter.norm):
             for name, param in module.named_parameters():
-                if param.dim() == 2:
-                    std = param.shape[1] ** -0.5
-                    if name.endswith(("o_proj.weight", "down_proj.weight")):
-                        std *= residual_scale
-                    param.copy_(torch.randn(param.shape, generator=generator) * std)
-                else:
-                    param.fill_(1.0)
+                init_parameter(name, param, generator, residual_scale)
     write_safetensors(drafter_checkpoint_tensors(drafter, encoder), out_dir, config,
                       dtype="fp32")
     return out_dir
