@@ -75,7 +75,8 @@ def _loop(target, drafter_class, drafter, prompt):
     result = speculative_generate(EagerTarget(target, prefill_length=len(prompt),
                                               verify_length=BLOCK),
                                   eager, prompt, NEW_TOKENS,
-                                  mask_token_id=drafter.config.mask_token_id)
+                                  mask_token_id=drafter.config.mask_token_id,
+                                  lookup_min_match=0)
     return result, eager.drafts
 
 

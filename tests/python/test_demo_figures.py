@@ -104,11 +104,12 @@ def test_speed_ups_are_against_both_target_alone_baselines():
     from museflash.tools.demo_figures import Figures, Row, markdown
 
     figures = Figures(1, 10, 20, 8.0, 1.0, 2, 48, 48,
-                      rows=[Row("demo", "dflash", 0.0, 3, 0.5, 1.5, 2.2, 10.0, 4.0, 25.0)],
+                      rows=[Row("demo", "dflash", 0.0, 3, 0.5, 1.5, 2.2, 10.0, 4.0, 25.0, 3,
+                                0.25)],
                       target_alone_ms_per_token={"t0": {"python": 20.0, "swift": 6.0}},
                       main_ms_per_call={1: {"python": 20.0, "swift": 3.0}})
     row = next(line for line in markdown(figures).splitlines() if line.startswith("| demo"))
     cells = [cell.strip() for cell in row.strip("|").split("|")]
-    assert cells[4:7] == ["50.0%", "1.50", "2.20"]
-    assert cells[8] == "2.00x (2.50x)"  # 20 / 10 against main of 1; 25 / 10 on the same export
-    assert cells[10] == "1.50x"  # 6 / 4
+    assert cells[4:9] == ["3", "25%", "50.0%", "1.50", "2.20"]
+    assert cells[10] == "2.00x (2.50x)"  # 20 / 10 against main of 1; 25 / 10 on the same export
+    assert cells[12] == "1.50x"  # 6 / 4

@@ -157,15 +157,19 @@ def _pooled_sigma(tokens: list[int], exact: np.ndarray) -> np.ndarray:
 
 
 def _run(drafter: str, settings: Sampling, seed: int = 0, tokens: int = TOKENS):
-    return speculative_generate(MarkovTarget(LOGITS), _drafter(drafter), PROMPT, tokens,
+    """drafter "close" or "wrong" drafts every step; "wrong+lookup" is "wrong" whose steps
+    copy from the context when its last 2 tokens occurred before (nearly every step here)."""
+    kind, _, lookup = drafter.partition("+")
+    return speculative_generate(MarkovTarget(LOGITS), _drafter(kind), PROMPT, tokens,
                                 mask_token_id=MASK, sampling=settings,
-                                rng=np.random.default_rng(seed))
+                                rng=np.random.default_rng(seed),
+                                lookup_min_match=2 if lookup else 0)
 
 
 CONFIGS = [Sampling(temperature=0.8), Sampling(temperature=0.8, top_p=0.9)]
 
 
-@pytest.mark.parametrize("drafter", ["close", "wrong"])
+@pytest.mark.parametrize("drafter", ["close", "wrong", "wrong+lookup"])
 @pytest.mark.parametrize("settings", CONFIGS, ids=["t0.8", "t0.8-top_p0.9"])
 def test_sampled_speculative_output_has_the_target_distribution(drafter, settings):
     exact = _reference(LOGITS, settings.temperature, settings.top_p)
@@ -180,6 +184,11 @@ def test_sampled_speculative_output_has_the_target_distribution(drafter, setting
     # The drafters are what they claim, so both the accept and the residual paths ran a lot.
     if drafter == "close":
         assert result.acceptance_rate > 0.6, result.acceptance_rate
+    elif drafter == "wrong+lookup":
+        # Copied proposals are judged with a one-hot q: accepted with the target's p(x).
+        assert result.lookup_steps > 0.9 * len(result.accepted)
+        assert result.lookup_mean_accepted_length > 0.3  # both paths of the rule ran a lot
+        assert max(result.lookup_accepted) == BLOCK - 1 and min(result.lookup_accepted) == 0
     else:
         assert result.acceptance_rate < 0.2, result.acceptance_rate
         assert max(result.accepted) == BLOCK - 1

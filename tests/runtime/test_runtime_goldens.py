@@ -98,18 +98,30 @@ def test_trace_counts_equal_the_loops_counts(name):
 
 def test_speculative_decoding_is_lossless(name):
     cases = {case["name"]: case for case in run_cases(name)}
-    speculative = [case for case in cases.values() if case["mode"] == "speculative"]
-    assert speculative
+    speculative = [case for case in cases.values() if case["mode"] != "target_only"]
+    assert {case["mode"] for case in speculative} == {"speculative", "speculative-lookup"}
     for case in speculative:
-        alone = cases[case["name"].replace("speculative", "target_only", 1)]
+        alone = cases[case["name"].replace(case["mode"], "target_only", 1)]
         assert alone["mode"] == "target_only" and alone["accepted"] == []
         assert alone["prompt_ids"] == case["prompt_ids"]
         assert alone["tokens"] == case["tokens"], case["name"]
         # Each step emits its accepted drafts and the target's token (the last step cut to
         # the requested length); the first token comes from prefill.
-        assert len(case["accepted"]) == case["calls"]["draft"]
+        # A step either drafts or copies from the context (never with lookup_min_match 0).
+        assert len(case["accepted"]) == case["calls"]["draft"] + case["lookup_steps"]
+        assert case["lookup_steps"] == 0 or case["lookup_min_match"] > 0
         assert 1 + sum(a + 1 for a in case["accepted"]) >= len(case["tokens"])
         assert all(0 <= a <= case["num_draft_tokens"] for a in case["accepted"])
+
+
+def test_some_steps_copy_from_the_context(name):
+    """The goldens' prompts repeat a source text, so the lookup cases do copy: the Swift
+    engine's copy of the rule is exercised in its decoding, not only in `lookups`."""
+    copied = [case["lookup_steps"] for case in run_cases(name)
+              if case["mode"] == "speculative-lookup"]
+    assert copied and sum(copied) > 0
+    drafted = [case["lookup_steps"] for case in run_cases(name) if case["mode"] == "speculative"]
+    assert drafted and not any(drafted)
 
 
 def test_the_demo_drafter_accepts_varying_numbers_of_drafts():

@@ -50,6 +50,7 @@ from museflash.export.placeholders import compressed_weights
 from museflash.runtime.interpreter import Interpreter, load_program
 from museflash.runtime.package_check import PackageError, check_packages
 from museflash.runtime.speculative import (
+    DEFAULT_LOOKUP_MIN_MATCH,
     ExportedDrafter,
     ExportedTarget,
     eager_greedy_generate,
@@ -339,15 +340,20 @@ def check_decoding(export_dir: Path, metadata: Metadata, target_dir: Path, promp
     context = metadata.context_length
     prompt = deterministic_prompt(prompt_tokens, metadata.vocab_size, spec.mask_token_id)
     target, drafter = ExportedTarget(export_dir, metadata), ExportedDrafter(export_dir, metadata)
-    speculative = speculative_generate(target, drafter, prompt, new_tokens,
-                                       mask_token_id=spec.mask_token_id,
-                                       num_draft_tokens=spec.num_draft_tokens,
-                                       context_length=context)
+    # Every step drafted (what checks the drafter's path), then the loop as generate runs it,
+    # whose steps may copy from the context instead.
+    speculative, copying = (speculative_generate(target, drafter, prompt, new_tokens,
+                                                 mask_token_id=spec.mask_token_id,
+                                                 num_draft_tokens=spec.num_draft_tokens,
+                                                 context_length=context,
+                                                 lookup_min_match=lookup)
+                            for lookup in (0, DEFAULT_LOOKUP_MIN_MATCH))
     plain = greedy_generate(target, prompt, new_tokens, context_length=context)
     eager_model = load_target(target_dir, dtype=torch.float32, max_context=context,
                               max_query_len=max(len(prompt), 1), cache_dtype=torch.float32)
     eager = eager_greedy_generate(eager_model, prompt, new_tokens)
     lossless = speculative.tokens == plain.tokens
+    copying_lossless = copying.tokens == plain.tokens
     agree = _common_prefix(eager, plain.tokens)
     # A DFlash2 `draft` proposes its candidate selector's path (`draft_tokens`), not its rows'
     # argmax; the loop is lossless either way, so say which one ran.
@@ -358,10 +364,14 @@ def check_decoding(export_dir: Path, metadata: Metadata, target_dir: Path, promp
         f"{proposals}",
         f"lossless: speculative {'==' if lossless else '!='} target-only greedy over the "
         f"export ({_common_prefix(speculative.tokens, plain.tokens)}/{new_tokens} tokens agree)",
+        f"lossless with lookup {DEFAULT_LOOKUP_MIN_MATCH} (generate's default): "
+        f"{'==' if copying_lossless else '!='} target-only greedy "
+        f"({_common_prefix(copying.tokens, plain.tokens)}/{new_tokens} tokens agree; "
+        f"{copying.lookup_steps} of {len(copying.accepted)} steps copied from the context)",
         f"eager fp32 greedy (informational): first {agree}/{new_tokens} tokens agree with the "
         "export",
     ]
-    return DecodeCheck(lossless, lines, speculative.acceptance_rate,
+    return DecodeCheck(lossless and copying_lossless, lines, speculative.acceptance_rate,
                        speculative.tokens_per_target_call)
 
 

@@ -30,6 +30,8 @@ flags.DEFINE_list("num-draft-tokens", [str(k) for k in demo_figures.DEFAULT_DRAF
                   "Drafted tokens per step, k: one export per k (a block of k + 1).")
 flags.DEFINE_string("work-dir", None, "Where the exports go (default: a temporary directory); "
                     "exports already there with the same settings are reused.")
+flags.DEFINE_list("lookup-min-match", [str(n) for n in demo_figures.DEFAULT_LOOKUPS],
+                  "Lookup settings measured per k (0: every step drafts).")
 flags.DEFINE_integer("prompts", 8, "Held-out prompts per row.")
 flags.DEFINE_integer("prompt-tokens", 48, "Tokens per prompt.")
 flags.DEFINE_integer("new-tokens", 48, "Tokens generated per prompt.")
@@ -53,6 +55,14 @@ def main(argv: list[str]) -> int:
         print("demo_figures: error: --num-draft-tokens takes integers, e.g. 3,7,15",
               file=sys.stderr)
         return 2
+    try:
+        lookups = tuple(sorted({int(n) for n in FLAGS["lookup-min-match"].value}))
+    except ValueError:
+        lookups = (-1,)
+    if not lookups or min(lookups) < 0:
+        print("demo_figures: error: --lookup-min-match takes integers >= 0, e.g. 0,3",
+              file=sys.stderr)
+        return 2
     if not FLAGS.pairs or not counts:
         print("demo_figures: error: give at least one --pairs name and one --num-draft-tokens",
               file=sys.stderr)
@@ -65,7 +75,7 @@ def main(argv: list[str]) -> int:
         work_dir.mkdir(parents=True, exist_ok=True)
         try:
             figures = demo_figures.measure(
-                FLAGS.pairs, counts, work_dir, binary, prompts=FLAGS.prompts,
+                FLAGS.pairs, counts, work_dir, binary, lookups=lookups, prompts=FLAGS.prompts,
                 prompt_tokens=FLAGS["prompt-tokens"].value, new_tokens=FLAGS["new-tokens"].value,
                 max_scored_tokens=FLAGS["max-scored-tokens"].value)
         except (demo_figures.FiguresError, BundleError) as error:

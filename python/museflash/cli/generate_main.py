@@ -2,7 +2,7 @@
 
   ./bazelw run //:generate -- --export-dir exported --prompt 'def fibonacci(n):'
       [--max-new-tokens N] [--temperature T] [--top-p P] [--no-draft] [--seed S]
-      [--backend export|eager]
+      [--backend export|eager] [--lookup-min-match N]
 
 Streams the text as the target accepts it, then prints the figures (tokens per target call,
 accepted drafts per step, wall time against the target alone). The default backend runs the
@@ -21,6 +21,7 @@ from museflash.checkpoint.tensor_files import CheckpointError
 from museflash.cli.command import run_command
 from museflash.paths import resolve_user_path
 from museflash.runtime.generate import BACKENDS, GenerateError, GenerateOptions, generate
+from museflash.runtime.speculative import DEFAULT_LOOKUP_MIN_MATCH
 
 flags.DEFINE_string("export-dir", "exported", "Export directory (holds metadata.json).")
 flags.DEFINE_string("prompt", None, "Text to continue.")
@@ -32,6 +33,9 @@ flags.DEFINE_integer("seed", 0, "Seed of the sampler.")
 flags.DEFINE_enum("backend", "export", list(BACKENDS),
                   "export: the exported packages (numpy interpreter); eager: torch modules.")
 flags.DEFINE_bool("compare", True, "Also time the target alone for the speed-up figure.")
+flags.DEFINE_integer("lookup-min-match", DEFAULT_LOOKUP_MIN_MATCH,
+                     "A step whose last N tokens occurred before proposes a copy of what "
+                     "followed them instead of a draft; 0: draft every step.")
 
 FLAGS = flags.FLAGS
 
@@ -55,6 +59,7 @@ def main(argv: list[str]) -> int:
         seed=FLAGS.seed,
         backend=FLAGS.backend,
         compare=FLAGS.compare,
+        lookup_min_match=FLAGS["lookup-min-match"].value,
     )
 
     if options.backend == "eager":

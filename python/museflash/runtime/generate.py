@@ -29,6 +29,7 @@ from museflash.bundle import (
 from museflash.runtime.package_check import PackageError, check_packages
 from museflash.runtime.sampling import Sampling
 from museflash.runtime.speculative import (
+    DEFAULT_LOOKUP_MIN_MATCH,
     DecodeResult,
     EagerDrafter,
     EagerTarget,
@@ -56,6 +57,9 @@ class GenerateOptions:
     seed: int = 0
     backend: str = "export"
     compare: bool = True  # also time the target alone, for the speed-up figure
+    # A step whose context ends in this many tokens seen before copies what followed them
+    # instead of drafting (runtime/speculative.py's `lookup`); 0 drafts every step.
+    lookup_min_match: int = DEFAULT_LOOKUP_MIN_MATCH
 
 
 class TextTokenizer:
@@ -189,7 +193,8 @@ def decode(target, drafter, prompt: list[int], options: GenerateOptions, metadat
                                           num_draft_tokens=spec.num_draft_tokens,
                                           context_length=metadata.context_length,
                                           sampling=sampling, rng=rng, pad_token_id=pad,
-                                          on_tokens=on_tokens)
+                                          on_tokens=on_tokens,
+                                          lookup_min_match=options.lookup_min_match)
     return result, time.perf_counter() - began
 
 
@@ -198,6 +203,9 @@ def check_options(options: GenerateOptions) -> Metadata:
         raise GenerateError(f"--backend {options.backend!r} is not one of {list(BACKENDS)}")
     if options.max_new_tokens < 1:
         raise GenerateError("--max-new-tokens must be at least 1")
+    if options.lookup_min_match < 0:
+        raise GenerateError(f"--lookup-min-match must be >= 0 (0 drafts every step), got "
+                            f"{options.lookup_min_match}")
     try:
         Sampling(options.temperature, options.top_p)
     except ValueError as error:

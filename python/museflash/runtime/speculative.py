@@ -14,6 +14,12 @@ docs/metadata.md and docs/positions.md:
             positions with ONE target `main` call, accept the longest agreeing prefix plus the
             target's own token, then continue from the first unaccepted position. Nothing is
             truncated: rejected slots are overwritten by the next call (docs/positions.md).
+  lookup    with `lookup_min_match` n > 0, a step whose context ends in n or more tokens that
+            occurred before proposes what followed them (the latest longest match, copied
+            onward: `lookup_proposal`) instead of calling `draft`: a repetition loop is then
+            drafted by copying, which a drafter that predicts from its prior does not do
+            (docs/demo.md). The proposal is deterministic, so sampled verification judges it
+            with a one-hot q; the output's distribution is the target's either way.
   sampling  with a temperature > 0 the drafts are sampled from the drafter's rows and the
             speculative rejection rule (runtime/sampling.py) replaces "longest agreeing
             prefix", so the output is distributed as the target's own sampling; temperature 0
@@ -224,6 +230,47 @@ class EagerDrafter:
 
 # --- The loop --------------------------------------------------------------------------------
 
+LOOKUP_MAX_MATCH = 8  # the longest context ending compared when looking up a proposal
+LOOKUP_WINDOW = 1024  # earlier occurrences are looked for among the newest this many tokens
+# A step copies from the context when its last DEFAULT_LOOKUP_MIN_MATCH tokens occurred before;
+# chosen by //:demo_figures (docs/benchmarks.md). The Swift engine's GenerationOptions default
+# is the same number (checked by tests/runtime's goldens).
+DEFAULT_LOOKUP_MIN_MATCH = 3
+
+
+def lookup_proposal(context: list[int], count: int, min_match: int) -> list[int] | None:
+    """`count` tokens copied from where the context's ending occurred before, or None.
+
+    The ending is the longest suffix of min_match..LOOKUP_MAX_MATCH tokens that also ends at
+    an earlier position, among the last LOOKUP_WINDOW positions; among equally long matches
+    the latest wins. The proposal is what followed that earlier occurrence, copied on through
+    the proposal itself when it runs past the end, so a loop of period p repeats with period
+    p. The Swift engine implements the same rule (SpeculativeDecoder.lookupProposal)."""
+    if min_match < 1 or count < 1:
+        raise ValueError(f"lookup needs min_match >= 1 and count >= 1, got {min_match}, {count}")
+    tail = np.asarray(context[-(LOOKUP_WINDOW + LOOKUP_MAX_MATCH):], np.int64)
+    length = len(tail)
+    ends = np.arange(max(0, length - 1 - LOOKUP_WINDOW), length - 1)  # earlier occurrences
+    matched = np.zeros(len(ends), np.int64)
+    going = np.ones(len(ends), bool)
+    for back in range(min(LOOKUP_MAX_MATCH, length - 1)):
+        going &= ends >= back
+        going[going] = tail[ends[going] - back] == tail[length - 1 - back]
+        matched += going
+    if not len(ends) or matched.max() < min_match:
+        return None
+    best_end = int(ends[np.flatnonzero(matched == matched.max())[-1]])
+    tokens = tail.tolist()
+    for index in range(count):
+        tokens.append(tokens[best_end + 1 + index])
+    return tokens[length:]
+
+
+def _context_tail(prompt: list[int], tokens: list[int], size: int) -> list[int]:
+    """The last `size` ids of prompt + tokens, without copying the whole context."""
+    tail = tokens[-size:]
+    return (prompt[-(size - len(tail)):] + tail) if len(tail) < size else tail
+
 
 @dataclass
 class DecodeResult:
@@ -235,13 +282,21 @@ class DecodeResult:
     inject_calls: int = 0
     draft_calls: int = 0
     accepted: list[int] = field(default_factory=list)  # drafted tokens accepted, per step
+    lookup_steps: int = 0  # steps that proposed a copy of the context instead of a draft
+    lookup_accepted: list[int] = field(default_factory=list)  # accepted, per lookup step
     num_draft_tokens: int = 0
     sampling: Sampling | None = None  # None or temperature 0: greedy
+    lookup_min_match: int = 0  # 0: every step drafted
 
     @property
     def mean_accepted_length(self) -> float:
         """Mean drafted tokens accepted per step (the target's own token not counted)."""
         return float(np.mean(self.accepted)) if self.accepted else 0.0
+
+    @property
+    def lookup_mean_accepted_length(self) -> float:
+        """Mean proposed tokens accepted per step that copied from the context."""
+        return float(np.mean(self.lookup_accepted)) if self.lookup_accepted else 0.0
 
     @property
     def acceptance_rate(self) -> float:
@@ -270,6 +325,9 @@ class DecodeResult:
                 f"({100 * self.acceptance_rate:.1f}%), "
                 f"{self.tokens_per_target_call:.2f} tokens per target call, "
                 f"{self.tokens_per_verify_call:.2f} per main call"
+                + (f", {self.lookup_steps} of {len(self.accepted)} steps copied from the "
+                   f"context (mean accepted {self.lookup_mean_accepted_length:.2f})"
+                   if self.lookup_min_match else "")
                 + (f", sampled ({self.sampling.describe()})" if _sampled(self.sampling) else ""))
 
 
@@ -376,13 +434,17 @@ def speculative_generate(
     rng: np.random.Generator | None = None,
     pad_token_id: int = 0,
     on_tokens: Callable[[list[int]], None] | None = None,
+    lookup_min_match: int = DEFAULT_LOOKUP_MIN_MATCH,
 ) -> DecodeResult:
     """Speculative decoding. Greedy (no `sampling`, or temperature 0): the output equals the
     target's own greedy output. Sampled: the drafts are sampled from the drafter's rows under
     the same settings and accepted by the rejection rule, so the output is distributed as
     `target_only_generate` with the same settings; `rng` (required then) is the only source
-    of randomness."""
+    of randomness. `lookup_min_match` > 0 lets steps propose copies of the context
+    (`lookup_proposal`) instead of drafts; 0 drafts every step (what measures a drafter)."""
     sampled = _check_sampling(sampling, rng)
+    if lookup_min_match < 0:
+        raise ValueError(f"lookup_min_match must be >= 0 (0: off), got {lookup_min_match}")
     block = drafter.block_size
     if target.verify_length != block:
         raise ValueError(f"target main takes {target.verify_length} tokens but the drafter's "
@@ -394,7 +456,8 @@ def speculative_generate(
     _check_room(context_length, len(prompt), max_new_tokens, block)
     target.reset()
     drafter.reset()
-    result = DecodeResult(tokens=[], num_draft_tokens=proposals, sampling=sampling)
+    result = DecodeResult(tokens=[], num_draft_tokens=proposals, sampling=sampling,
+                          lookup_min_match=lookup_min_match)
     logits, features = _prefill(target, prompt, result, pad_token_id)
     anchor = _next_token(logits, sampling, rng)
     _emit(result, [anchor], max_new_tokens, on_tokens)
@@ -405,16 +468,26 @@ def speculative_generate(
     anchor_pos = len(prompt)
     while len(result.tokens) < max_new_tokens:
         positions = np.arange(anchor_pos, anchor_pos + block, dtype=np.int32)
-        drafted = drafter.draft(np.array([anchor] + [mask_token_id] * (block - 1), np.int32),
-                                positions)
-        result.draft_calls += 1
-        guesses = drafted.greedy()
-        if sampled:
-            # Only the first `proposals` rows are judged; later slots keep their greedy draft,
-            # and their target rows are never used. A DFlash2 selector path is greedy only:
-            # sampled drafts come from each row's own distribution.
-            q = probabilities(drafted.logits[1:proposals + 1], sampling)
-            guesses[:proposals] = sample(q, rng)
+        context = _context_tail(prompt, result.tokens, LOOKUP_WINDOW + LOOKUP_MAX_MATCH)
+        copied = (lookup_proposal(context, block - 1, lookup_min_match)
+                  if lookup_min_match else None)
+        if copied is not None:
+            result.lookup_steps += 1
+            guesses = np.asarray(copied, np.int32)
+            if sampled:  # a deterministic proposal: q is the one-hot of each copied token
+                q = np.zeros((proposals, logits.shape[-1]), np.float64)
+                q[np.arange(proposals), guesses[:proposals]] = 1.0
+        else:
+            drafted = drafter.draft(np.array([anchor] + [mask_token_id] * (block - 1),
+                                             np.int32), positions)
+            result.draft_calls += 1
+            guesses = drafted.greedy()
+            if sampled:
+                # Only the first `proposals` rows are judged; later slots keep their greedy
+                # draft, and their target rows are never used. A DFlash2 selector path is
+                # greedy only: sampled drafts come from each row's own distribution.
+                q = probabilities(drafted.logits[1:proposals + 1], sampling)
+                guesses[:proposals] = sample(q, rng)
         logits, rows = target.verify(np.concatenate([[anchor], guesses]).astype(np.int32),
                                      positions)
         result.verify_calls += 1
@@ -428,6 +501,8 @@ def speculative_generate(
                 accepted += 1
             token = int(greedy[accepted])
         result.accepted.append(accepted)
+        if copied is not None:
+            result.lookup_accepted.append(accepted)
         _emit(result, [int(t) for t in guesses[:accepted]] + [token], max_new_tokens, on_tokens)
         # Rows 0..accepted were computed from correct tokens; later rows saw rejected drafts
         # and stand only at positions the next verify call re-writes (they fill the inject

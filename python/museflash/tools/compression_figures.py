@@ -121,7 +121,8 @@ def acceptance(target, drafter, prompts: list[list[int]], new_tokens: int,
         for prompt in prompts:
             result = speculative_generate(eager_target, eager_drafter, prompt, new_tokens,
                                           mask_token_id=drafter.config.mask_token_id,
-                                          num_draft_tokens=k - 1, context_length=context)
+                                          num_draft_tokens=k - 1, context_length=context,
+                                          lookup_min_match=0)
             accepted += sum(result.accepted)
             steps += len(result.accepted)
         figures[f"K={k}"] = accepted / (steps * (k - 1))

@@ -1,7 +1,8 @@
 """Figures of the trained demo pairs over their EXPORTED packages (docs/benchmarks.md).
 
     ./bazelw run //:demo_figures -- [--pairs demo,demo-dflash2] [--num-draft-tokens 3,7,15]
-        [--work-dir DIR] [--prompts 8] [--new-tokens 48] [--output FILE.json]
+        [--lookup-min-match 0,3] [--work-dir DIR] [--prompts 8] [--new-tokens 48]
+        [--output FILE.json]
 
 For every pair and every number of drafted tokens k it exports the pair with
 `--num-draft-tokens k` (a block of k + 1: `main` verifies exactly what was drafted), and once a
@@ -11,7 +12,9 @@ same settings is reused. Then, on prompts cut from the middle of the held-out fi
 pairs never saw (tools/train_demo.py's split of the Python standard library):
 
 - the target's perplexity and bits per byte from its exported `main` logits;
-- per pair, temperature (0 and 0.7) and k: acceptance (drafted tokens accepted / drafted),
+- per pair, temperature (0 and 0.7), k and lookup setting (0: every step drafts; n: a step
+  whose last n tokens occurred before copies from the context instead, runtime/speculative.py):
+  the share of steps that copied, acceptance (drafted tokens accepted / drafted),
   mean accepted length (drafted tokens accepted per step), tokens per target call, and wall
   time per generated token with the drafter, on the Python export backend (the numpy
   ML-program interpreter, one thread) and on the Swift engine (//:swift-generate, its
@@ -45,6 +48,7 @@ from museflash.checkpoint.tensor_files import CheckpointError  # noqa: E402
 from museflash.runtime.package_check import PackageError, check_packages  # noqa: E402
 from museflash.runtime.sampling import Sampling  # noqa: E402
 from museflash.runtime.speculative import (  # noqa: E402
+    DEFAULT_LOOKUP_MIN_MATCH,
     ExportedDrafter,
     ExportedTarget,
     speculative_generate,
@@ -53,6 +57,7 @@ from museflash.runtime.speculative import (  # noqa: E402
 
 TEMPERATURES = (0.0, 0.7)
 DEFAULT_DRAFT_TOKENS = (3, 7, 15)
+DEFAULT_LOOKUPS = (0, DEFAULT_LOOKUP_MIN_MATCH)
 DEFAULT_PAIRS = ("demo", "demo-dflash2")
 TARGET_ALONE = "target-alone"
 
@@ -75,6 +80,8 @@ class Row:
     # The target alone over this export's own main (k + 1 tokens, pads after the first): what
     # `generate`'s speed-up compares with, on the Python backend.
     python_same_export_alone_ms_per_token: float
+    lookup_min_match: int = 0  # 0: every step drafted
+    copied_steps: float = 0.0  # share of the steps that copied from the context
 
 
 @dataclass
@@ -217,10 +224,11 @@ class TimedMain:
 
 
 def swift_run(binary: Path, export_dir: Path, prompt: list[int], new_tokens: int,
-              temperature: float, seed: int, draft: bool) -> dict:
+              temperature: float, seed: int, draft: bool, lookup_min_match: int = 0) -> dict:
     args = [str(binary), "--export-dir", str(export_dir), "--prompt-ids",
             ",".join(map(str, prompt)), "--max-new-tokens", str(new_tokens), "--format", "json",
-            "--no-compare", "--temperature", str(temperature), "--seed", str(seed)]
+            "--no-compare", "--temperature", str(temperature), "--seed", str(seed),
+            "--lookup-min-match", str(lookup_min_match)]
     if not draft:
         args.append("--no-draft")
     done = subprocess.run(args, capture_output=True, text=True, check=False)
@@ -233,6 +241,7 @@ def swift_run(binary: Path, export_dir: Path, prompt: list[int], new_tokens: int
 class Tally:
     accepted: int = 0
     steps: int = 0
+    copied_steps: int = 0
     tokens: int = 0
     target_calls: int = 0
     python_seconds: float = 0.0
@@ -246,7 +255,8 @@ class Tally:
 
 
 def run_rows(export_dir: Path, prompts: list[list[int]], new_tokens: int, temperature: float,
-             binary: Path | None, draft: bool, timer: TimedMain | None = None) -> Tally:
+             binary: Path | None, draft: bool, timer: TimedMain | None = None,
+             lookup_min_match: int = 0) -> Tally:
     """Every prompt through the Python loop, then the Swift engine, alternating."""
     metadata = Metadata.read(export_dir)
     target = ExportedTarget(export_dir, metadata)
@@ -263,7 +273,8 @@ def run_rows(export_dir: Path, prompts: list[list[int]], new_tokens: int, temper
             result = speculative_generate(target, drafter, prompt, new_tokens,
                                           mask_token_id=spec.mask_token_id,
                                           context_length=metadata.context_length,
-                                          sampling=sampling, rng=rng)
+                                          sampling=sampling, rng=rng,
+                                          lookup_min_match=lookup_min_match)
         else:
             result = target_only_generate(target, prompt, new_tokens,
                                           context_length=metadata.context_length,
@@ -271,11 +282,13 @@ def run_rows(export_dir: Path, prompts: list[list[int]], new_tokens: int, temper
         tally.python_seconds += time.perf_counter() - began
         tally.accepted += sum(result.accepted)
         tally.steps += len(result.accepted)
+        tally.copied_steps += result.lookup_steps
         tally.tokens += len(result.tokens)
         tally.target_calls += result.target_calls
         if binary is None:
             continue
-        report = swift_run(binary, export_dir, prompt, new_tokens, temperature, seed, draft)
+        report = swift_run(binary, export_dir, prompt, new_tokens, temperature, seed, draft,
+                           lookup_min_match)
         if temperature == 0 and result.tokens[:len(report["tokens"])] != report["tokens"]:
             raise FiguresError(f"the Swift engine's greedy tokens differ from the Python loop's "
                                f"on {export_dir} prompt {number}; fix that before timing")
@@ -287,7 +300,8 @@ def run_rows(export_dir: Path, prompts: list[list[int]], new_tokens: int, temper
 
 
 def measure(pairs: list[str], draft_counts: list[int], work_dir: Path, binary: Path | None, *,
-            prompts: int = 8, prompt_tokens: int = 48, new_tokens: int = 48,
+            lookups: tuple[int, ...] = DEFAULT_LOOKUPS, prompts: int = 8,
+            prompt_tokens: int = 48, new_tokens: int = 48,
             max_scored_tokens: int = 20000, log=print) -> Figures:
     from tokenizers import Tokenizer
 
@@ -337,18 +351,20 @@ def measure(pairs: list[str], draft_counts: list[int], work_dir: Path, binary: P
         log(f"[figures] target alone T={temperature:g}: "
             f"{figures.target_alone_ms_per_token[label]}")
         for pair in pairs:
-            for k in draft_counts:
+            for k, lookup in ((k, lookup) for k in draft_counts for lookup in lookups):
                 export_dir = exports[(pair, k)]
                 kind = Metadata.read(export_dir).speculative_decoding.drafter_kind
-                tally = run_rows(export_dir, chosen, new_tokens, temperature, binary, draft=True)
+                tally = run_rows(export_dir, chosen, new_tokens, temperature, binary, draft=True,
+                                 lookup_min_match=lookup)
                 note_main(k + 1, tally)
                 same = run_rows(export_dir, chosen, new_tokens, temperature, None, draft=False)
                 row = Row(pair, str(kind), temperature, k, tally.accepted / (tally.steps * k),
                           tally.accepted / tally.steps, tally.tokens / tally.target_calls,
                           1000 * tally.python_seconds / tally.tokens, tally.swift_ms_per_token(),
-                          1000 * same.python_seconds / same.tokens)
+                          1000 * same.python_seconds / same.tokens, lookup,
+                          tally.copied_steps / tally.steps)
                 figures.rows.append(row)
-                log(f"[figures] {pair} T={temperature:g} k={k}: acceptance "
+                log(f"[figures] {pair} T={temperature:g} k={k} lookup {lookup}: acceptance "
                     f"{100 * row.acceptance:.1f}%, length {row.mean_accepted_length:.2f}, "
                     f"{row.tokens_per_target_call:.2f} tokens/call, "
                     f"{row.python_ms_per_token:.1f} ms/token (Python), "
@@ -382,12 +398,16 @@ def markdown(figures: Figures) -> str:
         "brackets, against the target alone on the same export's `main` of k + 1 (what "
         "`generate` compares with).",
         "",
-        "| pair | drafter | T | k | acceptance | mean accepted length | tokens per target call "
-        "| ms/token Python | speed-up Python | ms/token Swift | speed-up Swift |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "Lookup n: a step whose last n tokens occurred before copies what followed them "
+        "instead of drafting (off: every step drafts); copied: the share of steps that did.",
+        "",
+        "| pair | drafter | T | k | lookup | copied | acceptance | mean accepted length "
+        "| tokens per target call | ms/token Python | speed-up Python | ms/token Swift "
+        "| speed-up Swift |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for label, alone in figures.target_alone_ms_per_token.items():
-        lines.append(f"| target alone (main of 1) | - | {label[1:]} | - | - | - | 1.00 | "
+        lines.append(f"| target alone (main of 1) | - | {label[1:]} | - | - | - | - | - | 1.00 | "
                      f"{_ms(alone['python'])} | 1.00x | {_ms(alone['swift'])} | "
                      f"{'1.00x' if alone['swift'] is not None else '-'} |")
     for row in figures.rows:
@@ -395,6 +415,7 @@ def markdown(figures: Figures) -> str:
         same = _ratio(row.python_same_export_alone_ms_per_token, row.python_ms_per_token)
         lines.append(
             f"| {row.pair} | {row.drafter_kind} | {row.temperature:g} | {row.num_draft_tokens} | "
+            f"{row.lookup_min_match or 'off'} | {100 * row.copied_steps:.0f}% | "
             f"{100 * row.acceptance:.1f}% | {row.mean_accepted_length:.2f} | "
             f"{row.tokens_per_target_call:.2f} | {_ms(row.python_ms_per_token)} | "
             f"{_ratio(alone['python'], row.python_ms_per_token)} ({same}) | "

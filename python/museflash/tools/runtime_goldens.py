@@ -12,10 +12,15 @@ interpreter) and writes ONE JSON file:
   environment  {"OPENBLAS_NUM_THREADS": the value the interpreter ran with} (see below)
   prompt     where the prompt ids come from and the pad token the loop is given
   cases      per prompt length, greedy speculative decoding (the bundle's mask token and
-             num_draft_tokens) and target-only greedy decoding: the prompt, the generated
+             num_draft_tokens) drafting every step (`speculative`), the same with steps that
+             copy from the context at the default lookup_min_match (`speculative-lookup`),
+             and target-only greedy decoding: the prompt, the lookup_min_match, the generated
              tokens, the drafted tokens accepted per step, the call counts the loop reports and
              the trace of EVERY function call in order (function, first position, number of
              positions); a prompt length the context cannot hold is a case with `skipped`
+  defaults   {"lookup_min_match": the loop's default}, which the Swift engine's must equal
+  lookups    lookup_proposal over seeded contexts: context, count, min_match, proposal (null:
+             no match), for the Swift engine's copy of the rule
   parity     single function calls captured from the speculative decoding of the ring-wrapping
              case: inputs, every state of the package before and after, and every output, so
              an interpreter can be checked one function at a time
@@ -67,8 +72,11 @@ from museflash.bundle import (  # noqa: E402
     StateKind,
 )
 from museflash.runtime.speculative import (  # noqa: E402
+    DEFAULT_LOOKUP_MIN_MATCH,
+    LOOKUP_WINDOW,
     DecodeResult,
     load_exported_pair,
+    lookup_proposal,
     speculative_generate,
     target_only_generate,
 )
@@ -276,6 +284,28 @@ def new_tokens_for(prompt_length: int, room: int, max_new_tokens: int, wraps: bo
     return min(wanted, room)
 
 
+MODES = ("speculative", "speculative-lookup", "target_only")
+
+
+def lookup_examples(count: int = 120) -> list[dict[str, Any]]:
+    """Seeded contexts over small vocabularies, half ending on a copy of an earlier piece, a
+    few longer than LOOKUP_WINDOW, with lookup_proposal's answer for each."""
+    rng = np.random.default_rng(7)
+    examples = []
+    for index in range(count):
+        vocab = int(rng.choice([2, 3, 8, 50]))
+        length = LOOKUP_WINDOW + int(rng.integers(-8, 40)) if index % 20 == 0 else \
+            int(rng.integers(1, 60))
+        context = rng.integers(0, vocab, length).tolist()
+        if rng.random() < 0.5:
+            start = int(rng.integers(0, len(context)))
+            context += context[start:start + int(rng.integers(1, 12))]
+        size, min_match = int(rng.integers(1, 16)), int(rng.integers(1, 6))
+        examples.append({"context": context, "count": size, "min_match": min_match,
+                         "proposal": lookup_proposal(context, size, min_match)})
+    return examples
+
+
 def _calls(result: DecodeResult) -> dict[str, int]:
     return {str(FunctionName.PREFILL): result.prefill_calls,
             str(FunctionName.MAIN): result.verify_calls,
@@ -335,22 +365,23 @@ def build_goldens(export_dir: Path, prompt_lengths: list[int], max_new_tokens: i
                 if length == wrap_prompt_length:
                     raise GoldensError(f"--wrap-prompt-length {length}: {reason}; the parity "
                                        "records come from that case, choose a shorter one")
-                for mode in ("speculative", "target_only"):
+                for mode in MODES:
                     cases.append({"name": f"{mode}-p{length}", "skipped": reason})
                 continue
             wraps = length == wrap_prompt_length
             new = new_tokens_for(length, room, max_new_tokens, wraps, capacity, block)
             ids = prompt.ids[:length]
-            for mode in ("speculative", "target_only"):
+            for mode in MODES:
                 name = f"{mode}-p{length}"
+                lookup = DEFAULT_LOOKUP_MIN_MATCH if mode == "speculative-lookup" else 0
                 capture = wraps and mode == "speculative"
                 recorder.start(capture=capture)
                 began = time.perf_counter()
-                if mode == "speculative":
+                if mode != "target_only":
                     result = speculative_generate(
                         target, drafter, ids, new, mask_token_id=spec.mask_token_id,
                         num_draft_tokens=spec.num_draft_tokens, context_length=context,
-                        pad_token_id=prompt.pad_token_id)
+                        pad_token_id=prompt.pad_token_id, lookup_min_match=lookup)
                 else:
                     result = target_only_generate(target, ids, new,
                                                   pad_token_id=prompt.pad_token_id,
@@ -362,9 +393,11 @@ def build_goldens(export_dir: Path, prompt_lengths: list[int], max_new_tokens: i
                     "mode": mode,
                     "prompt_ids": [int(i) for i in ids],
                     "max_new_tokens": new,
+                    "lookup_min_match": lookup,
                     "num_draft_tokens": result.num_draft_tokens,
                     "tokens": [int(t) for t in result.tokens],
                     "accepted": [int(a) for a in result.accepted],
+                    "lookup_steps": result.lookup_steps,
                     "calls": _calls(result),
                     "trace": recorder.trace,
                 })
@@ -379,4 +412,6 @@ def build_goldens(export_dir: Path, prompt_lengths: list[int], max_new_tokens: i
             "environment": {BLAS_THREADS: os.environ.get(BLAS_THREADS)},
             "prompt": {"source": prompt.source, "pad_token_id": prompt.pad_token_id},
             "cases": cases,
+            "defaults": {"lookup_min_match": DEFAULT_LOOKUP_MIN_MATCH},
+            "lookups": lookup_examples(),
             "parity": parity}

@@ -675,7 +675,8 @@ def measure_acceptance(target_dir: Path, drafter_dir: Path, block: int, prompts:
     with torch.no_grad():
         for prompt in prompts:
             result = speculative_generate(eager_target, eager_drafter, prompt, new_tokens,
-                                          mask_token_id=mask, sampling=sampling, rng=rng)
+                                          mask_token_id=mask, sampling=sampling, rng=rng,
+                                          lookup_min_match=0)
             accepted.extend(result.accepted)
             per_call.append(result.tokens_per_verify_call)
     mean = float(np.mean(accepted))

@@ -16,15 +16,24 @@ public struct GenerationOptions: Sendable {
     public var sampling: Sampling?
     /// The seed of the generation's only randomness (`SeededGenerator`).
     public var seed: UInt64
+    /// A step whose context ends in this many tokens that occurred before proposes what
+    /// followed them (`ContextLookup.proposal`) instead of calling `draft`; 0 drafts every step.
+    public var lookupMinMatch: Int
+
+    /// The default `lookupMinMatch`, the same as the Python loop's DEFAULT_LOOKUP_MIN_MATCH
+    /// (tests/runtime's goldens check that they agree).
+    public static let defaultLookupMinMatch = 3
 
     public init(maxNewTokens: Int = 64, useDrafter: Bool = true, numDraftTokens: Int? = nil,
-                stopAtEndOfSequence: Bool = true, sampling: Sampling? = nil, seed: UInt64 = 0) {
+                stopAtEndOfSequence: Bool = true, sampling: Sampling? = nil, seed: UInt64 = 0,
+                lookupMinMatch: Int = GenerationOptions.defaultLookupMinMatch) {
         self.maxNewTokens = maxNewTokens
         self.useDrafter = useDrafter
         self.numDraftTokens = numDraftTokens
         self.stopAtEndOfSequence = stopAtEndOfSequence
         self.sampling = sampling
         self.seed = seed
+        self.lookupMinMatch = lookupMinMatch
     }
 
     var sampled: Bool { sampling.map { !$0.isGreedy } ?? false }
@@ -64,6 +73,9 @@ public struct GenerationResult: Sendable {
     public var tokens: [Int32] = []
     /// Drafted tokens accepted at each verify step (empty without the drafter).
     public var accepted: [Int] = []
+    /// Proposed tokens accepted at each step that copied from the context instead of drafting.
+    public var lookupAccepted: [Int] = []
+    public var lookupSteps: Int { lookupAccepted.count }
     public var stopReason: StopReason = .maxNewTokens
     /// Function name -> calls and seconds spent in them.
     public var functions: [String: FunctionStats] = [:]
@@ -93,6 +105,9 @@ public struct GenerationResult: Sendable {
 ///            the same positions; the longest agreeing prefix plus the target's own token is
 ///            accepted; decoding goes on from the first unaccepted position. Nothing is
 ///            truncated: rejected slots are overwritten by the next call.
+///   lookup   with `lookupMinMatch` n > 0, a step whose context ends in n or more tokens seen
+///            before proposes what followed them instead of calling `draft`
+///            (`ContextLookup.proposal`); sampled, the copy is judged with a one-hot q.
 ///
 /// The target's functions share one state and the drafter's another (`makeState(for:)`).
 public final class SpeculativeDecoder {
@@ -196,6 +211,9 @@ public final class SpeculativeDecoder {
         }
         guard options.maxNewTokens >= 1 else {
             throw RuntimeError.badOption(reason: "--max-new-tokens must be at least 1, got \(options.maxNewTokens)")
+        }
+        guard options.lookupMinMatch >= 0 else {
+            throw RuntimeError.badOption(reason: "--lookup-min-match must be >= 0 (0 drafts every step), got \(options.lookupMinMatch)")
         }
         // A bundle without a drafter is never decoded with the target alone unasked.
         if options.useDrafter && !hasDrafter {
@@ -368,6 +386,50 @@ public final class SpeculativeDecoder {
             return true
         }
 
+        /// The newest ids of prompt + generated tokens that a lookup can look at.
+        func contextTail() -> [Int32] {
+            let size = ContextLookup.window + ContextLookup.maxMatch
+            let tail = result.tokens.suffix(size)
+            return tail.count < size ? Array(prompt.suffix(size - tail.count)) + tail : Array(tail)
+        }
+
+        /// One `draft` call: the proposed tokens (the selector's path or each row's argmax;
+        /// sampled, the judged ones drawn from their rows) and the judged rows' q.
+        mutating func draftStep(anchor: Int32, at anchorPosition: Int, proposals: Int) throws -> ([Int32], [[Double]]) {
+            let block = decoder.blockSize
+            let vocab = decoder.vocabSize
+            let drafted = try call(decoder.draft!, [
+                "input_ids": ShapedArray(int32: [anchor] + [Int32](repeating: decoder.maskTokenID, count: block - 1), shape: [1, block]),
+                "position_ids": ShapedArray(int32: (0..<block).map { Int32(anchorPosition + $0) }, shape: [block]),
+            ], first: anchorPosition, length: block)
+            var guesses: [Int32]
+            if let selected = drafted["draft_tokens"] {
+                guesses = selected.int32s
+                guard guesses.count == block - 1 else {
+                    throw RuntimeError.badOutput(function: "draft", reason: "\(guesses.count) draft_tokens for a block of \(block)")
+                }
+            } else {
+                guard let rows = drafted["logits"], rows.count == block * vocab else {
+                    throw RuntimeError.badOutput(function: "draft", reason: "no logits of \(block) x \(vocab)")
+                }
+                let values = rows.floats
+                guesses = (1..<block).map { argmax(values[($0 * vocab)..<(($0 + 1) * vocab)]) }
+            }
+            // Sampled: the judged drafts come from each drafter row's own distribution (a
+            // DFlash2 selector path is greedy only); later slots keep their greedy draft and
+            // their target rows are never used.
+            var q: [[Double]] = []
+            if options.sampled, let sampling = options.sampling {
+                guard let rows = drafted["logits"], rows.count == block * vocab else {
+                    throw RuntimeError.badOutput(function: "draft", reason: "no logits of \(block) x \(vocab)")
+                }
+                let values = rows.floats
+                q = (1...proposals).map { probabilities(sampling, values[($0 * vocab)..<(($0 + 1) * vocab)]) }
+                for index in 0..<proposals { guesses[index] = Int32(SpeculativeSampling.sample(q[index], &generator)) }
+            }
+            return (guesses, q)
+        }
+
         mutating func speculative(proposals: Int) throws {
             let block = decoder.blockSize
             let vocab = decoder.vocabSize
@@ -379,34 +441,22 @@ public final class SpeculativeDecoder {
             }
             var anchorPosition = prompt.count
             while !done, roomFor(first: anchorPosition, length: block) {
-                let drafted = try call(decoder.draft!, [
-                    "input_ids": ShapedArray(int32: [anchor] + [Int32](repeating: decoder.maskTokenID, count: block - 1), shape: [1, block]),
-                    "position_ids": ShapedArray(int32: (0..<block).map { Int32(anchorPosition + $0) }, shape: [block]),
-                ], first: anchorPosition, length: block)
+                // A copy from the context, judged (sampled) with a one-hot q; else a draft.
                 var guesses: [Int32]
-                if let selected = drafted["draft_tokens"] {
-                    guesses = selected.int32s
-                    guard guesses.count == block - 1 else {
-                        throw RuntimeError.badOutput(function: "draft", reason: "\(guesses.count) draft_tokens for a block of \(block)")
+                var q: [[Double]] = []
+                let copied = options.lookupMinMatch > 0
+                    ? ContextLookup.proposal(contextTail(), count: block - 1, minMatch: options.lookupMinMatch) : nil
+                if let copied = copied {
+                    guesses = copied
+                    if options.sampled {
+                        q = (0..<proposals).map { index in
+                            var row = [Double](repeating: 0, count: vocab)
+                            row[Int(copied[index])] = 1
+                            return row
+                        }
                     }
                 } else {
-                    guard let rows = drafted["logits"], rows.count == block * vocab else {
-                        throw RuntimeError.badOutput(function: "draft", reason: "no logits of \(block) x \(vocab)")
-                    }
-                    let values = rows.floats
-                    guesses = (1..<block).map { argmax(values[($0 * vocab)..<(($0 + 1) * vocab)]) }
-                }
-                // Sampled: the judged drafts come from each drafter row's own distribution (a
-                // DFlash2 selector path is greedy only); later slots keep their greedy draft and
-                // their target rows are never used.
-                var q: [[Double]] = []
-                if options.sampled, let sampling = options.sampling {
-                    guard let rows = drafted["logits"], rows.count == block * vocab else {
-                        throw RuntimeError.badOutput(function: "draft", reason: "no logits of \(block) x \(vocab)")
-                    }
-                    let values = rows.floats
-                    q = (1...proposals).map { probabilities(sampling, values[($0 * vocab)..<(($0 + 1) * vocab)]) }
-                    for index in 0..<proposals { guesses[index] = Int32(SpeculativeSampling.sample(q[index], &generator)) }
+                    (guesses, q) = try draftStep(anchor: anchor, at: anchorPosition, proposals: proposals)
                 }
                 let verified = try target(decoder.main, ids: [anchor] + guesses, first: anchorPosition)
                 guard verified.rows == block else {
@@ -425,6 +475,7 @@ public final class SpeculativeDecoder {
                     }
                 }
                 result.accepted.append(accepted)
+                if copied != nil { result.lookupAccepted.append(accepted) }
                 emit(Array(guesses[..<accepted]) + [token])
                 // Rows 0 ... accepted saw correct tokens; later rows stand at positions the next
                 // verify call re-writes (they fill the inject window while fewer than a block

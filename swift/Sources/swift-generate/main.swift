@@ -5,7 +5,8 @@ import MuseflashRuntime
 //
 //   swift-generate --export-dir DIR (--prompt TEXT | --prompt-file F | --prompt-ids 1,2,3)
 //       [--max-new-tokens N] [--temperature T] [--top-p P] [--seed S] [--no-draft]
-//       [--num-draft-tokens K] [--backend interpreter|coreml] [--format text|json] [--no-compare]
+//       [--num-draft-tokens K] [--lookup-min-match N] [--backend interpreter|coreml]
+//       [--format text|json] [--no-compare]
 //
 // Text: the continuation streamed as it is accepted (decoded text for a text prompt, ids for
 // --prompt-ids), then the figures, and the drafter's speed-up against the target alone, timed in
@@ -25,6 +26,7 @@ struct Options {
     var maxNewTokens = 64
     var useDrafter = true
     var numDraftTokens: Int?
+    var lookupMinMatch = GenerationOptions.defaultLookupMinMatch
     var backend = "interpreter"
     var json = false
     var temperature = 0.0
@@ -34,7 +36,7 @@ struct Options {
     var compare: Bool?
 }
 
-let usage = "usage: swift-generate --export-dir DIR (--prompt TEXT | --prompt-file F | --prompt-ids 1,2,3) [--max-new-tokens N] [--temperature T] [--top-p P] [--seed S] [--no-draft] [--num-draft-tokens K] [--backend interpreter|coreml] [--format text|json] [--compare | --no-compare]"
+let usage = "usage: swift-generate --export-dir DIR (--prompt TEXT | --prompt-file F | --prompt-ids 1,2,3) [--max-new-tokens N] [--temperature T] [--top-p P] [--seed S] [--no-draft] [--num-draft-tokens K] [--lookup-min-match N] [--backend interpreter|coreml] [--format text|json] [--compare | --no-compare]"
 
 func parse(_ arguments: [String]) throws -> Options {
     var options = Options()
@@ -86,6 +88,7 @@ func parse(_ arguments: [String]) throws -> Options {
         case "--compare": options.compare = true
         case "--max-new-tokens": options.maxNewTokens = try integer(argument)
         case "--num-draft-tokens": options.numDraftTokens = try integer(argument)
+        case "--lookup-min-match": options.lookupMinMatch = try integer(argument)
         case "--no-draft": options.useDrafter = false
         case "--backend":
             options.backend = try value(argument)
@@ -162,6 +165,8 @@ func report(_ result: GenerationResult, options: Options, backend: String, bundl
         "prompt_ids": result.promptIDs.map(Int.init),
         "tokens": result.tokens.map(Int.init),
         "accepted": result.accepted,
+        "lookup_min_match": options.lookupMinMatch,
+        "lookup_steps": result.lookupSteps,
         "stop_reason": result.stopReason.rawValue,
         "num_draft_tokens": result.numDraftTokens,
         "calls": result.functions.mapValues { $0.calls },
@@ -186,7 +191,7 @@ func report(_ result: GenerationResult, options: Options, backend: String, bundl
                               "speedup": $0.tokensPerSecond > 0 ? result.tokensPerSecond / $0.tokensPerSecond : 0] } ?? [:]) { a, _ in a }
 }
 
-func summary(_ result: GenerationResult, backend: String, alone: GenerationResult?) -> String {
+func summary(_ result: GenerationResult, options: Options, backend: String, alone: GenerationResult?) -> String {
     var lines: [String] = []
     let stop = result.stopReason == .maxNewTokens ? "reached --max-new-tokens" : result.stopReason == .endOfSequence ? "end of sequence" : "context full"
     lines.append(String(format: "%d tokens in %.3f s (%.1f tokens/s, %@ backend), stopped: %@",
@@ -195,6 +200,11 @@ func summary(_ result: GenerationResult, backend: String, alone: GenerationResul
         lines.append(String(format: "%.2f tokens per target call (%d calls); accepted per step %.2f/%d (%.1f%%): %@",
                             result.tokensPerTargetCall, result.targetCalls, result.meanAcceptedLength, result.numDraftTokens,
                             100 * result.acceptanceRate, result.accepted.map(String.init).joined(separator: " ")))
+        if result.lookupSteps > 0 {
+            let copied = Double(result.lookupAccepted.reduce(0, +)) / Double(result.lookupSteps)
+            lines.append(String(format: "%d of %d steps copied from the context (--lookup-min-match %d), accepting %.2f per step",
+                                result.lookupSteps, result.accepted.count, options.lookupMinMatch, copied))
+        }
     } else {
         lines.append(String(format: "%.2f tokens per target call (%d calls), target alone", result.tokensPerTargetCall, result.targetCalls))
     }
@@ -240,7 +250,8 @@ do {
     let decoder = try SpeculativeDecoder(bundle: bundle, backend: backend)
     let sampling = try Sampling(temperature: options.temperature, topP: options.topP)
     var generation = GenerationOptions(maxNewTokens: options.maxNewTokens, useDrafter: options.useDrafter,
-                                       numDraftTokens: options.numDraftTokens, sampling: sampling, seed: options.seed)
+                                       numDraftTokens: options.numDraftTokens, sampling: sampling, seed: options.seed,
+                                       lookupMinMatch: options.lookupMinMatch)
     let streamText = options.promptIDs.isEmpty && !options.json
     var stream = text?.stream()
     if streamText, let given = promptText { write(given) }
@@ -261,7 +272,7 @@ do {
         let data = try JSONSerialization.data(withJSONObject: body, options: [.sortedKeys])
         write(String(decoding: data, as: UTF8.self) + "\n")
     } else {
-        write("\n" + summary(result, backend: backend.name, alone: alone))
+        write("\n" + summary(result, options: options, backend: backend.name, alone: alone))
     }
 } catch {
     fail("\(error)")

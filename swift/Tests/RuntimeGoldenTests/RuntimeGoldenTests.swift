@@ -11,6 +11,8 @@ final class RuntimeGoldenTests: XCTestCase {
     struct Case {
         let name: String
         let speculative: Bool
+        /// 0: every step drafts; else steps may copy from the context.
+        let lookupMinMatch: Int
         let prompt: [Int32]
         let maxNewTokens: Int
         let tokens: [Int32]
@@ -53,7 +55,9 @@ final class RuntimeGoldenTests: XCTestCase {
                 FunctionCall(function: $0["function"] as? String ?? "", firstPosition: $0["first_position"] as? Int ?? -1,
                              length: $0["length"] as? Int ?? -1)
             }
-            return Case(name: name, speculative: entry["mode"] as? String == "speculative",
+            let mode = entry["mode"] as? String ?? ""
+            return Case(name: name, speculative: mode.hasPrefix("speculative"),
+                        lookupMinMatch: entry["lookup_min_match"] as? Int ?? 0,
                         prompt: (entry["prompt_ids"] as? [Int] ?? []).map(Int32.init),
                         maxNewTokens: entry["max_new_tokens"] as? Int ?? 0,
                         tokens: (entry["tokens"] as? [Int] ?? []).map(Int32.init),
@@ -64,7 +68,8 @@ final class RuntimeGoldenTests: XCTestCase {
 
     func options(_ golden: Case) -> GenerationOptions {
         // The Python loop does not stop at the end-of-sequence token; neither does this check.
-        GenerationOptions(maxNewTokens: golden.maxNewTokens, useDrafter: golden.speculative, stopAtEndOfSequence: false)
+        GenerationOptions(maxNewTokens: golden.maxNewTokens, useDrafter: golden.speculative, stopAtEndOfSequence: false,
+                          lookupMinMatch: golden.lookupMinMatch)
     }
 
     /// Tokens, accepted drafts, call counts and the whole call trace of every golden case.
@@ -81,6 +86,24 @@ final class RuntimeGoldenTests: XCTestCase {
                 XCTAssertEqual(result.functions[function]?.calls ?? 0, count, "\(golden.name): \(function) calls", file: file, line: line)
             }
         }
+    }
+
+    /// The engine's copy of the lookup rule gives the Python rule's answer on every context the
+    /// goldens hold, and its default is the Python loop's.
+    func testContextLookupFollowsThePythonRule() throws {
+        guard let examples = Self.goldens["lookups"] as? [[String: Any]],
+              let defaults = Self.goldens["defaults"] as? [String: Any] else { throw XCTSkip("no golden file (MUSEFLASH_GOLDENS)") }
+        XCTAssertEqual(GenerationOptions.defaultLookupMinMatch, defaults["lookup_min_match"] as? Int)
+        XCTAssertGreaterThan(examples.count, 20)
+        var found = 0
+        for (index, example) in examples.enumerated() {
+            let context = (example["context"] as? [Int] ?? []).map(Int32.init)
+            let expected = (example["proposal"] as? [Int])?.map(Int32.init)
+            let got = ContextLookup.proposal(context, count: example["count"] as? Int ?? 1, minMatch: example["min_match"] as? Int ?? 1)
+            XCTAssertEqual(got, expected, "lookup example \(index) (\(context.count) tokens)")
+            if expected != nil { found += 1 }
+        }
+        XCTAssertGreaterThan(found, 10, "too few examples with a match to check anything")
     }
 
     func testInterpreterBackendDecodesAsThePythonLoop() throws {
