@@ -75,6 +75,7 @@ def test_sampling_is_reproducible_by_seed(exports):
     ({"prompt": "   "}, "has no tokens after tokenization"),
     ({"backend": "coreml"}, "--backend 'coreml' is not one of"),
     ({"max_new_tokens": 0}, "--max-new-tokens must be at least 1"),
+    ({"lookup_min_match": -1}, "--lookup-min-match must be >= 0"),
     ({"max_new_tokens": 60}, "context_length is 64"),
 ])
 def test_bad_requests_are_one_line_errors(exports, kwargs, message):

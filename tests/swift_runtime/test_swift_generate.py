@@ -105,7 +105,9 @@ def test_truncated_weight_file(bundle):
 
 
 @pytest.mark.parametrize("flag, value", [("--max-new-tokens", "0"), ("--backend", "gpu"),
-                                         ("--format", "xml"), ("--num-draft-tokens", "99")])
+                                         ("--format", "xml"), ("--num-draft-tokens", "99"),
+                                         ("--lookup-min-match", "-1"),
+                                         ("--lookup-min-match", "two")])
 def test_bad_options(flag, value):
     result = run("--export-dir", BUNDLE, "--prompt-ids", "1,2,3", flag, value)
     assert_one_line_error(result, flag)

@@ -235,7 +235,7 @@ LOOKUP_WINDOW = 1024  # earlier occurrences are looked for among the newest this
 # A step copies from the context when its last DEFAULT_LOOKUP_MIN_MATCH tokens occurred before;
 # chosen by //:demo_figures (docs/benchmarks.md). The Swift engine's GenerationOptions default
 # is the same number (checked by tests/runtime's goldens).
-DEFAULT_LOOKUP_MIN_MATCH = 3
+DEFAULT_LOOKUP_MIN_MATCH = 2
 
 
 def lookup_proposal(context: list[int], count: int, min_match: int) -> list[int] | None:

@@ -357,7 +357,9 @@ def measure(pairs: list[str], draft_counts: list[int], work_dir: Path, binary: P
                 tally = run_rows(export_dir, chosen, new_tokens, temperature, binary, draft=True,
                                  lookup_min_match=lookup)
                 note_main(k + 1, tally)
-                same = run_rows(export_dir, chosen, new_tokens, temperature, None, draft=False)
+                if lookup == lookups[0]:  # the target alone on this export, once per k
+                    same = run_rows(export_dir, chosen, new_tokens, temperature, None,
+                                    draft=False)
                 row = Row(pair, str(kind), temperature, k, tally.accepted / (tally.steps * k),
                           tally.accepted / tally.steps, tally.tokens / tally.target_calls,
                           1000 * tally.python_seconds / tally.tokens, tally.swift_ms_per_token(),

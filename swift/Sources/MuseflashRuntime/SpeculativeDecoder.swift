@@ -22,7 +22,7 @@ public struct GenerationOptions: Sendable {
 
     /// The default `lookupMinMatch`, the same as the Python loop's DEFAULT_LOOKUP_MIN_MATCH
     /// (tests/runtime's goldens check that they agree).
-    public static let defaultLookupMinMatch = 3
+    public static let defaultLookupMinMatch = 2
 
     public init(maxNewTokens: Int = 64, useDrafter: Bool = true, numDraftTokens: Int? = nil,
                 stopAtEndOfSequence: Bool = true, sampling: Sampling? = nil, seed: UInt64 = 0,
