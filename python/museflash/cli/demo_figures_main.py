@@ -60,7 +60,7 @@ def main(argv: list[str]) -> int:
     except ValueError:
         lookups = (-1,)
     if not lookups or min(lookups) < 0:
-        print("demo_figures: error: --lookup-min-match takes integers >= 0, e.g. 0,3",
+        print("demo_figures: error: --lookup-min-match takes integers >= 0, e.g. 0,2",
               file=sys.stderr)
         return 2
     if not FLAGS.pairs or not counts:

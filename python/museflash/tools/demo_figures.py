@@ -1,7 +1,7 @@
 """Figures of the trained demo pairs over their EXPORTED packages (docs/benchmarks.md).
 
     ./bazelw run //:demo_figures -- [--pairs demo,demo-dflash2] [--num-draft-tokens 3,7,15]
-        [--lookup-min-match 0,3] [--work-dir DIR] [--prompts 8] [--new-tokens 48]
+        [--lookup-min-match 0,2] [--work-dir DIR] [--prompts 8] [--new-tokens 48]
         [--output FILE.json]
 
 For every pair and every number of drafted tokens k it exports the pair with
