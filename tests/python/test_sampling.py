@@ -247,10 +247,12 @@ def test_greedy_is_unchanged(settings):
     plain = greedy_generate(MarkovTarget(LOGITS), PROMPT, 200)
     assert target_only_generate(MarkovTarget(LOGITS), PROMPT, 200,
                                 sampling=settings).tokens == plain.tokens
-    for drafter in ("close", "wrong"):
+    for drafter, lookup in (("close", 0), ("wrong", 0), ("wrong", 2)):
         spec = speculative_generate(MarkovTarget(LOGITS), _drafter(drafter), PROMPT, 200,
-                                    mask_token_id=MASK, sampling=settings)
+                                    mask_token_id=MASK, sampling=settings,
+                                    lookup_min_match=lookup)
         assert spec.tokens == plain.tokens
+        assert (spec.lookup_steps > 0) == (lookup > 0)
         assert "sampled" not in spec.summary()
 
 

@@ -245,7 +245,7 @@ def lookup_proposal(context: list[int], count: int, min_match: int) -> list[int]
     an earlier position, among the last LOOKUP_WINDOW positions; among equally long matches
     the latest wins. The proposal is what followed that earlier occurrence, copied on through
     the proposal itself when it runs past the end, so a loop of period p repeats with period
-    p. The Swift engine implements the same rule (SpeculativeDecoder.lookupProposal)."""
+    p. The Swift engine implements the same rule (ContextLookup.proposal)."""
     if min_match < 1 or count < 1:
         raise ValueError(f"lookup needs min_match >= 1 and count >= 1, got {min_match}, {count}")
     tail = np.asarray(context[-(LOOKUP_WINDOW + LOOKUP_MAX_MATCH):], np.int64)
@@ -282,8 +282,7 @@ class DecodeResult:
     inject_calls: int = 0
     draft_calls: int = 0
     accepted: list[int] = field(default_factory=list)  # drafted tokens accepted, per step
-    lookup_steps: int = 0  # steps that proposed a copy of the context instead of a draft
-    lookup_accepted: list[int] = field(default_factory=list)  # accepted, per lookup step
+    lookup_accepted: list[int] = field(default_factory=list)  # accepted, per copying step
     num_draft_tokens: int = 0
     sampling: Sampling | None = None  # None or temperature 0: greedy
     lookup_min_match: int = 0  # 0: every step drafted
@@ -292,6 +291,11 @@ class DecodeResult:
     def mean_accepted_length(self) -> float:
         """Mean drafted tokens accepted per step (the target's own token not counted)."""
         return float(np.mean(self.accepted)) if self.accepted else 0.0
+
+    @property
+    def lookup_steps(self) -> int:
+        """Steps that proposed a copy of the context instead of a draft."""
+        return len(self.lookup_accepted)
 
     @property
     def lookup_mean_accepted_length(self) -> float:
@@ -472,7 +476,6 @@ def speculative_generate(
         copied = (lookup_proposal(context, block - 1, lookup_min_match)
                   if lookup_min_match else None)
         if copied is not None:
-            result.lookup_steps += 1
             guesses = np.asarray(copied, np.int32)
             if sampled:  # a deterministic proposal: q is the one-hot of each copied token
                 q = np.zeros((proposals, logits.shape[-1]), np.float64)

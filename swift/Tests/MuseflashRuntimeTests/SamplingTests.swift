@@ -54,17 +54,21 @@ final class SamplingTests: XCTestCase {
         return zip(d, variance).map { ($0, $1.squareRoot()) }
     }
 
-    func generate(close: Bool, sampling: Sampling, seed: UInt64, useDrafter: Bool = true,
+    /// lookupMinMatch 0: every step drafts (over 6 tokens a 2-token match is found nearly every
+    /// step, so the default would hardly ever call the drafter).
+    func generate(close: Bool, sampling: Sampling, seed: UInt64, useDrafter: Bool = true, lookupMinMatch: Int = 0,
                   configure: (inout SpeculativeDecoder.Faults) -> Void = { _ in }) throws -> GenerationResult {
         let decoder = try SpeculativeDecoder(bundle: StandIn.bundle(), backend: MarkovBackend(close: close))
         configure(&decoder.faults)
         return try decoder.generate(prompt: Self.prompt, options: GenerationOptions(
-            maxNewTokens: Self.tokens, useDrafter: useDrafter, sampling: sampling, seed: seed))
+            maxNewTokens: Self.tokens, useDrafter: useDrafter, sampling: sampling, seed: seed, lookupMinMatch: lookupMinMatch))
     }
 
-    func checkDistribution(close: Bool, temperature: Double, topP: Double, useDrafter: Bool = true) throws {
+    @discardableResult
+    func checkDistribution(close: Bool, temperature: Double, topP: Double, useDrafter: Bool = true,
+                           lookupMinMatch: Int = 0) throws -> GenerationResult {
         let sampling = try Sampling(temperature: temperature, topP: topP)
-        let result = try generate(close: close, sampling: sampling, seed: 1, useDrafter: useDrafter)
+        let result = try generate(close: close, sampling: sampling, seed: 1, useDrafter: useDrafter, lookupMinMatch: lookupMinMatch)
         XCTAssertEqual(result.tokens.count, Self.tokens)
         let exact = Self.exact(temperature: temperature, topP: topP)
         for (token, stat) in Self.statistics(result.tokens, exact).enumerated() {
@@ -75,6 +79,17 @@ final class SamplingTests: XCTestCase {
             // The check is only worth something if drafts are both accepted and rejected.
             XCTAssertGreaterThan(result.accepted.reduce(0, +), 0)
             XCTAssertLessThan(result.meanAcceptedLength, Double(StandIn.block - 1))
+        }
+        return result
+    }
+
+    /// Copied proposals are judged with a one-hot q: the output keeps the target's distribution.
+    func testCopyingStepsKeepTheTargetDistribution() throws {
+        for topP in [1, 0.9] {
+            let result = try checkDistribution(close: false, temperature: 0.8, topP: topP, lookupMinMatch: 2)
+            XCTAssertGreaterThan(Double(result.lookupSteps), 0.9 * Double(result.accepted.count))
+            XCTAssertEqual(result.lookupAccepted.max(), StandIn.block - 1)
+            XCTAssertEqual(result.lookupAccepted.min(), 0)
         }
     }
 
