@@ -333,9 +333,11 @@ def test_path_gaps_are_zero_on_the_greedy_path_and_positive_off_it(models):
         other = torch.cat([runner_up.reshape(1).int(), path[0, 1:]])
         gaps = drafter.path_gaps(ids, positions, other)
         assert gaps[0] > 0 or int(runner_up) == int(path[0, 0])
+        # A token outside the candidates: at least as far as its logit is below the k-th's.
         outside = torch.argsort(logits[0, 1])[0].reshape(1).int()  # the least likely token
-        assert drafter.path_gaps(ids, positions, torch.cat([outside, path[0, 1:]]))[0] == float(
-            "inf")
+        kth = torch.topk(logits[0, 1], drafter.candidate_selector.top_k).values[-1]
+        gap = drafter.path_gaps(ids, positions, torch.cat([outside, path[0, 1:]]))[0]
+        assert gap >= kth - logits[0, 1, outside[0]] > 0
 
 
 def test_verify_accepts_a_selector_near_tie_and_refuses_a_wrong_path(models):
@@ -350,10 +352,11 @@ def test_verify_accepts_a_selector_near_tie_and_refuses_a_wrong_path(models):
         _inject(drafter, torch.randn(1, 8, 64, generator=torch.Generator().manual_seed(3)))
         logits, path = drafter.draft(torch.from_numpy(ids), torch.from_numpy(positions))
 
-    def report(tokens):
+    def report(tokens, scale=None):
         # As if the package's path differed from eager's by one token somewhere.
+        scale = float(logits.abs().max()) if scale is None else scale
         return ParityReport("draft", outputs={
-            "logits": Discrepancy("logits", 0.0, float(logits.abs().max())),
+            "logits": Discrepancy("logits", 0.0, scale),
             "draft_tokens": Discrepancy("draft_tokens", 1.0, 1.0, exact=True)},
             actual={"draft_tokens": tokens})
 
@@ -365,3 +368,16 @@ def test_verify_accepts_a_selector_near_tie_and_refuses_a_wrong_path(models):
     refused = report(wrong)
     assert _accept_selector_near_tie(refused, drafter, ids, positions) == 0
     assert not refused.outputs["draft_tokens"].within(OUTPUT_TOLERANCE)
+    # The best token just outside the candidates (fp16 can swap it with the last candidate):
+    # accepted when its gap is within tolerance of the logits' scale, refused otherwise.
+    first_out = torch.topk(logits[0, 1], drafter.candidate_selector.top_k + 1).indices[-1]
+    boundary = path.numpy().copy()
+    boundary[0, 0] = int(first_out)
+    with torch.no_grad():
+        gap = float(drafter.path_gaps(torch.from_numpy(ids), torch.from_numpy(positions),
+                                      torch.from_numpy(boundary[0])).max())
+    assert 0 < gap < float("inf")
+    wide = report(boundary, scale=2 * gap / OUTPUT_TOLERANCE.rel_tol)
+    assert _accept_selector_near_tie(wide, drafter, ids, positions) == 1
+    narrow = report(boundary, scale=0.5 * gap / OUTPUT_TOLERANCE.rel_tol)
+    assert _accept_selector_near_tie(narrow, drafter, ids, positions) == 0

@@ -214,10 +214,12 @@ class DFlash2Drafter(DFlashDrafter):
     def path_gaps(self, input_ids: torch.Tensor, positions: torch.Tensor,
                   path: torch.Tensor) -> torch.Tensor:
         """For another path [K-1] of the same block: at each position, how far its token's
-        selector score (after the path's own predecessor) falls below the best candidate's;
-        inf where the token is not a candidate. Zeros for the greedy path. Re-runs the block,
-        writing the same K/V the last `draft` of it wrote. Parity uses it to tell an fp16
-        near-tie from a wrong selector."""
+        selector score (after the path's own predecessor) falls below the best candidate's.
+        A token outside the top-k candidates is scored as a candidate would be, and its gap is
+        the larger of that and how far its logit falls below the k-th candidate's (fp16
+        rounding of two almost equal logits can swap the last candidate). Zeros for the greedy
+        path. Re-runs the block, writing the same K/V the last `draft` of it wrote. Parity
+        uses it to tell an fp16 near-tie from a wrong selector."""
         hidden = self._draft_hidden(input_ids, positions)
         logits = self._logits(hidden)
         selector = self.candidate_selector
@@ -226,9 +228,17 @@ class DFlash2Drafter(DFlashDrafter):
         predecessors = torch.cat([input_ids.reshape(-1)[:1], path.reshape(-1)[:-1]])
         gaps = []
         for position, token in enumerate(path.reshape(-1).tolist()):
+            predecessor = predecessors[position:position + 1].to(torch.int32)
             scores = selector.scores(projected[position:position + 1],
                                      unary[position:position + 1], candidates[position],
-                                     predecessors[position:position + 1].to(torch.int32))[0]
+                                     predecessor)[0]
             hit = (candidates[position] == token).nonzero()
-            gaps.append(float(scores.max() - scores[hit[0, 0]]) if len(hit) else float("inf"))
+            if len(hit):
+                gaps.append(float(scores.max() - scores[hit[0, 0]]))
+                continue
+            own = logits[0, 1 + position, token].reshape(1, 1)
+            score = selector.scores(projected[position:position + 1], own,
+                                    torch.tensor([token]), predecessor)[0, 0]
+            boundary = unary[position, -1] - own[0, 0]
+            gaps.append(float(max(scores.max() - score, boundary)))
         return torch.tensor(gaps)
