@@ -112,3 +112,28 @@ def test_the_selector_changes_and_improves_what_is_accepted(pair):
     print(f"accepted per step: selector {with_selector:.3f}, argmax {bypassed:.3f}")
     assert with_selector >= 1.15 * bypassed, (with_selector, bypassed)
     assert len(steps["selector"]) < len(steps["argmax"])
+
+
+def test_verify_passes_on_the_default_demo_dflash2_export(tmp_path):
+    """The README's `--builtin demo-dflash2` export at its defaults (7 drafted tokens): parity
+    of every function against eager, then a lossless loop driven by `draft_tokens`. Its draft
+    parity meets an fp16 near-tie where the selector's path leaves eager's top-8 candidates,
+    which verify must tell from a wrong path (DFlash2Drafter.path_gaps)."""
+    pytest.importorskip("coremltools")
+    from museflash.checks.verify import VerifyOptions, run_verify
+    from museflash.export.options import ExportOptions
+    from museflash.export.pipeline import export_bundle
+    from museflash.export.progress import Progress
+
+    out = tmp_path / "exported"
+    export_bundle(ExportOptions(output_dir=out, builtin="demo-dflash2", fused_target=True,
+                                dflash_drafter=True), Progress(echo=lambda _: None))
+    lines = []
+    status = run_verify(VerifyOptions(export_dir=out, echo=lines.append))
+    print("\n".join(lines))
+    assert status == 0 and lines[-1].startswith("verify: OK")
+    parity = next(line for line in lines if line.startswith("parity dflash_drafter"))
+    assert parity.count(" OK") == 1
+    speculative = next(line for line in lines if line.startswith("speculative:"))
+    assert "proposals: the selector's draft_tokens" in speculative
+    assert any(line.startswith("lossless: speculative == ") for line in lines)
