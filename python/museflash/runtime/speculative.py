@@ -472,8 +472,9 @@ def speculative_generate(
     anchor_pos = len(prompt)
     while len(result.tokens) < max_new_tokens:
         positions = np.arange(anchor_pos, anchor_pos + block, dtype=np.int32)
-        context = _context_tail(prompt, result.tokens, LOOKUP_WINDOW + LOOKUP_MAX_MATCH)
-        copied = (lookup_proposal(context, block - 1, lookup_min_match)
+        copied = (lookup_proposal(_context_tail(prompt, result.tokens,
+                                                LOOKUP_WINDOW + LOOKUP_MAX_MATCH),
+                                  block - 1, lookup_min_match)
                   if lookup_min_match else None)
         if copied is not None:
             guesses = np.asarray(copied, np.int32)
