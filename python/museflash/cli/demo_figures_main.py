@@ -43,22 +43,26 @@ flags.DEFINE_string("swift-generate", None, "The swift-generate binary (Bazel pa
 FLAGS = flags.FLAGS
 
 
+def _sorted_integers(flag: str) -> list[int] | None:
+    """The list flag's distinct values in order, or None when one is not an integer."""
+    try:
+        return sorted({int(value) for value in FLAGS[flag].value})
+    except ValueError:
+        return None
+
+
 def main(argv: list[str]) -> int:
     if len(argv) > 1:
         print(f"demo_figures: error: unexpected arguments {argv[1:]}; all options are --flags",
               file=sys.stderr)
         return 2
     logging.set_verbosity(logging.ERROR)
-    try:
-        counts = sorted({int(k) for k in FLAGS["num-draft-tokens"].value})
-    except ValueError:
+    counts = _sorted_integers("num-draft-tokens")
+    if counts is None:
         print("demo_figures: error: --num-draft-tokens takes integers, e.g. 3,7,15",
               file=sys.stderr)
         return 2
-    try:
-        lookups = tuple(sorted({int(n) for n in FLAGS["lookup-min-match"].value}))
-    except ValueError:
-        lookups = (-1,)
+    lookups = _sorted_integers("lookup-min-match")
     if not lookups or min(lookups) < 0:
         print("demo_figures: error: --lookup-min-match takes integers >= 0, e.g. 0,2",
               file=sys.stderr)
@@ -75,7 +79,8 @@ def main(argv: list[str]) -> int:
         work_dir.mkdir(parents=True, exist_ok=True)
         try:
             figures = demo_figures.measure(
-                FLAGS.pairs, counts, work_dir, binary, lookups=lookups, prompts=FLAGS.prompts,
+                FLAGS.pairs, counts, work_dir, binary, lookups=tuple(lookups),
+                prompts=FLAGS.prompts,
                 prompt_tokens=FLAGS["prompt-tokens"].value, new_tokens=FLAGS["new-tokens"].value,
                 max_scored_tokens=FLAGS["max-scored-tokens"].value)
         except (demo_figures.FiguresError, BundleError) as error:
