@@ -43,9 +43,12 @@ EMBEDDED_METADATA_KEY = "museflash.metadata"
 # `source.checkpoint` of an export of a built-in pair: "builtin:<name>". `demo` is the trained
 # pair under demo/ (tools/train_demo.py, with the DFlash v1 drafter), `demo-dflash2` the same
 # target with its trained DFlash2 drafter, `tiny` the random 0.8 MB pair the tests export,
-# `tiny-dflash2` the same target with a random DFlash2 drafter in z-lab's layout.
+# `tiny-dflash2` the same target with a random DFlash2 drafter in z-lab's layout, and
+# `tiny-massive` / `tiny-dflash2-massive` those pairs with planted massive activations (residual
+# channels past 2^15 on their <bos> and delimiter tokens, as real LLMs carry: docs/fp16.md).
 BUILTIN_PREFIX = "builtin:"
-BUILTIN_PAIRS = ("demo", "demo-dflash2", "tiny", "tiny-dflash2")
+BUILTIN_PAIRS = ("demo", "demo-dflash2", "tiny", "tiny-dflash2", "tiny-massive",
+                 "tiny-dflash2-massive")
 
 
 def builtin_source(pair: str) -> str:
@@ -375,6 +378,45 @@ class Compression:
         "ones stay fp16 whatever the rules (null when the exporter did not record it)")
 
 
+class NormForm(Name):
+    """How the bundle's RMSNorms are written (docs/fp16.md)."""
+    MAX_ABS = "max_abs"  # the row divided by max(max|x|, 1) first: finite in fp16 for any input
+    PLAIN = "plain"  # x * rsqrt(mean(x^2) + eps): x^2 overflows fp16 above |x| = 256
+
+
+@dataclass(frozen=True)
+class LayerPeaks:
+    """Peaks of one layer's activations in the fp32 range audit, before any residual scale."""
+    layer: int
+    residual: float = _doc("peak |x| of the residual stream inside and after the layer")
+    norm_input: float = _doc("peak |x| entering any of the layer's norms")
+    matmul_input: float = _doc("peak |x| entering any of the layer's projections")
+    matmul_output: float = _doc("peak |x| leaving any of the layer's projections")
+
+
+@dataclass(frozen=True)
+class Fp16Range:
+    """The export's fp16 range audit: the checkpoint run in fp32 eager on calibration
+    sequences before conversion, and the residual scales chosen from it (docs/fp16.md)."""
+    norm: NormForm
+    calibration: str = _doc("`builtin`, or the file name given with --calibration-prompts")
+    sequences: int
+    tokens: int = _doc("tokens per sequence")
+    target_residual_scale: float = _doc("power of two multiplying the target's residual "
+                                        "stream in the bundle; 1 when the audit needed none")
+    drafter_residual_scale: float | None = _doc("the same for the drafter's stream; null "
+                                                "without a drafter")
+    peak_after_scaling: float = _doc("largest audited |x| anywhere once the scales apply; "
+                                     "below 2^15")
+    drafter_feature_input: float | None = _doc("peak |x| of the target layer outputs the "
+                                               "drafter's encoder reads; null without one")
+    peak_tokens: list[int] = _doc("token ids whose residual peaks were the largest, largest "
+                                  "first: what verify feeds")
+    bos_token_id: int | None = _doc("the <bos> that led each calibration sequence, or null")
+    target_layers: list[LayerPeaks]
+    drafter_layers: list[LayerPeaks]
+
+
 @dataclass(frozen=True)
 class Metadata:
     """`metadata.json`: the bundle's description for the app that loads it."""
@@ -391,6 +433,8 @@ class Metadata:
     source: Source
     tokenizer: Tokenizer | None = _doc("null when the target checkpoint has no tokenizer.json")
     compression: Compression | None = _doc("null when every weight is fp16")
+    fp16_range: Fp16Range | None = _doc("the fp16 range audit; null in bundles written "
+                                        "before it existed", default=None)
 
     def asset(self, role: AssetRole) -> Asset:
         if role not in self.assets:

@@ -179,6 +179,65 @@ def _near_identity_convolutions(drafter: DFlash2Drafter, generator: torch.Genera
                 conv.kernel_projection.weight.mul_(0.2)
 
 
+# Massive activations, planted (write_tiny_checkpoints(massive=True)): real LLMs carry a few
+# fixed residual channels in the hundreds to thousands on their first, `<bos>` and delimiter
+# tokens. The planted tokens' embedding rows hold EMBEDDING_PEAK in channel MARKER (no other
+# row has it). A few MLP units of every layer read MARKER alone and write MASSIVE alone, and no
+# unit reads MASSIVE. In the target, whose post norms write nothing into MARKER, the post-MLP
+# norm's weight at MASSIVE is POST_NORM_PEAK: MASSIVE grows by about 8 * POST_NORM_PEAK per
+# layer on the planted tokens, past 2^15 and beyond fp16's 65,504 by the last layer. The
+# drafter's stream starts from the raw embedding (EMBEDDING_PEAK itself) and each layer adds
+# about DRAFTER_LAYER_PEAK to MASSIVE on those tokens (its norm weight at MARKER keeps the
+# marker's share as MASSIVE grows). Every weight is well inside fp16.
+PLANTED_TOKENS = (1, 2, 3)  # <bos> and two "delimiters"
+MARKER, MASSIVE = 3, 7
+PLANTED_UNITS = 4
+EMBEDDING_PEAK = 1500.0
+POST_NORM_PEAK = 1200.0
+DRAFTER_LAYER_PEAK = 18000.0
+
+
+def plant_massive_activations(target: MuseGlimmerWithDrafterFeatures,
+                              drafter: DFlashDrafter) -> None:
+    """Plants the activations described above into randomly initialised tiny models."""
+    units = list(range(PLANTED_UNITS))
+    with torch.no_grad():
+        embedding = target.embed_tokens.weight
+        embedding[:, MARKER] = 0.0
+        embedding[list(PLANTED_TOKENS), MARKER] = EMBEDDING_PEAK
+        # After the embedding norm the marker is about sqrt(hidden) = 8; the pre-MLP norm's
+        # weight there keeps its share as MASSIVE grows, layer after layer.
+        for depth, layer in enumerate(target.layers):
+            _plant_mlp(layer.mlp, units, gate=2.0, down=1.0)
+            for norm in (layer.post_attention_layernorm, layer.post_feedforward_layernorm):
+                norm.weight[MARKER] = -1.0  # (1 + w) = 0: nothing else writes the marker
+            layer.post_feedforward_layernorm.weight[MASSIVE] = POST_NORM_PEAK - 1.0
+            grown = math.hypot(8.0, depth * 8.0 * POST_NORM_PEAK) / 8.0
+            layer.pre_feedforward_layernorm.weight[MARKER] = grown - 1.0
+        # The marker's normed value is about sqrt(hidden) = 8 on a planted token, so each unit
+        # adds about down * (2 * 8)^2 to MASSIVE.
+        down = DRAFTER_LAYER_PEAK / (PLANTED_UNITS * 16.0 ** 2)
+        for depth, layer in enumerate(drafter.layers):
+            _plant_mlp(layer.mlp, units, gate=2.0, down=down)
+            grown = math.hypot(EMBEDDING_PEAK, depth * DRAFTER_LAYER_PEAK) / EMBEDDING_PEAK
+            layer.post_attention_layernorm.weight[MARKER] = grown
+            for conv in (getattr(layer, "attention_conv", None), getattr(layer, "mlp_conv", None)):
+                if conv is not None:  # DFlash2: the planted channels do not steer the kernels
+                    conv.kernel_projection.weight[:, [MARKER, MASSIVE]] = 0.0
+
+
+def _plant_mlp(mlp: nn.Module, units: list[int], *, gate: float, down: float) -> None:
+    """Units that read only MARKER (gate = up, so silu(g) * g >= 0) and write only MASSIVE;
+    no unit reads MASSIVE."""
+    for projection in (mlp.gate_proj, mlp.up_proj):
+        projection.weight[:, MASSIVE] = 0.0
+        projection.weight[units] = 0.0
+        projection.weight[units, MARKER] = gate
+    mlp.down_proj.weight[:, units] = 0.0
+    mlp.down_proj.weight[MASSIVE] = 0.0
+    mlp.down_proj.weight[MASSIVE, units] = down
+
+
 # The trained demo pair (tools/train_demo.py, tools/train_demo_drafter.py), kept beside python/.
 TRAINED_DEMO_DIR = Path(__file__).resolve().parents[2] / "demo"
 
@@ -190,11 +249,18 @@ TRAINED_DRAFTERS = {"demo": ("drafter", "//:train_demo_drafter"),
                     "demo-dflash2": ("drafter-dflash2", "//:train_demo_dflash2")}
 
 
+# The random pairs by built-in name: (drafter config, planted massive activations).
+TINY_PAIRS = {"tiny": (TINY_DRAFTER_CONFIG, False),
+              "tiny-dflash2": (TINY_DFLASH2_CONFIG, False),
+              "tiny-massive": (TINY_DRAFTER_CONFIG, True),
+              "tiny-dflash2-massive": (TINY_DFLASH2_CONFIG, True)}
+
+
 @contextmanager
 def builtin_checkpoints(name: str) -> Iterator[tuple[Path, Path]]:
     """(target dir, drafter dir) of a built-in pair: `demo` and `demo-dflash2`, the trained
-    target committed under demo/ with its DFlash v1 or DFlash2 drafter, or `tiny` /
-    `tiny-dflash2`, the random pairs written to a temporary directory (in the real layout, so
+    target committed under demo/ with its DFlash v1 or DFlash2 drafter, or one of TINY_PAIRS,
+    the random pairs written to a temporary directory (in the real layout, so
     they go through the same loader)."""
     if name in TRAINED_DRAFTERS:
         drafter_dir, tool = TRAINED_DRAFTERS[name]
@@ -204,13 +270,11 @@ def builtin_checkpoints(name: str) -> Iterator[tuple[Path, Path]]:
                                   f"{TRAINED_DEMO_DIR}; restore it from git or rebuild it with "
                                   f"//:train_demo and {tool}")
         yield target, drafter
-    elif name == "tiny":
-        with tempfile.TemporaryDirectory(prefix="museflash-tiny-") as scratch:
-            yield write_tiny_checkpoints(scratch, tokenizer=True)
-    elif name == "tiny-dflash2":
-        with tempfile.TemporaryDirectory(prefix="museflash-tiny-dflash2-") as scratch:
-            yield write_tiny_checkpoints(scratch, tokenizer=True,
-                                         drafter_config=TINY_DFLASH2_CONFIG)
+    elif name in TINY_PAIRS:
+        drafter_config, massive = TINY_PAIRS[name]
+        with tempfile.TemporaryDirectory(prefix=f"museflash-{name}-") as scratch:
+            yield write_tiny_checkpoints(scratch, tokenizer=True, drafter_config=drafter_config,
+                                         massive=massive)
     else:
         raise ValueError(f"no built-in pair {name!r}; choose one of {list(BUILTIN_PAIRS)}")
 
@@ -291,14 +355,21 @@ def write_tiny_checkpoints(
     target_config: dict[str, Any] | None = None,
     drafter_config: dict[str, Any] | None = None,
     tokenizer: bool = False,
+    massive: bool = False,
 ) -> tuple[Path, Path]:
     """Writes out_dir/target and out_dir/drafter; returns both paths. With `tokenizer`, the
     target also gets a word-level tokenizer.json whose ids are the vocabulary (`w<id>`, the
-    drafter's mask token special), so text tools work on the random pair."""
+    drafter's mask token special), so text tools work on the random pair. With `massive`, the
+    pair carries planted massive activations (plant_massive_activations) and the target names
+    its first planted token `<bos>` (config and tokenizer)."""
     out_dir = Path(out_dir)
     target_config = copy.deepcopy(target_config or TINY_TARGET_CONFIG)
     drafter_config = copy.deepcopy(drafter_config or TINY_DRAFTER_CONFIG)
+    if massive:
+        target_config["bos_token_id"] = PLANTED_TOKENS[0]
     target, drafter = build_tiny_models(seed, target_config, drafter_config)
+    if massive:
+        plant_massive_activations(target, drafter)
     generator = torch.Generator().manual_seed(seed + 1)
     target_tensors = target_checkpoint_tensors(target)
     for key, shape in _VISION_SHAPES.items():
@@ -312,6 +383,8 @@ def write_tiny_checkpoints(
     write_safetensors(drafter_tensors, out_dir / "drafter", drafter_config, dtype=dtype,
                       max_shard_bytes=max_shard_bytes)
     if tokenizer:
-        write_word_tokenizer(out_dir / "target", target.config.vocab_size,
-                             {"<mask>": drafter.config.mask_token_id})
+        special = {"<mask>": drafter.config.mask_token_id}
+        if massive:
+            special["<bos>"] = PLANTED_TOKENS[0]
+        write_word_tokenizer(out_dir / "target", target.config.vocab_size, special)
     return out_dir / "target", out_dir / "drafter"

@@ -32,9 +32,11 @@ from museflash.bundle import (
     FunctionName,
     InputName,
     Metadata,
+    NormForm,
     OutputName,
     StateKind,
 )
+from museflash.checkpoint.configs import read_config
 from museflash.checkpoint.load import load_drafter, load_target
 from museflash.checkpoint.tensor_files import CheckpointError, checkpoint_shapes
 from museflash.checks.parity import (
@@ -46,8 +48,9 @@ from museflash.checks.parity import (
 )
 from museflash.compression import CompressionError, Rule, Scheme
 from museflash.demo_checkpoint import SourceError, checkpoint_dirs
+from museflash.export.fp16_range import audit_checkpoint
 from museflash.export.placeholders import compressed_weights
-from museflash.runtime.interpreter import Interpreter, load_program
+from museflash.runtime.interpreter import Interpreter, NonFiniteError, load_program
 from museflash.runtime.package_check import PackageError, check_packages
 from museflash.runtime.speculative import (
     DEFAULT_LOOKUP_MIN_MATCH,
@@ -196,8 +199,8 @@ def check_target(export_dir: Path, metadata: Metadata, target, function: Functio
     ring = asset.capacity(StateKind.SLIDING_KV) or 0
     starts = _wrapping_starts(ring, length, metadata.context_length)
     for start in starts:
-        inputs = {InputName.INPUT_IDS: rng.integers(0, metadata.vocab_size, (1, length))
-                  .astype(np.int32),
+        inputs = {InputName.INPUT_IDS: with_peak_tokens(
+                      metadata, rng.integers(0, metadata.vocab_size, (1, length))),
                   InputName.POSITION_IDS: np.arange(start, start + length, dtype=np.int32)}
         result.add(parity_step(interpreter, target.with_entry_point(entry), inputs, states))
     result.note = _span_note(starts, length, ring)
@@ -244,13 +247,16 @@ def check_dflash_drafter(export_dir: Path, metadata: Metadata, drafter,
     # Context block then a draft block right after it, as in the decoding loop; the next
     # inject starts where the draft block did (its rows are overwritten).
     starts = _wrapping_starts(ring, block, metadata.context_length - block)
-    for start in starts:
+    peaks = metadata.fp16_range.peak_tokens if metadata.fp16_range else []
+    for step, start in enumerate(starts):
         features = rng.standard_normal((1, block, width)).astype(np.float16)
         positions = np.arange(start, start + block, dtype=np.int32)
         result.add(parity_step(inject, _Fp32Inputs(drafter.with_entry_point("inject_kv")),
                                {InputName.FEATURES: features,
                                 InputName.POSITION_IDS: positions}, states))
         anchor = int(rng.integers(0, metadata.vocab_size))
+        if peaks and step % 2 == 0:  # every other block anchored on a massive-activation token
+            anchor = peaks[(step // 2) % len(peaks)]
         ids = np.array([[anchor] + [spec.mask_token_id] * (block - 1)], dtype=np.int32)
         report = parity_step(draft, drafter.with_entry_point("draft"),
                              {InputName.INPUT_IDS: ids,
@@ -308,6 +314,35 @@ def check_ring_drafter(export_dir: Path, metadata: Metadata, ring_drafter,
 # --- Decoding --------------------------------------------------------------------------------
 
 
+def check_fp16_range(metadata: Metadata, target_dir: Path, drafter_dir: Path | None) -> str:
+    """The export's recorded residual scales against a fresh fp16 range audit of the same
+    checkpoints (built-in calibration only: a --calibration-prompts file is not in the
+    bundle). A mismatch is an error: the bundle was built with other numerics than its
+    checkpoint needs."""
+    audit = metadata.fp16_range
+    if audit is None:
+        return "fp16 range: not recorded (exported before the audit existed); re-export"
+    if audit.calibration != "builtin":
+        return (f"fp16 range: scales {audit.target_residual_scale:g} / "
+                f"{audit.drafter_residual_scale}, calibrated on {audit.calibration} (not "
+                "re-audited here)")
+    spec = metadata.speculative_decoding
+    fresh, _ = audit_checkpoint(
+        target_dir, drafter_dir, fused=spec is not None,
+        with_drafter=metadata.drafter_role == AssetRole.DFLASH_DRAFTER,
+        context=metadata.context_length, block=spec.block_size if spec else 1,
+        vocab_size=metadata.vocab_size, config=read_config(target_dir), prompts=None,
+        calibration="builtin", norm=audit.norm, scale=audit.norm == NormForm.MAX_ABS)
+    recorded = (audit.target_residual_scale, audit.drafter_residual_scale)
+    expected = (fresh.target_residual_scale, fresh.drafter_residual_scale)
+    if recorded != expected:
+        raise VerifyInputError(f"metadata.json fp16_range records residual scales {recorded} "
+                               f"but the checkpoint's audit gives {expected}; re-export")
+    return (f"fp16 range: residual scales {audit.target_residual_scale:g} (target) / "
+            f"{audit.drafter_residual_scale} (drafter) match a fresh audit; largest |x| "
+            f"{audit.peak_after_scaling:.4g}, norms {audit.norm}")
+
+
 def prefill_length(metadata: Metadata) -> int:
     return metadata.asset(AssetRole.TARGET).function(FunctionName.PREFILL).query_length
 
@@ -319,10 +354,32 @@ def default_prompt_length(metadata: Metadata) -> int:
     return max(prefill + prefill // 2 + 1, block)
 
 
-def deterministic_prompt(length: int, vocab: int, avoid: int) -> list[int]:
+def with_peak_tokens(metadata: Metadata, ids: np.ndarray, every: int = 4) -> np.ndarray:
+    """int32 `ids` [1, T] with the tokens the export's fp16 range audit found carrying the
+    largest activations put at every `every`-th position (0: none), so parity runs on the
+    activations that overflow fp16 (docs/fp16.md); unchanged for a bundle without the audit."""
+    ids = np.array(ids, dtype=np.int32)
+    peaks = metadata.fp16_range.peak_tokens if metadata.fp16_range else []
+    if peaks and every:
+        slots = range(0, ids.shape[1], every)
+        ids[0, list(slots)] = [peaks[i % len(peaks)] for i in range(len(slots))]
+    return ids
+
+
+def deterministic_prompt(length: int, vocab: int, avoid: int,
+                         metadata: Metadata | None = None) -> list[int]:
+    """Seeded ids; with `metadata` whose fp16 range audit names a <bos> and peak tokens, led by
+    that <bos>, with the peak tokens among the ids and as the last one (the first draft's
+    anchor)."""
     rng = np.random.default_rng(20240601)
     tokens = rng.integers(0, vocab, length)
     tokens[tokens == avoid] = 0
+    audit = metadata.fp16_range if metadata else None
+    if audit and audit.peak_tokens:
+        tokens = with_peak_tokens(metadata, tokens.reshape(1, -1), every=7)[0]
+        tokens[-1] = audit.peak_tokens[0]
+    if audit and audit.bos_token_id is not None:
+        tokens[0] = audit.bos_token_id
     return tokens.tolist()
 
 
@@ -338,7 +395,8 @@ def check_decoding(export_dir: Path, metadata: Metadata, target_dir: Path, promp
                    new_tokens: int) -> DecodeCheck:
     spec = metadata.speculative_decoding
     context = metadata.context_length
-    prompt = deterministic_prompt(prompt_tokens, metadata.vocab_size, spec.mask_token_id)
+    prompt = deterministic_prompt(prompt_tokens, metadata.vocab_size, spec.mask_token_id,
+                                  metadata)
     target, drafter = ExportedTarget(export_dir, metadata), ExportedDrafter(export_dir, metadata)
     # Every step drafted (what checks the drafter's path), then the loop as generate runs it,
     # whose steps may copy from the context instead.
@@ -474,6 +532,7 @@ def run_verify(options: VerifyOptions) -> int:
                                                  drafters[AssetRole.RING_DRAFTER], seed=7))
             for check in checks:
                 echo(check.line())
+            echo(check_fp16_range(metadata, target_dir, drafter_dir))
             if dflash:
                 decoding = check_decoding(export_dir, metadata, target_dir, prompt,
                                           options.new_tokens)
@@ -490,6 +549,9 @@ def run_verify(options: VerifyOptions) -> int:
     except (VerifyInputError, SourceError) as error:
         echo(f"verify: error: {error}")
         return 2
+    except NonFiniteError as error:
+        echo(f"verify: FAILED fp16 overflow: {error}")
+        return 1
     failed = [c for c in checks if not c.ok]
     figures = (f"acceptance {100 * decoding.acceptance:.1f}%, "
                f"{decoding.tokens_per_target_call:.2f} tokens per target call"

@@ -33,7 +33,7 @@ flags.DEFINE_string("drafter-checkpoint", None, "Drafter checkpoint directory.")
 flags.DEFINE_enum("builtin", "demo", list(BUILTIN_PAIRS),
                   "Without --checkpoint: the built-in pair to export (demo: the trained pair "
                   "under demo/, made by //:train_demo and //:train_demo_drafter; tiny: a random "
-                  "0.8 MB pair).")
+                  "0.8 MB pair; *-massive: with planted massive activations, docs/fp16.md).")
 flags.DEFINE_string("output-dir", "exported", "Directory to write the bundle into.")
 flags.DEFINE_bool("overwrite", False, "Replace a non-empty --output-dir.")
 flags.DEFINE_bool("fused-target", False,
@@ -70,6 +70,11 @@ flags.DEFINE_string("compression-config", None,
                     "JSON file of ordered compression rules (first match wins); exclusive with "
                     "--compression. See docs/compression.md.")
 
+flags.DEFINE_string("calibration-prompts", None,
+                    "UTF-8 text file, one prompt per line, for the fp16 range audit (run in "
+                    "fp32 before conversion, docs/fp16.md); default: built-in <bos>-led "
+                    "sequences of code, prose and punctuation.")
+
 FLAGS = flags.FLAGS
 USER_ERRORS = (ExportError, OutputDirError, CheckpointError, DrafterTargetMismatchError)
 
@@ -93,6 +98,7 @@ def options_from_flags() -> ExportOptions:
         verbose=FLAGS.verbose,
         compression=FLAGS.compression,
         compression_config=resolve_user_path(FLAGS["compression-config"].value),
+        calibration_prompts=resolve_user_path(FLAGS["calibration-prompts"].value),
     )
 
 

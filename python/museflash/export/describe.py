@@ -22,6 +22,7 @@ from museflash.bundle import (
     CompressionMode,
     CompressionPreset,
     CompressionRule,
+    Fp16Range,
     Function,
     Generator,
     LayerType,
@@ -119,9 +120,11 @@ def compression_block(plan: CompressionPlan | None,
 
 def bundle_metadata(plan: ExportPlan, modules: dict[str, torch.nn.Module], source: Source,
                     context_length: int, model_name: str | None,
-                    stored: dict[AssetRole, dict[str, StoredWeight]] | None = None) -> Metadata:
+                    stored: dict[AssetRole, dict[str, StoredWeight]] | None = None,
+                    fp16_range: Fp16Range | None = None) -> Metadata:
     """The bundle's metadata, checked against the JSON Schema every reader relies on.
-    `stored`: per package, the weights its merge wrote (for the compression block)."""
+    `stored`: per package, the weights its merge wrote (for the compression block);
+    `fp16_range`: the export's range audit."""
     metadata = Metadata(
         schema_version=SCHEMA_VERSION,
         generator=Generator(name="museflash", version=__version__),
@@ -135,6 +138,7 @@ def bundle_metadata(plan: ExportPlan, modules: dict[str, torch.nn.Module], sourc
         source=source,
         tokenizer=plan.configs.tokenizer,
         compression=compression_block(plan.compression, stored or {}),
+        fp16_range=fp16_range,
     )
     problems = schema_errors(metadata.to_json())
     if problems:

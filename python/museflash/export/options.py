@@ -42,6 +42,11 @@ class ExportOptions:
     # rules of a JSON file (compression.read_rules). Exclusive.
     compression: str | None = None
     compression_config: Path | None = None
+    # The fp16 range audit's calibration prompts (one per line), instead of the built-in ones.
+    calibration_prompts: Path | None = None
+    # Today's graph before the fp16 work: plain RMSNorms and no residual scaling. Not a flag:
+    # for the tests that show it failing on large activations and for the figures.
+    legacy_fp16: bool = False
 
     @property
     def wants_drafter(self) -> bool:

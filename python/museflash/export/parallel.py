@@ -108,7 +108,7 @@ class HelperError(RuntimeError):
 
 
 @contextmanager
-def conversion_helpers(options, plan, progress) -> Iterator[list[HelperProcess]]:
+def conversion_helpers(options, plan, progress, numerics) -> Iterator[list[HelperProcess]]:
     """Starts the helper processes this export wants (they load while this process does) and
     stops them on the way out, whatever happened."""
     jobs = sum(len(package.functions) for package in plan.assets)
@@ -117,6 +117,7 @@ def conversion_helpers(options, plan, progress) -> Iterator[list[HelperProcess]]
         "options": _options_to_json(options),
         "target_dir": str(plan.target_dir),
         "drafter_dir": str(plan.drafter_dir) if plan.drafter_dir else None,
+        "numerics": dataclasses.asdict(numerics),
     }
     helpers: list[HelperProcess] = []
     try:
@@ -200,6 +201,7 @@ def _options_from_json(raw: dict[str, Any]) -> ExportOptions:
 
 def helper_main(requests: IO[str], answers: IO[str]) -> int:
     from museflash.export.convert import convert_function
+    from museflash.export.fp16_range import GraphNumerics
     from museflash.export.placeholders import PlaceholderWeights
     from museflash.export.plan import load_modules, plan_export
     from museflash.export.progress import Progress
@@ -214,7 +216,7 @@ def helper_main(requests: IO[str], answers: IO[str]) -> int:
         drafter_dir = Path(request["drafter_dir"]) if request["drafter_dir"] else None
         plan = plan_export(options, Path(request["target_dir"]), drafter_dir)
         modules = load_modules(options, plan, Progress(echo=lambda _line: None),
-                               PlaceholderWeights())
+                               PlaceholderWeights(), GraphNumerics(**request["numerics"]))
         answer(READY)
         progress = Progress(echo=answer)
         progress.start = request["progress_start"]  # CLOCK_MONOTONIC: one clock for all

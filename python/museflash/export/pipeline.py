@@ -5,6 +5,8 @@ stage's work is done by a module of this package (in brackets):
 
 plan      the flags checked (options), the configs read and cross-checked once, every package
           and function decided (plan)
+audit     the checkpoint run in fp32 eager on calibration sequences: per-layer activation
+          peaks, the residual scales that keep fp16 in range, or a refusal (fp16_range)
 publish   everything is built in a staging directory that replaces the destination only at the
           end, so nothing is ever half-written (publish)
 load      the modules to trace, the large weights replaced by placeholders (plan,
@@ -29,11 +31,18 @@ from pathlib import Path
 
 import torch
 
-from museflash.bundle import METADATA_FILE, AssetRole, Source, builtin_source
+from museflash.bundle import METADATA_FILE, AssetRole, Fp16Range, NormForm, Source, builtin_source
+from museflash.checkpoint.configs import read_config
 from museflash.checkpoint.tensor_files import WeightLocation
 from museflash.compression import Scheme
 from museflash.export.convert import convert_function
 from museflash.export.describe import bundle_metadata, embed_metadata
+from museflash.export.fp16_range import (
+    GraphNumerics,
+    audit_checkpoint,
+    read_calibration_prompts,
+    summary,
+)
 from museflash.export.merge import MergeError, merge_packages
 from museflash.export.options import ExportError, ExportOptions, check_flag_rules
 from museflash.export.parallel import HelperProcess, conversion_helpers, run_conversions
@@ -57,12 +66,13 @@ def export_bundle(options: ExportOptions, progress: Progress | None = None) -> P
     check_destination(options.output_dir, options.overwrite)
     with checkpoint_sources(options) as (target_dir, drafter_dir, source):
         run = ExportRun(options, progress, source, plan_export(options, target_dir, drafter_dir))
+        audit(run)
         with publish(run):
             # The large weights stay on disk until the packages are written (see
             # docs/export-memory.md): only their stand-ins are traced and converted, while a
             # thread (the writer) writes the real ones into each package's weight file.
             with WeightsAhead(run.schemes, progress) as writer:
-                with conversion_helpers(options, run.plan, progress) as helpers:
+                with conversion_helpers(options, run.plan, progress, run.numerics) as helpers:
                     load(run, writer)
                     convert(run, writer, helpers)
                 merge(run, writer)
@@ -88,6 +98,9 @@ class ExportRun:
     needed: dict[str, dict[bytes, WeightLocation]] = field(default_factory=dict)
     # Per package, under its owner's role: the real weights its merge wrote, by checkpoint key.
     stored: dict[AssetRole, dict[str, StoredWeight]] = field(default_factory=dict)
+    # What the fp16 range audit found and decided.
+    fp16_range: Fp16Range | None = None
+    numerics: GraphNumerics = field(default_factory=GraphNumerics)
 
     @property
     def schemes(self) -> Mapping[str, Scheme]:
@@ -110,11 +123,32 @@ def publish(run: ExportRun) -> Iterator[None]:
         yield
 
 
+def audit(run: ExportRun) -> None:
+    """The fp16 range audit (`fp16_range.audit_checkpoint`), before anything is written: the
+    peaks go into metadata.json, the residual scales into every process's modules, and a
+    checkpoint that cannot fit fp16 is refused here."""
+    options, plan = run.options, run.plan
+    prompts = (read_calibration_prompts(options.calibration_prompts)
+               if options.calibration_prompts is not None else None)
+    config = read_config(plan.target_dir)
+    with run.progress.stage("audit", "fp16 range") as info:
+        run.fp16_range, run.numerics = audit_checkpoint(
+            plan.target_dir, plan.drafter_dir, fused=options.fused_target,
+            with_drafter=options.dflash_drafter, context=plan.context_length,
+            block=plan.spec.block_size if plan.spec else 1,
+            vocab_size=plan.configs.target.vocab_size, config=config, prompts=prompts,
+            calibration=(Path(options.calibration_prompts).name if prompts else "builtin"),
+            norm=NormForm.PLAIN if options.legacy_fp16 else NormForm.MAX_ABS,
+            scale=not options.legacy_fp16)
+        info["summary"] = summary(run.fp16_range)
+
+
 def load(run: ExportRun, writer: WeightsAhead) -> None:
     """The modules to trace, with placeholders standing in for the large weights (each derived
     from its tensor's name, so the helper processes make the same ones); then `writer` starts
     writing the real weights of each package."""
-    run.modules = load_modules(run.options, run.plan, run.progress, run.placeholders)
+    run.modules = load_modules(run.options, run.plan, run.progress, run.placeholders,
+                               run.numerics)
     for asset in run.plan.assets:
         (run.parts_dir / asset.role).mkdir(parents=True)
     run.needed = {path: package_placeholders(assets, run.modules, run.placeholders)
@@ -164,7 +198,7 @@ def describe(run: ExportRun) -> None:
     """metadata.json, embedded in every package too, and the checkpoint's tokenizer files
     copied beside it."""
     metadata = bundle_metadata(run.plan, run.modules, run.source, run.plan.context_length,
-                               run.options.model_name, run.stored)
+                               run.options.model_name, run.stored, run.fp16_range)
     for path in run.plan.packages():
         embed_metadata(run.staging / path, metadata)
     for name in metadata.tokenizer.files if metadata.tokenizer else ():

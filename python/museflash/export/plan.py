@@ -30,6 +30,7 @@ from museflash.checkpoint.configs import CheckedConfigs, check_configs, drafter_
 from museflash.checkpoint.load import load_drafter, load_target
 from museflash.checkpoint.tensor_files import SafetensorsReader
 from museflash.compression import CompressionError, Rule, Scheme, preset_rules, read_rules
+from museflash.export.fp16_range import GraphNumerics
 from museflash.export.options import (
     DEFAULT_CONTEXT_LENGTH,
     ExportError,
@@ -38,6 +39,7 @@ from museflash.export.options import (
 )
 from museflash.export.placeholders import PlaceholderWeights, compressed_weights
 from museflash.export.progress import Progress
+from museflash.models.base import set_norm_form
 from museflash.models.dflash import ENCODER_PREFIX, ZLAB_ENCODER_KEYS, DFlashConfig
 from museflash.models.dflash2 import DFlash2Config
 from museflash.models.muse_glimmer import TARGET_IGNORED_PREFIXES, MuseGlimmerConfig
@@ -342,9 +344,12 @@ def module_weight_bytes(module: torch.nn.Module) -> int:
 
 
 def load_modules(options: ExportOptions, plan: ExportPlan, progress: Progress,
-                 placeholders: PlaceholderWeights | None) -> dict[str, torch.nn.Module]:
+                 placeholders: PlaceholderWeights | None,
+                 numerics: GraphNumerics | None = None) -> dict[str, torch.nn.Module]:
     """The modules to trace, with `placeholders` standing in for the large weights (each
-    placeholder is derived from its tensor's name, so every process makes the same ones)."""
+    placeholder is derived from its tensor's name, so every process makes the same ones), their
+    norms and residual scales as the fp16 range audit chose (`numerics`; export.fp16_range)."""
+    numerics = numerics or GraphNumerics()
     with progress.stage("load", "target") as info:
         target = load_target(
             plan.target_dir,
@@ -365,5 +370,9 @@ def load_modules(options: ExportOptions, plan: ExportPlan, progress: Progress,
             borrowed = [target.embed_tokens] + ([target.lm_head] if target.lm_head else [])
             info["bytes"] = module_weight_bytes(modules["drafter"]) - sum(
                 module_weight_bytes(m) for m in borrowed)
+            modules["drafter"].scale_residual(numerics.drafter_residual_scale)
+    target.scale_residual(numerics.target_residual_scale)
+    for module in modules.values():
+        set_norm_form(module, numerics.norm)
     return modules
 

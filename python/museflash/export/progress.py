@@ -41,7 +41,8 @@ class Progress:
         took = time.monotonic() - began
         size = f", {human_bytes(info['bytes'])}" if "bytes" in info else ""
         extra = f" ({detail})" if detail else ""
-        self.say(f"[export] {name}{extra}: {took:.1f} s{size} "
+        note = f"; {info['summary']}" if "summary" in info else ""
+        self.say(f"[export] {name}{extra}: {took:.1f} s{size}{note} "
                  f"[total {time.monotonic() - self.start:.1f} s]")
 
 

@@ -7,8 +7,12 @@ them with tensor ops, and cache writes use a one-hot blend (see docs/positions.m
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
+
+from museflash.bundle import NormForm
 
 # Finite so that fp16 execution never produces inf - inf; far below any real attention score.
 MASK_VALUE = -30000.0
@@ -22,16 +26,27 @@ def ring_capacity(sliding_window: int, max_query_len: int) -> int:
 
 
 class RMSNorm(nn.Module):
-    """RMSNorm computed in fp32.
+    """RMSNorm computed in fp32 and, exported, finite in fp16 for any finite input.
+
+    The default form (bundle.NormForm.MAX_ABS) divides the row by m = max(max|x|, 1) before
+    squaring it and eps by m^2, so every intermediate of the fp16 graph stays below
+    max(1, dim) and the result equals x * rsqrt(mean(x^2) + eps) in exact arithmetic
+    (coremltools#2821 is what goes wrong when eps is not rescaled with the data). PLAIN is
+    that plain form, whose x^2 overflows fp16 above |x| = 256: kept for the figures and the
+    tests that show the old graph failing (docs/fp16.md).
 
     `unit_offset=True` is the (1 + w) kind whose checkpoint weights are stored around zero;
-    `with_weight=False` is a parameter-free normalisation (identity weight).
+    `with_weight=False` is a parameter-free normalisation (identity weight). `gain`, a
+    non-persistent scalar multiplier of the output (1 unless a residual stream is rescaled:
+    `scale_output`), is folded into the weight when there is one.
     """
 
     def __init__(self, dim: int, eps: float, *, unit_offset: bool, with_weight: bool = True):
         super().__init__()
         self.eps = eps
         self.unit_offset = unit_offset
+        self.form = NormForm.MAX_ABS
+        self.gain = 1.0
         if with_weight:
             initial = torch.zeros(dim) if unit_offset else torch.ones(dim)
             self.weight = nn.Parameter(initial, requires_grad=False)
@@ -40,11 +55,46 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x32 = x.float()
-        normed = x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + self.eps)
+        if self.form == NormForm.PLAIN:
+            normed = x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + self.eps)
+        else:
+            # maximum with a constant, not clamp(min=): coremltools gives clamp an upper bound
+            # of fp32's largest value, which its fp16 pass turns into an inf constant.
+            peak = torch.maximum(x32.abs().amax(dim=-1, keepdim=True), torch.tensor(1.0))
+            scaled = x32 / peak
+            # eps / peak^2 as (sqrt(eps) / peak)^2: peak^2 itself would overflow fp16.
+            root = math.sqrt(self.eps) / peak
+            floor = root * root
+            normed = scaled * torch.rsqrt(scaled.pow(2).mean(dim=-1, keepdim=True) + floor)
         if self.weight is not None:
             scale = self.weight.float()
             normed = normed * (1.0 + scale if self.unit_offset else scale)
+        elif self.gain != 1.0:
+            normed = normed * self.gain
         return normed.to(x.dtype)
+
+    def scale_input(self, factor: float) -> None:
+        """The norm reads a stream now multiplied by `factor`: eps follows it (factor^2), so the
+        output is unchanged in exact arithmetic (RMSNorm is scale-invariant but for eps)."""
+        self.eps *= factor * factor
+
+    def scale_output(self, factor: float) -> None:
+        """Multiplies the output by `factor` (a power of two: exact), through the weight when
+        there is one: a (1 + w) weight becomes a plain one, factor * (1 + w)."""
+        if self.weight is None:
+            self.gain *= factor
+            return
+        with torch.no_grad():
+            full = self.weight.float() + 1.0 if self.unit_offset else self.weight.float()
+            self.weight.copy_((full * factor).to(self.weight.dtype))
+        self.unit_offset = False
+
+
+def set_norm_form(module: nn.Module, form: NormForm) -> None:
+    """Every RMSNorm inside `module` is written in `form`."""
+    for child in module.modules():
+        if isinstance(child, RMSNorm):
+            child.form = NormForm(form)
 
 
 class SwiGLU(nn.Module):

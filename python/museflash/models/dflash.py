@@ -209,10 +209,16 @@ class DFlashDecoderLayer(nn.Module):
         eps = config.rms_norm_eps
         self.input_layernorm = RMSNorm(config.hidden_size, eps, unit_offset=False)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, unit_offset=False)
+        # What the sublayers add to the residual stream is multiplied by this (DFlashDrafter
+        # .scale_residual); 1 adds no op to the graph.
+        self.output_scale = 1.0
+
+    def scaled(self, update: torch.Tensor) -> torch.Tensor:
+        return update if self.output_scale == 1.0 else update * self.output_scale
 
     def forward(self, x: torch.Tensor, rope, *cache_args) -> torch.Tensor:
-        h = x + self.self_attn(self.input_layernorm(x), rope, *cache_args)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        h = x + self.scaled(self.self_attn(self.input_layernorm(x), rope, *cache_args))
+        return h + self.scaled(self.mlp(self.post_attention_layernorm(h)))
 
 
 def block_window_mask(positions: torch.Tensor, capacity: int, window: int) -> torch.Tensor:
@@ -283,7 +289,20 @@ class DFlashDrafter(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, unit_offset=False)
         # The ring caches are small but the positions in them are absolute target positions.
         self.rotary = RotaryTables(config.head_dim, [config.rope_theta], max_context)
+        self.residual_scale = 1.0  # scale_residual
         self.reset_caches()
+
+    def scale_residual(self, factor: float) -> None:
+        """Multiplies the drafter's residual stream by `factor`, a power of two, leaving its
+        logits unchanged but for rounding (docs/fp16.md): the embedding it starts from and what
+        each sublayer adds are multiplied in the graph (the embedding is the target's, and the
+        projections are streamed weights), and the norms reading the stream scale their eps."""
+        for layer in self.layers:
+            layer.output_scale *= factor
+            layer.input_layernorm.scale_input(factor)
+            layer.post_attention_layernorm.scale_input(factor)
+        self.norm.scale_input(factor)
+        self.residual_scale *= factor
 
     @classmethod
     def for_target(cls, config: DFlashConfig, target: nn.Module, **kwargs) -> DFlashDrafter:
@@ -330,6 +349,8 @@ class DFlashDrafter(nn.Module):
         slots = torch.remainder(positions, self.ring_capacity)
         caches = self.caches
         x = self.embed_tokens(input_ids.reshape(1, -1))
+        if self.residual_scale != 1.0:
+            x = x * self.residual_scale
         rope = self.rotary(positions, self.config.rope_theta, x.dtype)
         for layer_id, layer in enumerate(self.layers):
             x = layer(x, rope, *caches, layer_id, slots, mask)

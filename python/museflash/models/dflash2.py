@@ -132,9 +132,10 @@ class DFlash2DecoderLayer(DFlashDecoderLayer):
 
     def forward(self, x: torch.Tensor, rope, *cache_args) -> torch.Tensor:
         mixed, dynamic = self.attention_conv.prepare(self.input_layernorm(x))
-        h = x + self.attention_conv.finish(self.self_attn(mixed, rope, *cache_args), dynamic)
+        h = x + self.scaled(self.attention_conv.finish(self.self_attn(mixed, rope, *cache_args),
+                                                       dynamic))
         mixed, dynamic = self.mlp_conv.prepare(self.post_attention_layernorm(h))
-        return h + self.mlp_conv.finish(self.mlp(mixed), dynamic)
+        return h + self.scaled(self.mlp_conv.finish(self.mlp(mixed), dynamic))
 
 
 class CandidateSelector(nn.Module):

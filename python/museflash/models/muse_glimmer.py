@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -281,6 +283,7 @@ class MuseGlimmerForCausalLM(nn.Module):
         # tables must reach the last position the global cache holds.
         self.rotary = RotaryTables(config.head_dim, config.layer_rope_theta, max_context)
         self.cache_dtype = cache_dtype
+        self.residual_scale = 1.0  # scale_residual
         self._cache_layer = {}
         for kind_ids in (config.sliding_layer_ids, config.global_layer_ids):
             self._cache_layer.update({layer: n for n, layer in enumerate(kind_ids)})
@@ -300,6 +303,23 @@ class MuseGlimmerForCausalLM(nn.Module):
         }
         for name, shape in shapes.items():
             self.register_buffer(name, torch.zeros(shape, dtype=self.cache_dtype, device="cpu"))
+
+    def scale_residual(self, factor: float) -> None:
+        """Multiplies the residual stream by `factor`, a power of two, leaving logits and drafter
+        features unchanged but for rounding (docs/fp16.md): the embedding norm and the post
+        norms, whose outputs are what the stream adds up, are scaled; every norm that reads the
+        stream (and the drafter encoder's, which reads it through `fc`) scales its eps."""
+        self.embed_norm.scale_output(factor)
+        for layer in self.layers:
+            layer.post_attention_layernorm.scale_output(factor)
+            layer.post_feedforward_layernorm.scale_output(factor)
+            layer.input_layernorm.scale_input(factor)
+            layer.pre_feedforward_layernorm.scale_input(factor)
+        self.norm.scale_input(factor)
+        encoder = getattr(self, "encoder", None)
+        if encoder is not None:
+            encoder.output_norm_enc.scale_input(factor)
+        self.residual_scale *= factor
 
     def with_entry_point(self, name: str) -> MuseGlimmerForCausalLM:
         if name not in self.entry_points:
@@ -345,11 +365,14 @@ class MuseGlimmerForCausalLM(nn.Module):
         return x, [captured[i] for i in capture_layers]
 
     def batch_hidden_states(
-        self, input_ids: torch.Tensor, capture_layers: tuple[int, ...] = ()
+        self, input_ids: torch.Tensor, capture_layers: tuple[int, ...] = (),
+        around_layer: Callable[[int], AbstractContextManager] | None = None,
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Cache-free `hidden_states` for a batch of whole sequences (training): input_ids
         [B, T] at positions 0..T-1, T <= max_context. Reads and writes no cache; the masks are
-        the cached path's (a ring as long as the sequence holds position s in slot s)."""
+        the cached path's (a ring as long as the sequence holds position s in slot s).
+        `around_layer(i)`, when given, is entered around layer i's step (the fp16 range audit
+        loads each layer's weights only while it runs)."""
         length = input_ids.shape[-1]
         if length > self.max_context:
             raise ValueError(f"sequence length {length} exceeds max_context {self.max_context}")
@@ -361,7 +384,8 @@ class MuseGlimmerForCausalLM(nn.Module):
         captured: dict[int, torch.Tensor] = {}
         for layer_id, layer in enumerate(self.layers):
             mask = sliding_mask if layer.is_sliding else global_mask
-            x = layer.forward_batch(x, ropes.get(layer.rope_theta), mask)
+            with around_layer(layer_id) if around_layer else nullcontext():
+                x = layer.forward_batch(x, ropes.get(layer.rope_theta), mask)
             if layer_id in capture_layers:
                 captured[layer_id] = x
         return x, [captured[i] for i in capture_layers]

@@ -21,6 +21,7 @@ so functions of one multifunction package (e.g. `inject_kv` and `draft`) can sha
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,23 @@ Kernel = Callable[[dict[str, Any]], Any]
 
 class InterpreterError(RuntimeError):
     """An op failed or produced a value inconsistent with the program's declared types."""
+
+
+class NonFiniteError(InterpreterError):
+    """An op's fp16 or fp32 result holds inf or NaN: the first non-finite intermediate, by op,
+    function and (from the nearest weight's name) layer."""
+
+    def __init__(self, function_name: str, op_type: str, op_name: str, near: str | None):
+        function_name = str(function_name)
+        self.function_name, self.op_type, self.op_name, self.near = (function_name, op_type,
+                                                                     op_name, near)
+        match = re.search(r"layers_(\d+)_", near or "")
+        where = (f" in layer {match.group(1)}" if match else "") + (
+            f" (nearest weight {near})" if near else "")
+        super().__init__(
+            f"function {function_name!r}: {op_type} (op {op_name!r}) is the first op whose "
+            f"result is not finite{where}; the bundle overflows fp16 here, re-export it with "
+            "this museflash (docs/fp16.md)")
 
 
 class UnsupportedOpError(InterpreterError):
@@ -775,14 +793,34 @@ class Interpreter:
                 )
             for (name, dtype, expected), value in zip(step.outputs, results, strict=True):
                 env[name] = self._conform(step.op, name, dtype, expected, value)
+                stored = env[name]
+                if stored.dtype.kind == "f" and not np.isfinite(stored).all():
+                    raise NonFiniteError(self.function_name, step.op.op_type, step.op.name,
+                                         self._nearest_weight(step))
         return {var.name: env[var.name] for var in self.function.outputs}
+
+    def _nearest_weight(self, failed: _Step) -> str | None:
+        """The name of the named weight (`p_...`, as torch.export names parameters) that the
+        op nearest to `failed` in program order reads, earlier ops first on a tie."""
+        index = self._plan.index(failed)
+        order = sorted(range(len(self._plan)), key=lambda i: (abs(i - index), i))
+        for i in order:
+            for _, names, many in self._plan[i].inputs:
+                for name in names if many else (names,):
+                    if name.startswith("p_") and name in self.constants:
+                        return name
+            weight = self._plan[i].op.inputs.get("weight")
+            if weight is not None and weight.name.startswith("p_"):
+                return weight.name
+        return None
 
     @staticmethod
     def _conform(op: Any, name: str, dtype: np.dtype, expected: tuple[int, ...] | None,
                  value: Any) -> np.ndarray:
         """Stores the value in its declared dtype (this is where fp16 rounding happens) and
         checks the declared static shape, which catches kernel mistakes early."""
-        value = np.asarray(value).astype(dtype, copy=False)
+        with np.errstate(over="ignore"):  # an overflow is reported by op (NonFiniteError)
+            value = np.asarray(value).astype(dtype, copy=False)
         if expected is not None and value.shape != expected:
             raise InterpreterError(
                 f"{op.op_type} (op {op.name!r}) produced shape {value.shape} for output "
@@ -835,6 +873,7 @@ __all__ = [
     "SUPPORTED_OP_TYPES",
     "Interpreter",
     "InterpreterError",
+    "NonFiniteError",
     "UnsupportedOpError",
     "list_functions",
     "load_program",
