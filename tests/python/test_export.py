@@ -500,6 +500,9 @@ def test_progress_has_one_line_per_stage(bundle):
     stage_lines = [line for line in lines if not line.startswith("[export] wrote")]
     stages = [line.split(" ")[1] for line in stage_lines]
     assert stages.count("load") == 2
+    assert stages.count("audit") == 1  # the fp16 range audit, with its scales
+    audit = next(line for line in stage_lines if line.startswith("[export] audit"))
+    assert re.search(r"scale 1; drafter peak [\d.e+]+, scale 1;", audit)  # tiny: no scaling
     assert stages.count("trace") == stages.count("convert") == 4
     assert stages.count("save") == 1  # one package: the target's, with the drafter's functions
     converted = [re.search(r"convert \(([\w.]+)", line).group(1) for line in stage_lines
@@ -509,7 +512,7 @@ def test_progress_has_one_line_per_stage(bundle):
     assert any(", helper 1)" in line for line in stage_lines)  # the second process's work
     assert all(re.search(r": \d+\.\d s", line) for line in stage_lines)
     assert all(re.search(r"\d (B|KB|MB)", line) for line in stage_lines
-               if line.split(" ")[1] != "trace")
+               if line.split(" ")[1] not in ("trace", "audit"))
     assert lines[-1].startswith("[export] wrote")
 
 

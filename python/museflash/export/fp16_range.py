@@ -321,7 +321,9 @@ def residual_scale(peak: float, where: str) -> float:
 
 
 def _first_over(run: _Run, limit: float) -> tuple[str, float] | None:
-    for table, side in ((run.peaks.inputs, "input"), (run.peaks.outputs, "output")):
+    # Outputs first: a projection's output is the next module's input, and the one that made
+    # the value is the one to name.
+    for table, side in ((run.peaks.outputs, "output"), (run.peaks.inputs, "input")):
         for name, value in table.items():
             if not value <= limit:
                 return f"{name} {side}", value

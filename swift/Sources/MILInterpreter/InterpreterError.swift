@@ -10,6 +10,9 @@ public enum InterpreterError: Error, Sendable, Equatable, CustomStringConvertibl
     case badInput(function: String, name: String, reason: String)
     case badState(function: String, name: String, reason: String)
     case weightFile(path: String, reason: String)
+    /// The first op whose fp16 or fp32 result holds inf or NaN, and the weight nearest to it
+    /// (its name carries the layer: `p_layers_3_...`).
+    case nonFinite(function: String, op: String, nearestWeight: String?)
 
     public var description: String {
         switch self {
@@ -28,6 +31,17 @@ public enum InterpreterError: Error, Sendable, Equatable, CustomStringConvertibl
             return "function \(function), state \(name): \(reason)"
         case .weightFile(let path, let reason):
             return "weight file \(path): \(reason); re-export the bundle"
+        case .nonFinite(let function, let op, let weight):
+            var place = ""
+            if let weight {
+                let parts = weight.split(separator: "_")
+                if let at = parts.firstIndex(of: "layers"), at + 1 < parts.count, Int(parts[at + 1]) != nil {
+                    place = " in layer \(parts[at + 1])"
+                }
+                place += " (nearest weight \(weight))"
+            }
+            return "function \(function): \(op) is the first op whose result is not finite\(place); "
+                + "the bundle overflows fp16 here, re-export it with this museflash (docs/fp16.md)"
         }
     }
 }

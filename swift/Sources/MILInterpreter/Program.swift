@@ -80,6 +80,9 @@ struct CompiledOp {
     let arguments: [String: [ArgumentItem]]
     let outputSlots: [Int]
     let outputSpecs: [(type: ElementType, shape: [Int]?)]
+    /// The named weights (`p_...` constants, as torch.export names parameters) it reads: what
+    /// places a non-finite result in a layer.
+    var weights: [String] = []
     /// Slots no later op reads, freed after this one.
     var releases: [Int] = []
 }
@@ -234,8 +237,14 @@ public final class CompiledFunction: @unchecked Sendable {
                 }
                 outputSpecs.append((type, tensor.shape?.map(Int.init)))
             }
-            operations.append(CompiledOp(type: op.type, name: opName, kernel: kernel, arguments: arguments,
-                                         outputSlots: op.outputs.map { slot($0.name) }, outputSpecs: outputSpecs))
+            var compiled = CompiledOp(type: op.type, name: opName, kernel: kernel, arguments: arguments,
+                                      outputSlots: op.outputs.map { slot($0.name) }, outputSpecs: outputSpecs)
+            for input in op.inputs {
+                for case .name(let value) in input.arguments where value.hasPrefix("p_") && constantValues[value] != nil {
+                    compiled.weights.append(value)
+                }
+            }
+            operations.append(compiled)
         }
         if !unsupported.isEmpty {
             throw InterpreterError.unsupportedOps(function: name, ops: unsupported)
@@ -294,7 +303,7 @@ public final class CompiledFunction: @unchecked Sendable {
                 throw InterpreterError.badState(function: name, name: spec.name, reason: "\(value), the function declares \(spec.type)\(spec.shape)")
             }
         }
-        for op in operations {
+        for (position, op) in operations.enumerated() {
             var results: [Tensor]
             do {
                 let arguments = OpArguments(arguments: op.arguments, frame: frame, states: states,
@@ -314,6 +323,10 @@ public final class CompiledFunction: @unchecked Sendable {
                                                     reason: "produced shape \(results[index].shape), the program declares \(shape)")
                 }
                 results[index].convert(to: spec.type)
+                if !results[index].isFinite {
+                    throw InterpreterError.nonFinite(function: name, op: "\(op.type) (op \(op.name))",
+                                                     nearestWeight: nearestWeight(to: position))
+                }
                 frame.slots[op.outputSlots[index]] = results[index]
             }
             for slot in op.releases { frame.slots[slot] = nil }
@@ -323,6 +336,13 @@ public final class CompiledFunction: @unchecked Sendable {
             result[spec.name] = frame.slots[slot]
         }
         return result
+    }
+
+    /// The first named weight read by the op nearest to operation `position` (earlier ops first
+    /// on a tie): the same rule as the numpy interpreter's, so both name the same layer.
+    func nearestWeight(to position: Int) -> String? {
+        let order = operations.indices.sorted { (abs($0 - position), $0) < (abs($1 - position), $1) }
+        return order.lazy.compactMap { self.operations[$0].weights.first }.first
     }
 }
 

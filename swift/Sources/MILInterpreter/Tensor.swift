@@ -145,6 +145,15 @@ public struct Tensor: @unchecked Sendable {
         Tensor(shape: shape, type: .bool, data: .bool(values))
     }
 
+    /// No inf or NaN among its values (always true for integer, bool and string tensors).
+    public var isFinite: Bool {
+        switch data {
+        case .float(let values): return !values.contains { !$0.isFinite }
+        case .half(let storage): return !storage.values.contains { $0 & 0x7C00 == 0x7C00 }
+        default: return true
+        }
+    }
+
     public var rank: Int { shape.count }
     public var count: Int { shape.reduce(1, *) }
 

@@ -1,0 +1,230 @@
+"""fp16 on real activations (docs/fp16.md): the norms cannot overflow, the export audits the
+checkpoint's range and scales the residual stream, and verify runs on the tokens that carry
+massive activations.
+
+The planted pairs (`tiny-massive`, `tiny-dflash2-massive`) carry a target residual channel
+that grows to 7.7e4 on <bos> and two delimiter tokens, and drafter streams reaching 3.6e4:
+today's graph (plain norms, no scaling) overflows on them, the new one does not.
+"""
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from museflash import demo_checkpoint
+from museflash.bundle import Metadata, NormForm
+from museflash.checkpoint.configs import read_config
+from museflash.checks.verify import VerifyOptions, run_verify
+from museflash.export.fp16_range import audit_checkpoint, read_calibration_prompts
+from museflash.export.options import ExportError, ExportOptions
+from museflash.export.pipeline import export_bundle
+from museflash.export.progress import Progress
+from museflash.models.base import RMSNorm
+from museflash.runtime.interpreter import Interpreter, NonFiniteError, load_program
+
+pytest.importorskip("coremltools")
+
+SMALL = dict(fused_target=True, dflash_drafter=True, max_context_length=64, prefill_length=8,
+             conversion_processes=1)
+
+
+def _export(out: Path, builtin: str, **options) -> Path:
+    return export_bundle(ExportOptions(output_dir=out, builtin=builtin, **SMALL, **options),
+                         Progress(echo=lambda _: None))
+
+
+def _verify(export_dir: Path) -> tuple[int, list[str]]:
+    lines: list[str] = []
+    status = run_verify(VerifyOptions(export_dir=export_dir, echo=lines.append, new_tokens=16))
+    print("\n".join(lines))
+    return status, lines
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fp16")
+    return {name: _export(root / name, builtin, **options) for name, builtin, options in (
+        ("massive", "tiny-massive", {}),
+        ("massive-dflash2", "tiny-dflash2-massive", {}),
+        ("massive-old", "tiny-massive", {"legacy_fp16": True}),
+    )}
+
+
+def _norm_package(tmp_path: Path, form: NormForm, dim: int = 64) -> Interpreter:
+    import coremltools as ct
+
+    class Norm(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm = RMSNorm(dim, 1e-6, unit_offset=True)
+            self.norm.form = form
+
+        def forward(self, x):
+            return self.norm(x)
+
+    with torch.no_grad():
+        module = Norm().eval().half()
+        module.norm.weight.copy_(torch.linspace(-0.5, 0.5, dim))
+    program = torch.export.export(module, (torch.zeros(1, 4, dim, dtype=torch.float16),))
+    model = ct.convert(program.run_decompositions({}), convert_to="mlprogram",
+                       minimum_deployment_target=ct.target.iOS18, skip_model_load=True,
+                       compute_precision=ct.precision.FLOAT16)
+    path = tmp_path / f"{form}.mlpackage"
+    model.save(str(path))
+    return Interpreter(load_program(path))
+
+
+def _hard_rows(dim: int = 64) -> np.ndarray:
+    """Rows an fp16 norm must survive: one massive channel, a dense large row, fp16's largest
+    value, and an ordinary row (seeded)."""
+    rng = np.random.default_rng(7)
+    rows = rng.standard_normal((4, dim))
+    rows[0, 3] = 1500.0
+    rows[1] *= 3000.0
+    rows[2, :] = 65504.0 * np.sign(rng.standard_normal(dim))
+    return rows.astype(np.float16).reshape(1, 4, dim)
+
+
+def test_max_abs_norm_is_finite_and_accurate_in_fp16_where_the_plain_one_overflows(tmp_path):
+    rows = _hard_rows()
+    reference = RMSNorm(64, 1e-6, unit_offset=True)
+    reference.form = NormForm.PLAIN
+    with torch.no_grad():
+        reference.weight.copy_(torch.linspace(-0.5, 0.5, 64))
+        expected = reference(torch.from_numpy(rows.astype(np.float64))).numpy()
+    plain = _norm_package(tmp_path, NormForm.PLAIN)
+    with pytest.raises(NonFiniteError, match="pow"):
+        plain.run({name: rows for name in plain.input_specs})
+    safe = _norm_package(tmp_path, NormForm.MAX_ABS)
+    (out,) = safe.run({name: rows for name in safe.input_specs}).values()
+    out = out.astype(np.float64)
+    assert np.isfinite(out).all()
+    # fp16 keeps 11 bits: the normalised values (|y| <= 8 here) within a few ulps.
+    assert np.max(np.abs(out - expected)) < 8 * 2.0 ** -10
+
+
+def test_max_abs_norm_equals_the_plain_form_in_fp32():
+    x = torch.from_numpy(np.random.default_rng(3).standard_normal((5, 64)) * [[1e-4], [1.0],
+                                                                               [30.0], [1e4],
+                                                                               [6e4]]).float()
+    plain, safe = RMSNorm(64, 1e-6, unit_offset=False), RMSNorm(64, 1e-6, unit_offset=False)
+    plain.form = NormForm.PLAIN
+    torch.testing.assert_close(safe(x), plain(x), rtol=2e-6, atol=0)
+
+
+def test_scaled_norms_keep_their_output():
+    """scale_input/scale_output are exact for powers of two (eps follows the stream)."""
+    x = torch.from_numpy(np.random.default_rng(4).standard_normal((3, 64)) * 1e-3).float()
+    norm = RMSNorm(64, 1e-2, unit_offset=True)
+    with torch.no_grad():
+        norm.weight.copy_(torch.linspace(-0.3, 0.3, 64))
+    before = norm(x)
+    norm.scale_input(0.125)
+    norm.scale_output(0.25)
+    torch.testing.assert_close(norm(x * 0.125), before * 0.25, rtol=1e-6, atol=0)
+
+
+def test_audit_scales_the_planted_streams_and_records_the_peaks(exports):
+    record = Metadata.read(exports["massive"]).fp16_range
+    assert record.norm == NormForm.MAX_ABS
+    peak = max(p.residual for p in record.target_layers)
+    assert peak > 2 ** 16  # the planted channel, measured
+    assert record.target_residual_scale == 2.0 ** -math.ceil(math.log2(peak / 2 ** 14))
+    assert max(p.residual for p in record.drafter_layers) > 2 ** 15
+    assert record.drafter_residual_scale < 1
+    assert record.peak_after_scaling < 2 ** 15
+    assert set(record.peak_tokens[:3]) == set(demo_checkpoint.PLANTED_TOKENS)
+    assert record.bos_token_id == demo_checkpoint.PLANTED_TOKENS[0]
+    old = Metadata.read(exports["massive-old"]).fp16_range
+    assert (old.norm, old.target_residual_scale) == (NormForm.PLAIN, 1.0)
+
+
+def _audit(tmp_path: Path, prompts=None, calibration="builtin", **tiny):
+    target_dir, drafter_dir = demo_checkpoint.write_tiny_checkpoints(tmp_path / "pair",
+                                                                     tokenizer=True, **tiny)
+    record, _ = audit_checkpoint(target_dir, drafter_dir, fused=True, with_drafter=True,
+                                 context=64, block=4, vocab_size=512,
+                                 config=read_config(target_dir), prompts=prompts,
+                                 calibration=calibration, norm=NormForm.MAX_ABS, scale=True)
+    return record
+
+
+def test_unplanted_checkpoint_needs_no_scale(tmp_path):
+    record = _audit(tmp_path)
+    assert (record.target_residual_scale, record.drafter_residual_scale) == (1.0, 1.0)
+    assert max(p.residual for p in record.target_layers) < 2 ** 14
+
+
+def test_old_graph_fails_verify_at_the_first_overflowing_op(exports):
+    status, lines = _verify(exports["massive-old"])
+    assert status == 1
+    assert "fp16 overflow" in lines[-1] and "pow" in lines[-1]
+
+
+@pytest.mark.parametrize("name", ["massive", "massive-dflash2"])
+def test_new_graph_verifies_on_planted_activations(exports, name):
+    status, lines = _verify(exports[name])
+    assert status == 0, lines[-1]
+    assert any(line.startswith("fp16 range: residual scales") and "match" in line
+               for line in lines)
+    eager = next(line for line in lines if line.startswith("eager fp32 greedy"))
+    agreed, total = eager.split("first ")[1].split(" tokens")[0].split("/")
+    assert agreed == total  # no fp16 near-tie on these 16 tokens: every one agrees
+
+
+def test_verify_refuses_a_bundle_whose_recorded_scale_is_wrong(exports, tmp_path):
+    import json
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(exports["massive"], copy)
+    raw = json.loads((copy / "metadata.json").read_text())
+    raw["fp16_range"]["target_residual_scale"] = 1.0
+    (copy / "metadata.json").write_text(json.dumps(raw))
+    status, lines = _verify(copy)
+    assert status == 2 and "residual scales" in lines[-1]
+
+
+def test_checkpoint_beyond_fp16_at_any_scale_is_refused_and_nothing_written(tmp_path,
+                                                                            monkeypatch):
+    planted = demo_checkpoint.plant_massive_activations
+
+    def too_large(target, drafter):
+        planted(target, drafter)
+        with torch.no_grad():  # an MLP output past 2^15: no residual scale reaches it
+            target.layers[2].mlp.down_proj.weight.mul_(200.0)
+
+    monkeypatch.setattr(demo_checkpoint, "plant_massive_activations", too_large)
+    out = tmp_path / "refused"
+    with pytest.raises(ExportError, match=r"layers\.2\.mlp\.down_proj output peaks at") as error:
+        _export(out, "tiny-massive")
+    assert "\n" not in str(error.value)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "no such file"),
+    (b"\n  \n", "has no prompts"),
+    (b"caf\xe9\n", "not UTF-8"),
+])
+def test_bad_calibration_prompts_are_refused_before_anything_is_written(tmp_path, content,
+                                                                        message):
+    prompts = tmp_path / "prompts.txt"
+    if content is not None:
+        prompts.write_bytes(content)
+    out = tmp_path / "out"
+    with pytest.raises(ExportError, match=message):
+        _export(out, "tiny", calibration_prompts=prompts)
+    assert not out.exists()
+
+
+def test_calibration_prompts_are_what_the_audit_runs(tmp_path):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("w5 w6 w7\nw8 w9\n", encoding="utf-8")
+    record = _audit(tmp_path, read_calibration_prompts(prompts), "prompts.txt", massive=True)
+    assert (record.calibration, record.sequences) == ("prompts.txt", 3)
+    # Neither prompt holds a planted token; the lowest-ids sequence does (<bos> leads all).
+    assert record.target_residual_scale < 1

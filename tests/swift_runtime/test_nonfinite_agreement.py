@@ -1,0 +1,67 @@
+"""Both interpreters stop at the same op where an old-graph bundle overflows fp16.
+
+The bundle is today's graph before the fp16 work (plain norms, no residual scaling) of the pair
+with planted massive activations (docs/fp16.md), exported here; the same <bos>-led prompt is
+decoded by the Python reference loop (numpy interpreter) and by //:swift-generate (Swift
+interpreter), and each must name the same function, op and nearest weight.
+"""
+
+import re
+from pathlib import Path
+
+import pytest
+from swift_generate_support import run
+
+from museflash.bundle import Metadata
+from museflash.demo_checkpoint import PLANTED_TOKENS
+from museflash.export.options import ExportOptions
+from museflash.export.pipeline import export_bundle
+from museflash.export.progress import Progress
+from museflash.runtime.interpreter import NonFiniteError
+from museflash.runtime.speculative import ExportedDrafter, ExportedTarget, speculative_generate
+
+PROMPT = [PLANTED_TOKENS[0], 50, 60, PLANTED_TOKENS[1], 70, 80, 90, PLANTED_TOKENS[2], 100]
+# function, op type, op name, layer (when the nearest weight names one), nearest weight; the
+# numpy interpreter quotes names, the Swift one does not.
+FAILURE = re.compile(r"function '?(\w+)'?: (\w+) \(op '?([^')]+)'?\) is the first op whose result "
+                     r"is not finite(?: in layer (\d+))? \(nearest weight (\w+)\)")
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["old-graph", "new-graph"])
+def bundle(request, tmp_path_factory) -> tuple[Path, bool]:
+    out = tmp_path_factory.mktemp("nonfinite") / "bundle"
+    export_bundle(ExportOptions(output_dir=out, builtin="tiny-massive", fused_target=True,
+                                dflash_drafter=True, max_context_length=64, prefill_length=8,
+                                conversion_processes=1, legacy_fp16=not request.param),
+                  Progress(echo=lambda _: None))
+    return out, request.param
+
+
+def _python(export_dir: Path) -> str | None:
+    metadata = Metadata.read(export_dir)
+    spec = metadata.speculative_decoding
+    try:
+        speculative_generate(ExportedTarget(export_dir, metadata),
+                             ExportedDrafter(export_dir, metadata), PROMPT, 4,
+                             mask_token_id=spec.mask_token_id,
+                             context_length=metadata.context_length)
+    except NonFiniteError as error:
+        return str(error)
+    return None
+
+
+def test_both_interpreters_name_the_same_first_non_finite_op(bundle):
+    export_dir, new_graph = bundle
+    swift = run("--export-dir", export_dir, "--prompt-ids", ",".join(map(str, PROMPT)),
+                "--max-new-tokens", 4, "--backend", "interpreter")
+    python = _python(export_dir)
+    if new_graph:
+        assert python is None
+        assert swift.returncode == 0, swift.stderr
+        return
+    assert python is not None and swift.returncode == 1, (python, swift.stderr)
+    expected = FAILURE.search(python)
+    found = FAILURE.search(swift.stderr)
+    assert expected and found, (python, swift.stderr)
+    assert found.groups() == expected.groups()
+    assert expected.group(2) == "pow"  # the plain norm's x^2
