@@ -232,6 +232,21 @@ def _l2_norm32(x: np.ndarray, **kwargs: Any) -> np.ndarray:
     return np.sqrt(np.sum(np.asarray(x, np.float64) ** 2, **kwargs)).astype(np.float32)
 
 
+def _layer_norm(a: dict[str, Any]) -> np.ndarray:
+    """MIL layer_norm over `axes`, statistics in float64 (no bundle uses it; the norm figures
+    measure it as a candidate, docs/fp16.md)."""
+    x = np.asarray(a["x"], np.float64)
+    axes = tuple(_int_list(a["axes"])) if a.get("axes") is not None else (-1,)
+    centred = x - x.mean(axis=axes, keepdims=True)
+    epsilon = float(np.asarray(a["epsilon"])) if a.get("epsilon") is not None else 1e-5
+    out = centred / np.sqrt((centred ** 2).mean(axis=axes, keepdims=True) + epsilon)
+    if a.get("gamma") is not None:
+        out = out * np.asarray(a["gamma"], np.float64)
+    if a.get("beta") is not None:
+        out = out + np.asarray(a["beta"], np.float64)
+    return out.astype(np.float32)
+
+
 def _softmax(a: dict[str, Any]) -> np.ndarray:
     x = _f32(a["x"])
     axis = int(np.asarray(a["axis"])) if a.get("axis") is not None else -1
@@ -580,6 +595,7 @@ KERNELS: dict[str, Kernel] = {
     "silu": _unary(lambda x: x * _sigmoid(x)),
     "softplus": _unary(_f64(lambda x: np.logaddexp(0, x))),
     "softmax": _softmax,
+    "layer_norm": _layer_norm,
     # linear algebra
     "linear": _linear,
     "matmul": _matmul,

@@ -1,0 +1,134 @@
+"""Overflow-proof RMSNorm candidates side by side (docs/fp16.md): each one converted alone to
+an fp16 ML program, then run by the numpy interpreter on rows an fp16 norm must survive.
+
+Per candidate: ops per norm in the saved program, ms per call at the given width, whether
+every intermediate stayed finite, and the largest error against float64 on each kind of row.
+The candidates:
+- plain: x * rsqrt(mean(x^2) + eps), today's graph (x^2 overflows above |x| = 256);
+- max_abs: the row divided by max(max|x|, 1) first, eps by its square (the default);
+- l2_floor: x / max(reduce_l2_norm(x / sqrt(d)), sqrt(eps)), one reduction, eps as a floor;
+- layer_norm_pair: layer_norm over [x, -x] (mean 0, variance mean(x^2)), Anemll's form.
+The interpreter computes each op in fp32 or better and stores fp16, so it shows what each
+form does under that rule; how a device accumulates inside one reduction or layer_norm op is
+not documented, and only max_abs keeps every op's own result bounded whatever it does.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from museflash.bundle import NormForm
+from museflash.models.base import RMSNorm
+
+EPS = 1e-6
+CANDIDATES = ("plain", "max_abs", "l2_floor", "layer_norm_pair")
+
+
+class _L2Floor(nn.Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, x):
+        x32 = x.float()
+        rms = torch.linalg.vector_norm(x32 * (1.0 / self.dim ** 0.5), dim=-1, keepdim=True)
+        return (x32 / torch.clamp(rms, min=EPS ** 0.5)).to(x.dtype)
+
+
+class _LayerNormPair(nn.Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, x):
+        pair = torch.cat([x, -x], dim=-1).float()
+        normed = nn.functional.layer_norm(pair, (2 * self.dim,), eps=EPS)
+        return normed[..., :self.dim].to(x.dtype)
+
+
+def candidate(name: str, dim: int) -> nn.Module:
+    if name in (NormForm.PLAIN, NormForm.MAX_ABS):
+        norm = RMSNorm(dim, EPS, unit_offset=False, with_weight=False)
+        norm.form = NormForm(name)
+        return norm
+    return {"l2_floor": _L2Floor, "layer_norm_pair": _LayerNormPair}[name](dim)
+
+
+def hard_rows(dim: int, rows: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """fp16 rows [1, rows, dim] by kind: ordinary, one massive channel (the audit's kind),
+    dense large values, fp16's largest value, and tiny values (where eps matters)."""
+    rng = np.random.default_rng(seed)
+    base = rng.standard_normal((1, rows, dim))
+    massive = base.copy()
+    massive[..., 3] = np.linspace(300.0, 65504.0, rows)
+    largest = 65504.0 * np.sign(rng.standard_normal((1, rows, dim)))
+    return {"ordinary": base, "massive channel": massive, "dense 3e3": base * 3000.0,
+            "all 65504": largest, "tiny 1e-4": base * 1e-4}
+
+
+def convert(module: nn.Module, dim: int, rows: int, directory: Path):
+    import coremltools as ct
+
+    from museflash.runtime.interpreter import Interpreter, load_program
+
+    example = torch.zeros(1, rows, dim, dtype=torch.float16)
+    program = torch.export.export(module.eval().half(), (example,)).run_decompositions({})
+    model = ct.convert(program, convert_to="mlprogram", skip_model_load=True,
+                       minimum_deployment_target=ct.target.iOS18,
+                       compute_precision=ct.precision.FLOAT16)
+    path = directory / "norm.mlpackage"
+    model.save(str(path))
+    loaded = load_program(path)
+    ops = sum(1 for op in loaded.functions["main"].operations
+              if op.op_type != "const" and not op.op_type.startswith("constexpr_"))
+    return Interpreter(loaded), ops
+
+
+def measure(name: str, dim: int, rows: int, repeats: int) -> dict:
+    from museflash.runtime.interpreter import NonFiniteError
+
+    reference = RMSNorm(dim, EPS, unit_offset=False, with_weight=False)
+    reference.form = NormForm.PLAIN
+    with tempfile.TemporaryDirectory() as scratch:
+        interpreter, ops = convert(candidate(name, dim), dim, rows, Path(scratch))
+    (input_name,) = interpreter.input_specs
+    errors: dict[str, float | None] = {}
+    for kind, values in hard_rows(dim, rows).items():
+        x = values.astype(np.float16)
+        with torch.no_grad():
+            expected = reference(torch.from_numpy(x.astype(np.float64))).numpy()
+        try:
+            (out,) = interpreter.run({input_name: x}).values()
+        except NonFiniteError:
+            errors[kind] = None
+            continue
+        errors[kind] = float(np.max(np.abs(out.astype(np.float64) - expected))
+                             / np.max(np.abs(expected)))
+    x = hard_rows(dim, rows)["ordinary"].astype(np.float16)
+    times = []
+    for _ in range(repeats):
+        began = time.perf_counter()
+        interpreter.run({input_name: x})
+        times.append(time.perf_counter() - began)
+    return {"candidate": name, "ops": ops, "ms": 1000 * float(np.median(times)),
+            "errors": errors}
+
+
+def report(dim: int, rows: int, repeats: int) -> list[str]:
+    results = [measure(name, dim, rows, repeats) for name in CANDIDATES]
+    kinds = list(results[0]["errors"])
+    lines = [f"norm candidates at width {dim}, {rows} rows, numpy interpreter (fp16 storage); "
+             "error: max |out - float64| / max |float64|, 'inf' where an op went non-finite",
+             "| candidate | ops | ms per call | " + " | ".join(kinds) + " |",
+             "| --- | --- | --- | " + " | ".join("---" for _ in kinds) + " |"]
+    for r in results:
+        cells = ["inf" if e is None else f"{e:.1e}" for e in r["errors"].values()]
+        lines.append(f"| {r['candidate']} | {r['ops']} | {r['ms']:.3f} | "
+                     + " | ".join(cells) + " |")
+    return lines
