@@ -1,12 +1,14 @@
 """Functions converted in several processes: every job exactly once, failures stop everything
 and name their cause, and a real helper process reports its own errors."""
 
+import dataclasses
 import threading
 from pathlib import Path
 
 import pytest
 
 from museflash.export import parallel as parallel_conversion
+from museflash.export.fp16_range import GraphNumerics
 from museflash.export.options import ExportError, ExportOptions
 from museflash.export.parallel import HelperError, HelperProcess, process_count, run_conversions
 from museflash.export.plan import AssetPlan, plan_export
@@ -161,6 +163,7 @@ def test_a_real_helper_reports_its_own_error(tmp_path):
     helper = HelperProcess({"options": parallel_conversion._options_to_json(options),
                             "target_dir": str(plan.target_dir),
                             "drafter_dir": str(plan.drafter_dir), "number": 1,
+                            "numerics": dataclasses.asdict(GraphNumerics()),
                             "progress_start": 0.0}, lines.append)
     try:
         with pytest.raises(HelperError, match="CheckpointError: .*safetensors"):

@@ -31,6 +31,7 @@ from torch import nn
 
 from museflash.bundle import Fp16Range, LayerPeaks, NormForm
 from museflash.checkpoint.load import load_drafter, load_target
+from museflash.checkpoint.weight_values import unholdable, weight_value_error
 from museflash.export.options import ExportError
 from museflash.export.placeholders import PlaceholderWeights
 from museflash.models.base import RMSNorm
@@ -92,14 +93,14 @@ def bos_token_id(target_dir: Path, config: dict) -> int | None:
 
 
 def calibration_sequences(target_dir: Path, config: dict, vocab_size: int,
-                          prompts: list[str] | None) -> list[list[int]]:
+                          prompts: list[str] | None, context: int) -> list[list[int]]:
     """<bos>-led sequences of CALIBRATION_TOKENS ids: `prompts` (or BUILTIN_CALIBRATION)
     tokenized with the checkpoint's tokenizer.json and repeated to length, plus one sequence of
     the lowest ids (where special tokens, bytes and punctuation sit in most vocabularies).
     Without a tokenizer, seeded ids stand in for the built-in text."""
     bos = bos_token_id(target_dir, config)
     lead = [bos] if bos is not None else []
-    length = CALIBRATION_TOKENS - len(lead)
+    length = min(CALIBRATION_TOKENS, context) - len(lead)
     tokenizer_file = target_dir / "tokenizer.json"
     texts = prompts or list(BUILTIN_CALIBRATION)
     bodies: list[list[int]] = []
@@ -161,7 +162,10 @@ class _RowEmbedding(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         for i in set(ids.reshape(-1).tolist()) - set(self.rows):
-            self.rows[i] = self.location.read_rows(i, i + 1, torch.float32)[0]
+            row = self.location.read_rows(i, i + 1, torch.float32)[0]
+            if unholdable(row.numpy()):
+                raise weight_value_error(self.location.path, self.location.key, [row.numpy()])
+            self.rows[i] = row
         flat = torch.stack([self.rows[i] for i in ids.reshape(-1).tolist()])
         return flat.reshape(*ids.shape, self.embedding_dim)
 
@@ -176,7 +180,10 @@ def _real_weights(module: nn.Module, placeholders: PlaceholderWeights) -> Iterat
             continue
         owner_name, _, leaf = name.rpartition(".")
         owner = module.get_submodule(owner_name) if owner_name else module
-        real = placeholders.by_row[row].read(torch.float32)
+        location = placeholders.by_row[row]
+        real = location.read(torch.float32)
+        if unholdable(real.numpy()):  # the weight writer would refuse it too, by name
+            raise weight_value_error(location.path, location.key, [real.numpy()])
         owner._parameters[leaf] = nn.Parameter(real, requires_grad=False)
         swapped.append((owner, leaf, param))
     try:
@@ -340,7 +347,7 @@ def audit_checkpoint(target_dir: Path, drafter_dir: Path | None, *, fused: bool,
                      norm: NormForm, scale: bool) -> tuple[Fp16Range, GraphNumerics]:
     """The audit's record for metadata.json, and the numerics the graph is built with
     (`scale` False: today's graph, no residual scaling, for the tests and figures)."""
-    sequences = calibration_sequences(target_dir, config, vocab_size, prompts)
+    sequences = calibration_sequences(target_dir, config, vocab_size, prompts, context)
     audit = RangeAudit(target_dir, drafter_dir, fused=fused, with_drafter=with_drafter,
                        context=context, block=block)
     first = audit.run(sequences)

@@ -574,6 +574,14 @@ extension ExportMetadata {
         public static let meaning = "selector decoding"
     }
 
+    /// How the bundle's RMSNorms are written (`fp16_range.norm`, docs/fp16.md); a runtime
+    /// needs nothing of it, so the metadata reader does not decode the audit's block.
+    public enum NormForm: String, Codable, Sendable, CaseIterable, ContractName {
+        case maxAbs = "max_abs"
+        case plain
+        public static let meaning = "norm form"
+    }
+
     public enum LayerType: String, Codable, Sendable, CaseIterable, ContractName {
         case slidingAttention = "sliding_attention"
         case fullAttention = "full_attention"

@@ -126,6 +126,7 @@ final class MetadataExamplesTests: XCTestCase {
         compare(M.DrafterKind.self, as: "DrafterKind")
         compare(M.SelectorDecoding.self, as: "SelectorDecoding")
         compare(M.LayerType.self, as: "LayerType")
+        compare(M.NormForm.self, as: "NormForm")
         compare(M.CompressionMode.self, as: "CompressionMode")
         compare(M.CompressionPreset.self, as: "CompressionPreset")
         XCTAssertEqual(Set(python.keys).subtracting(compared), [],
