@@ -23,6 +23,7 @@ from museflash.export.options import ExportError, ExportOptions
 from museflash.export.pipeline import export_bundle
 from museflash.export.progress import Progress
 from museflash.models.base import RMSNorm
+from museflash.runtime.interpreter import Interpreter, load_program
 from museflash.tools.norm_figures import measure
 
 pytest.importorskip("coremltools")
@@ -190,3 +191,34 @@ def test_calibration_prompts_are_what_the_audit_runs(tmp_path):
     assert (record.calibration, record.sequences) == ("prompts.txt", 3)
     # Neither prompt holds a planted token; the lowest-ids sequence does (<bos> leads all).
     assert record.target_residual_scale < 1
+
+
+@pytest.mark.parametrize("name", ["massive", "massive-dflash2"])
+def test_logits_follow_fp32_on_the_planted_tokens(exports, name):
+    """Goal: logits cos >= 0.999 against fp32 eager on planted-activation checkpoints, over
+    main calls whose blocks hold the <bos> and peak tokens (verify's prompt)."""
+    from museflash.checkpoint.load import load_target
+    from museflash.checks.verify import deterministic_prompt
+
+    export_dir = exports[name]
+    metadata = Metadata.read(export_dir)
+    interpreter = Interpreter(load_program(export_dir / "target.mlpackage", "main"), "main")
+    states = interpreter.zero_states()
+    length = interpreter.input_specs["input_ids"][0][1]
+    prompt = deterministic_prompt(48, metadata.vocab_size,
+                                  metadata.speculative_decoding.mask_token_id, metadata)
+    assert prompt[0] == demo_checkpoint.PLANTED_TOKENS[0]
+    with demo_checkpoint.builtin_checkpoints(metadata.source.checkpoint.split(":")[1]) as (
+            target_dir, _):
+        eager = load_target(target_dir, dtype=torch.float32, max_context=64,
+                            max_query_len=length, cache_dtype=torch.float32)
+    cosines = []
+    for start in range(0, len(prompt) - length + 1, length):
+        ids = np.array([prompt[start:start + length]], np.int32)
+        positions = np.arange(start, start + length, dtype=np.int32)
+        got = interpreter.run({"input_ids": ids, "position_ids": positions}, states)["logits"]
+        with torch.no_grad():
+            want = eager(torch.from_numpy(ids).long(), torch.from_numpy(positions).long())
+        for a, b in zip(got[0].astype(np.float64), want[0].double().numpy(), strict=True):
+            cosines.append(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
+    assert min(cosines) >= 0.999
