@@ -64,7 +64,8 @@ let package = Package(
         // Needs MUSEFLASH_EXPORT_DIR and MUSEFLASH_GOLDENS (tests/runtime); skips without them.
         .testTarget(
             name: "RuntimeGoldenTests",
-            dependencies: ["MuseflashRuntime", "MILInterpreter"]
+            dependencies: ["MuseflashRuntime", "MILInterpreter",
+                           .target(name: "CoreMLStandIn", condition: .when(platforms: [.linux]))]
         ),
         // Needs MUSEFLASH_METADATA_EXAMPLES (bazel build //python:metadata_examples).
         .testTarget(
