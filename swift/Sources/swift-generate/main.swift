@@ -6,6 +6,7 @@ import MuseflashRuntime
 //   swift-generate --export-dir DIR (--prompt TEXT | --prompt-file F | --prompt-ids 1,2,3)
 //       [--max-new-tokens N] [--temperature T] [--top-p P] [--seed S] [--no-draft]
 //       [--num-draft-tokens K] [--lookup-min-match N] [--backend interpreter|coreml]
+//       [--compute-units cpu|gpu|ane|all] [--model-cache DIR | --no-model-cache]
 //       [--format text|json] [--no-compare]
 //
 // Text: the continuation streamed as it is accepted (decoded text for a text prompt, ids for
@@ -28,6 +29,11 @@ struct Options {
     var numDraftTokens: Int?
     var lookupMinMatch = GenerationOptions.defaultLookupMinMatch
     var backend = "interpreter"
+    /// Core ML backend only: cpu, gpu, ane or all.
+    var computeUnits = "all"
+    /// Core ML backend only: where compiled models are kept (nil: the platform's caches folder).
+    var modelCache: String?
+    var noModelCache = false
     var json = false
     var temperature = 0.0
     var topP = 1.0
@@ -36,7 +42,7 @@ struct Options {
     var compare: Bool?
 }
 
-let usage = "usage: swift-generate --export-dir DIR (--prompt TEXT | --prompt-file F | --prompt-ids 1,2,3) [--max-new-tokens N] [--temperature T] [--top-p P] [--seed S] [--no-draft] [--num-draft-tokens K] [--lookup-min-match N] [--backend interpreter|coreml] [--format text|json] [--compare | --no-compare]"
+let usage = "usage: swift-generate --export-dir DIR (--prompt TEXT | --prompt-file F | --prompt-ids 1,2,3) [--max-new-tokens N] [--temperature T] [--top-p P] [--seed S] [--no-draft] [--num-draft-tokens K] [--lookup-min-match N] [--backend interpreter|coreml] [--compute-units cpu|gpu|ane|all] [--model-cache DIR | --no-model-cache] [--format text|json] [--compare | --no-compare]"
 
 func parse(_ arguments: [String]) throws -> Options {
     var options = Options()
@@ -95,6 +101,13 @@ func parse(_ arguments: [String]) throws -> Options {
             guard ["interpreter", "coreml"].contains(options.backend) else {
                 throw UsageError(description: "--backend is interpreter or coreml, got \"\(options.backend)\"")
             }
+        case "--compute-units":
+            options.computeUnits = try value(argument)
+            guard CoreMLBackend.computeUnits(named: options.computeUnits) != nil else {
+                throw UsageError(description: "--compute-units is cpu, gpu, ane or all, got \"\(options.computeUnits)\"")
+            }
+        case "--model-cache": options.modelCache = try value(argument)
+        case "--no-model-cache": options.noModelCache = true
         case "--format":
             let format = try value(argument)
             guard ["text", "json"].contains(format) else { throw UsageError(description: "--format is text or json, got \"\(format)\"") }
@@ -246,8 +259,17 @@ do {
     } else if bundle.metadata.tokenizer != nil {
         text = try? BundleText(bundle: bundle)
     }
-    let backend: any InferenceBackend = options.backend == "coreml" ? try CoreMLBackend() : InterpreterBackend()
+    let backend: any InferenceBackend
+    if options.backend == "coreml" {
+        backend = try CoreMLBackend(CoreMLBackend.Options(
+            computeUnits: CoreMLBackend.computeUnits(named: options.computeUnits)!,
+            cacheDirectory: options.noModelCache ? nil : options.modelCache.map(resolve) ?? CompiledModelCache.defaultDirectory))
+    } else {
+        backend = InterpreterBackend()
+    }
+    let opening = Date()
     let decoder = try SpeculativeDecoder(bundle: bundle, backend: backend)
+    let openSeconds = Date().timeIntervalSince(opening)
     let sampling = try Sampling(temperature: options.temperature, topP: options.topP)
     var generation = GenerationOptions(maxNewTokens: options.maxNewTokens, useDrafter: options.useDrafter,
                                        numDraftTokens: options.numDraftTokens, sampling: sampling, seed: options.seed,
@@ -267,8 +289,13 @@ do {
         alone = try decoder.generate(prompt: prompt, options: generation)
     }
     if options.json {
-        let body = report(result, options: options, backend: backend.name, bundle: bundle,
+        var body = report(result, options: options, backend: backend.name, bundle: bundle,
                           text: text?.decode(result.tokens), alone: alone)
+        body["open_seconds"] = openSeconds
+        if let coreML = backend as? CoreMLBackend {
+            body["compute_units"] = options.computeUnits
+            body["compiled_models"] = coreML.compiledModelSources.mapValues(\.rawValue)
+        }
         let data = try JSONSerialization.data(withJSONObject: body, options: [.sortedKeys])
         write(String(decoding: data, as: UTF8.self) + "\n")
     } else {
