@@ -8,11 +8,14 @@ import MuseflashRuntime
 //       [--num-draft-tokens K] [--lookup-min-match N] [--backend interpreter|coreml]
 //       [--compute-units cpu|gpu|ane|all] [--model-cache DIR | --no-model-cache]
 //       [--format text|json] [--no-compare]
+//   swift-generate --export-dir DIR --memory-probe [--backend ...] [--compute-units ...]
 //
 // Text: the continuation streamed as it is accepted (decoded text for a text prompt, ids for
 // --prompt-ids), then the figures, and the drafter's speed-up against the target alone, timed in
 // the same run (--no-compare skips that run; --compare adds it to JSON). JSON: one object. Bad input: one line on stderr and
-// exit status 1. Relative paths resolve against $BUILD_WORKING_DIRECTORY (bazel run), else the
+// exit status 1. --memory-probe loads the target's and the drafter's functions one at a time and
+// prints the resident memory after each as JSON (do per-function models share weights?
+// coremltools#2351; tools/mac/first_run.sh reads it). Relative paths resolve against $BUILD_WORKING_DIRECTORY (bazel run), else the
 // current directory.
 
 struct UsageError: Error, CustomStringConvertible {
@@ -34,6 +37,7 @@ struct Options {
     /// Core ML backend only: where compiled models are kept (nil: the platform's caches folder).
     var modelCache: String?
     var noModelCache = false
+    var memoryProbe = false
     var json = false
     var temperature = 0.0
     var topP = 1.0
@@ -108,6 +112,7 @@ func parse(_ arguments: [String]) throws -> Options {
             }
         case "--model-cache": options.modelCache = try value(argument)
         case "--no-model-cache": options.noModelCache = true
+        case "--memory-probe": options.memoryProbe = true
         case "--format":
             let format = try value(argument)
             guard ["text", "json"].contains(format) else { throw UsageError(description: "--format is text or json, got \"\(format)\"") }
@@ -123,7 +128,7 @@ func parse(_ arguments: [String]) throws -> Options {
     }
     guard !options.exportDir.isEmpty else { throw UsageError(description: "--export-dir is required; \(usage)") }
     let prompts = [!options.promptIDs.isEmpty, options.promptText != nil, options.promptFile != nil].filter { $0 }.count
-    guard prompts == 1 else {
+    guard prompts == 1 || (options.memoryProbe && prompts == 0) else {
         throw UsageError(description: "give exactly one of --prompt, --prompt-file and --prompt-ids; \(usage)")
     }
     guard options.maxNewTokens >= 1 else { throw UsageError(description: "--max-new-tokens must be at least 1, got \(options.maxNewTokens)") }
@@ -162,6 +167,54 @@ func peakResidentBytes() -> Int {
     getrusage(RUSAGE_SELF, &usage)
     return Int(usage.ru_maxrss)
     #endif
+}
+
+func makeBackend(_ options: Options) throws -> any InferenceBackend {
+    guard options.backend == "coreml" else { return InterpreterBackend() }
+    return try CoreMLBackend(CoreMLBackend.Options(
+        computeUnits: CoreMLBackend.computeUnits(named: options.computeUnits)!,
+        cacheDirectory: options.noModelCache ? nil : options.modelCache.map(resolve) ?? CompiledModelCache.defaultDirectory))
+}
+
+/// The process's resident set now. Linux: VmRSS; Darwin: the task's resident size.
+func residentBytes() -> Int {
+    #if os(Linux)
+    let status = (try? String(contentsOfFile: "/proc/self/status", encoding: .utf8)) ?? ""
+    for line in status.split(separator: "\n") where line.hasPrefix("VmRSS:") {
+        return (Int(line.split(separator: " ").dropFirst().first ?? "") ?? 0) * 1024
+    }
+    return 0
+    #else
+    var info = mach_task_basic_info()
+    var count = mach_msg_type_number_t(MemoryLayout<mach_task_basic_info>.size / MemoryLayout<natural_t>.size)
+    let result = withUnsafeMutablePointer(to: &info) {
+        $0.withMemoryRebound(to: integer_t.self, capacity: Int(count)) {
+            task_info(mach_task_self_, task_flavor_t(MACH_TASK_BASIC_INFO), $0, &count)
+        }
+    }
+    return result == KERN_SUCCESS ? Int(info.resident_size) : 0
+    #endif
+}
+
+/// --memory-probe: the functions of the bundle loaded one at a time (each its own model), the
+/// resident set after each. If per-function models share a package's weights, loading the
+/// second function of a package adds far less than its weight bytes.
+func memoryProbe(bundle: MuseflashBundle, backend: any InferenceBackend) throws -> [String: Any] {
+    var loaded: [any BackendFunction] = []
+    var after: [[String: Any]] = []
+    let before = residentBytes()
+    var packages = [(try bundle.modelURL(of: .target), ["prefill", "main"])]
+    if bundle.metadata.speculativeDecoding != nil, let drafter = try? bundle.modelURL(of: .dflashDrafter) {
+        packages.append((drafter, ["inject_kv", "draft"]))
+    }
+    for (url, functions) in packages {
+        for function in functions {
+            loaded.append(try backend.loadFunction(function, of: url))
+            after.append(["function": function, "resident_bytes": residentBytes()])
+        }
+    }
+    return ["backend": backend.name, "weight_bytes": bundle.weightFileBytes, "resident_bytes_before": before,
+            "after_each_load": after, "functions_loaded": loaded.count]
 }
 
 /// Before anything is opened: the process's own cost, apart from the bundle.
@@ -243,6 +296,12 @@ do {
 
 do {
     let bundle = try MuseflashBundle.open(resolve(options.exportDir))
+    if options.memoryProbe {
+        let data = try JSONSerialization.data(withJSONObject: try memoryProbe(bundle: bundle, backend: try makeBackend(options)),
+                                              options: [.sortedKeys])
+        write(String(decoding: data, as: UTF8.self) + "\n")
+        exit(0)
+    }
     var text: BundleText?
     var prompt = options.promptIDs
     var promptText = options.promptText
@@ -259,14 +318,7 @@ do {
     } else if bundle.metadata.tokenizer != nil {
         text = try? BundleText(bundle: bundle)
     }
-    let backend: any InferenceBackend
-    if options.backend == "coreml" {
-        backend = try CoreMLBackend(CoreMLBackend.Options(
-            computeUnits: CoreMLBackend.computeUnits(named: options.computeUnits)!,
-            cacheDirectory: options.noModelCache ? nil : options.modelCache.map(resolve) ?? CompiledModelCache.defaultDirectory))
-    } else {
-        backend = InterpreterBackend()
-    }
+    let backend = try makeBackend(options)
     let opening = Date()
     let decoder = try SpeculativeDecoder(bundle: bundle, backend: backend)
     let openSeconds = Date().timeIntervalSince(opening)
