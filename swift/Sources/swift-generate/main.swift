@@ -46,7 +46,7 @@ struct Options {
     var compare: Bool?
 }
 
-let usage = "usage: swift-generate --export-dir DIR (--prompt TEXT | --prompt-file F | --prompt-ids 1,2,3) [--max-new-tokens N] [--temperature T] [--top-p P] [--seed S] [--no-draft] [--num-draft-tokens K] [--lookup-min-match N] [--backend interpreter|coreml] [--compute-units cpu|gpu|ane|all] [--model-cache DIR | --no-model-cache] [--format text|json] [--compare | --no-compare]"
+let usage = "usage: swift-generate --export-dir DIR (--prompt TEXT | --prompt-file F | --prompt-ids 1,2,3) [--max-new-tokens N] [--temperature T] [--top-p P] [--seed S] [--no-draft] [--num-draft-tokens K] [--lookup-min-match N] [--backend interpreter|coreml] [--compute-units cpu|gpu|ane|all] [--model-cache DIR | --no-model-cache] [--format text|json] [--compare | --no-compare] | --export-dir DIR --memory-probe [--backend ...]"
 
 func parse(_ arguments: [String]) throws -> Options {
     var options = Options()
