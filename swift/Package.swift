@@ -4,6 +4,10 @@ import PackageDescription
 
 let package = Package(
     name: "museflash",
+    // The Core ML backend needs multifunction models and states (MLModelConfiguration.functionName,
+    // MLState): macOS 15 / iOS 18. Declared here rather than as @available on every caller, so an
+    // app's build states it once (docs/mac.md); tests/apple checks it stays.
+    platforms: [.macOS("15.0"), .iOS("18.0")],
     products: [
         .library(name: "ProtoWire", targets: ["ProtoWire"]),
         .library(name: "MLPackage", targets: ["MLPackage"]),
@@ -21,9 +25,9 @@ let package = Package(
         .target(name: "ExportMetadata"),
         .target(name: "MuseflashContract", dependencies: ["ExportMetadata", "MLPackage"]),
         // Runs a package's ML program on any platform (the interpreter backend, and what the
-        // Core ML stand-in runs on Linux).
-        .target(name: "MILInterpreter", dependencies: ["MLPackage"],
-                swiftSettings: [.unsafeFlags(["-Ounchecked"])]),
+        // Core ML stand-in runs on Linux). No unsafe flags in any library: SwiftPM refuses them in
+        // a package an app depends on by version (tests/apple checks it).
+        .target(name: "MILInterpreter", dependencies: ["MLPackage"]),
         // Core ML's API as the runtime's CoreMLBackend uses it, over the interpreter; Linux only
         // (Apple platforms build the backend against the real framework).
         .target(name: "CoreMLStandIn", dependencies: ["MILInterpreter"]),
@@ -60,7 +64,8 @@ let package = Package(
         // Needs MUSEFLASH_EXPORT_DIR and MUSEFLASH_GOLDENS (tests/runtime); skips without them.
         .testTarget(
             name: "RuntimeGoldenTests",
-            dependencies: ["MuseflashRuntime", "MILInterpreter"]
+            dependencies: ["MuseflashRuntime", "MILInterpreter",
+                           .target(name: "CoreMLStandIn", condition: .when(platforms: [.linux]))]
         ),
         // Needs MUSEFLASH_METADATA_EXAMPLES (bazel build //python:metadata_examples).
         .testTarget(

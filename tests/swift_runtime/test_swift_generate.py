@@ -105,9 +105,35 @@ def test_truncated_weight_file(bundle):
 
 
 @pytest.mark.parametrize("flag, value", [("--max-new-tokens", "0"), ("--backend", "gpu"),
+                                         ("--compute-units", "tpu"),
                                          ("--format", "xml"), ("--num-draft-tokens", "99"),
                                          ("--lookup-min-match", "-1"),
                                          ("--lookup-min-match", "two")])
 def test_bad_options(flag, value):
     result = run("--export-dir", BUNDLE, "--prompt-ids", "1,2,3", flag, value)
     assert_one_line_error(result, flag)
+
+
+def test_core_ml_backend_compiles_once_into_the_cache_and_reuses_it(tmp_path):
+    """Two launches with one --model-cache: the first compiles into it, the second reuses it,
+    and both decode the interpreter's tokens (on Linux through the Core ML stand-in)."""
+    common = ["--export-dir", BUNDLE, "--prompt-ids", "1,40,41,42,43,44,45", "--max-new-tokens",
+              "12", "--format", "json", "--no-compare"]
+    interpreter = json.loads(run(*common).stdout)
+    cache = ["--backend", "coreml", "--compute-units", "cpu", "--model-cache", tmp_path / "cache"]
+    first, second = (json.loads(run(*common, *cache).stdout) for _ in range(2))
+    assert list(first["compiled_models"].values()) == ["compiled_into_cache"]
+    assert list(second["compiled_models"].values()) == ["cached"]
+    assert first["tokens"] == second["tokens"] == interpreter["tokens"]
+    assert first["compute_units"] == "cpu"
+
+
+def test_an_unwritable_model_cache_warns_in_one_line_and_decodes(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    result = run("--export-dir", BUNDLE, "--prompt-ids", "1,2,3", "--max-new-tokens", "4",
+                 "--format", "json", "--backend", "coreml", "--model-cache", blocker / "cache")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.count("\n") == 1 and str(blocker / "cache") in result.stderr
+    report = json.loads(result.stdout)
+    assert list(report["compiled_models"].values()) == ["compiled_temporarily"]

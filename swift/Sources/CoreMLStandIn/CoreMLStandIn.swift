@@ -2,41 +2,56 @@ import Foundation
 import MILInterpreter
 
 // A stand-in for the part of Apple's Core ML API that museflash's CoreMLBackend uses, with
-// Apple's documented Swift signatures (shared/coreml-api.md, gathered from Apple's
-// documentation), implemented over the Swift ML-program interpreter. It exists so that the
-// backend's source compiles and its code paths run in CI on Linux; on Apple platforms the same
-// backend file imports the real framework instead (`#if canImport(CoreML)`).
+// Apple's documented Swift declarations and @available attributes (shared/coreml-api.md,
+// gathered from Apple's documentation; Tests/CoreMLSurface/apple-coreml-surface.txt lists
+// them and MuseflashRuntimeTests checks this module against that list), implemented over the
+// Swift ML-program interpreter. It exists so that the backend's source compiles and its code
+// paths run in CI on Linux; on Apple platforms the backend imports the real framework.
 //
-// What it encodes about Core ML's behaviour, each written down in docs/swift-runtime.md:
-//   1. `makeState()` gives zero-filled buffers (documented).
-//   2. A state made by one function's MLModel can be passed to another function of the same
-//      package that declares the same states (names, shapes, fp16). NOT documented by Apple;
-//      Anemll's runtime relies on it, and coremltools PR #2686 proposes it. This stand-in
-//      accepts any MLState whose buffers match the function's declared states, and refuses
-//      one that does not.
-//   3. Per-function MLModels of one package share its weights in memory. NOT documented
-//      (coremltools#2351 reports memory growing with the number of functions); here one
-//      interpreter program per package serves every function.
-//   4. `compileModel(at:)` returns a URL to load from; here it is the .mlpackage itself (the
-//      interpreter reads packages directly).
+// It is as strict as Core ML's documentation allows, never kinder, so that CI sees what a Mac
+// would refuse or get wrong (docs/mac.md):
+//   - `MLModel(contentsOf:configuration:)` loads only a compiled model, the `.mlmodelc` that
+//     `compileModel(at:)` writes to a new temporary location; an `.mlpackage` is refused.
+//   - `MLMultiArray(shape:dataType:)` is contiguous but uninitialised: here filled with NaN
+//     (int32: the bits of a float NaN, far outside any vocabulary).
+//   - Output arrays come back with padded strides (not contiguous).
+//   - `withUnsafeMutableBytes` switches to a backing with other strides on every call, as the
+//     documentation allows; the strides it hands over are the ones to write with.
+//   - An input of the wrong feature type, data type or shape, a missing or unknown input, and
+//     a state lacking a buffer the function declares are refused, naming it.
+//   - `modelDescription` describes the loaded function's inputs, outputs and states.
+// What it encodes that Apple does not document (the first-run script settles both on a Mac):
+//   - a state made by one function's MLModel can be passed to another function of the same
+//     package that declares the same states (names, shapes, fp16): accepted when the buffers
+//     match the function's declared states, refused otherwise;
+//   - per-function MLModels of one package share its weights in memory: here one interpreter
+//     program per compiled model serves every function.
 // Predictions are synchronous and serialised per state, as Apple requires of callers.
 
+@available(macOS 10.14, iOS 12.0, *)
 public enum MLComputeUnits: Int, Sendable {
     case cpuOnly = 0
     case cpuAndGPU = 1
     case all = 2
+    @available(macOS 13.0, iOS 16.0, *)
     case cpuAndNeuralEngine = 3
 }
 
+@available(macOS 10.13, iOS 11.0, *)
 public enum MLMultiArrayDataType: Int, Sendable {
     case double = 0x10040
     case float32 = 0x10020
+    @available(macOS 12.0, iOS 16.0, *)
     case float16 = 0x10010
     case int32 = 0x20020
 
+    @available(macOS 11.0, iOS 14.0, *)
     public static var float64: MLMultiArrayDataType { .double }
+    @available(macOS 11.0, iOS 14.0, *)
     public static var float: MLMultiArrayDataType { .float32 }
+}
 
+extension MLMultiArrayDataType {
     var byteWidth: Int {
         switch self {
         case .double: return 8
@@ -44,210 +59,189 @@ public enum MLMultiArrayDataType: Int, Sendable {
         case .float16: return 2
         }
     }
+
+    /// What a new array holds before anything is written: NaN of the type (int32: the bits of
+    /// an fp32 NaN, 2143289344).
+    var poison: [UInt8] {
+        switch self {
+        case .double: return [0, 0, 0, 0, 0, 0, 0xF8, 0x7F]
+        case .float32, .int32: return [0, 0, 0xC0, 0x7F]
+        case .float16: return [0, 0x7E]
+        }
+    }
+}
+
+@available(macOS 10.13, iOS 11.0, *)
+public enum MLFeatureType: Int, Sendable {
+    case int64 = 1
+    case double = 2
+    case multiArray = 5
+    @available(macOS 15.0, iOS 18.0, *)
+    case state = 8
 }
 
 /// Errors the stand-in reports where Core ML would throw an NSError.
-public struct MLStandInError: Error, CustomStringConvertible {
-    public let description: String
+struct MLStandInError: Error, CustomStringConvertible {
+    let description: String
     init(_ description: String) { self.description = description }
 }
 
+@available(macOS 10.14, iOS 12.0, *)
 public final class MLModelConfiguration: @unchecked Sendable {
+    @available(macOS 15.0, iOS 18.0, *)
     public var functionName: String?
+    @available(macOS 10.14, iOS 12.0, *)
     public var computeUnits: MLComputeUnits = .all
+    @available(macOS 10.14, iOS 12.0, *)
     public init() {}
 }
 
+@available(macOS 10.13, iOS 11.0, *)
 public final class MLPredictionOptions: @unchecked Sendable {
+    @available(macOS 11.0, iOS 16.0, *)
     public var outputBackings: [String: Any] = [:]
+    @available(macOS 10.13, iOS 11.0, *)
     public init() {}
 }
 
-/// A contiguous, first-major multi-array that owns its bytes.
-public final class MLMultiArray: @unchecked Sendable {
-    public let shape: [NSNumber]
-    public let strides: [NSNumber]
-    public let dataType: MLMultiArrayDataType
-    public var count: Int { shape.reduce(1) { $0 * $1.intValue } }
-    private var storage: [UInt8]
-
-    /// Contents uninitialised per Apple's documentation; zeros here.
-    public init(shape: [NSNumber], dataType: MLMultiArrayDataType) throws {
-        guard shape.allSatisfy({ $0.intValue >= 0 }) else { throw MLStandInError("negative shape \(shape)") }
-        self.shape = shape
-        self.dataType = dataType
-        var strides: [NSNumber] = []
-        var running = 1
-        for size in shape.reversed() {
-            strides.insert(NSNumber(value: running), at: 0)
-            running *= size.intValue
-        }
-        self.strides = strides
-        storage = [UInt8](repeating: 0, count: running * dataType.byteWidth)
-    }
-
-    public func withUnsafeBytes<R>(_ body: (UnsafeRawBufferPointer) throws -> R) rethrows -> R {
-        try storage.withUnsafeBytes(body)
-    }
-
-    public func withUnsafeMutableBytes<R>(_ body: (UnsafeMutableRawBufferPointer, [Int]) throws -> R) rethrows -> R {
-        let strides = self.strides.map(\.intValue)
-        return try storage.withUnsafeMutableBytes { try body($0, strides) }
-    }
-}
-
+@available(macOS 10.13, iOS 11.0, *)
 public final class MLFeatureValue: @unchecked Sendable {
+    @available(macOS 10.13, iOS 11.0, *)
+    public let type: MLFeatureType
+    @available(macOS 10.13, iOS 11.0, *)
     public let multiArrayValue: MLMultiArray?
-    public init(multiArray value: MLMultiArray) { multiArrayValue = value }
+    @available(macOS 10.13, iOS 11.0, *)
+    public let int64Value: Int64
+
+    init(type: MLFeatureType, multiArray: MLMultiArray?, int64: Int64) {
+        self.type = type
+        multiArrayValue = multiArray
+        int64Value = int64
+    }
+
+    @available(macOS 10.13, iOS 11.0, *)
+    public convenience init(multiArray value: MLMultiArray) {
+        self.init(type: .multiArray, multiArray: value, int64: 0)
+    }
+
+    @available(macOS 10.13, iOS 11.0, *)
+    public convenience init(int64 value: Int64) {
+        self.init(type: .int64, multiArray: nil, int64: value)
+    }
 }
 
+@available(macOS 10.13, iOS 11.0, *)
 public protocol MLFeatureProvider {
+    @available(macOS 10.13, iOS 11.0, *)
     var featureNames: Set<String> { get }
+    @available(macOS 10.13, iOS 11.0, *)
     func featureValue(for featureName: String) -> MLFeatureValue?
 }
 
+@available(macOS 10.13, iOS 11.0, *)
 public final class MLDictionaryFeatureProvider: MLFeatureProvider, @unchecked Sendable {
+    @available(macOS 10.13, iOS 11.0, *)
     public let dictionary: [String: MLFeatureValue]
 
+    /// Values are converted to feature values as Core ML converts them: a multi-array, or an
+    /// integer (an int64 feature, which no multi-array input accepts).
+    @available(macOS 10.13, iOS 11.0, *)
     public init(dictionary: [String: Any]) throws {
         var values: [String: MLFeatureValue] = [:]
         for (name, value) in dictionary {
-            if let feature = value as? MLFeatureValue { values[name] = feature }
-            else if let array = value as? MLMultiArray { values[name] = MLFeatureValue(multiArray: array) }
-            else { throw MLStandInError("feature \(name) is not an MLMultiArray or MLFeatureValue") }
+            switch value {
+            case let feature as MLFeatureValue: values[name] = feature
+            case let array as MLMultiArray: values[name] = MLFeatureValue(multiArray: array)
+            case let number as Int: values[name] = MLFeatureValue(int64: Int64(number))
+            case let number as Int64: values[name] = MLFeatureValue(int64: number)
+            case let number as Int32: values[name] = MLFeatureValue(int64: Int64(number))
+            default: throw MLStandInError("feature \(name) holds a \(type(of: value)), which is no feature value")
+            }
         }
         self.dictionary = values
     }
 
+    @available(macOS 10.13, iOS 11.0, *)
     public var featureNames: Set<String> { Set(dictionary.keys) }
+    @available(macOS 10.13, iOS 11.0, *)
     public func featureValue(for featureName: String) -> MLFeatureValue? { dictionary[featureName] }
+    @available(macOS 10.13, iOS 11.0, *)
     public subscript(featureName: String) -> MLFeatureValue? { dictionary[featureName] }
 }
 
-/// A handle to state buffers; only `MLModel.makeState()` makes one.
-public final class MLState: @unchecked Sendable {
-    let store: StateStore
+@available(macOS 10.13, iOS 11.0, *)
+public final class MLModelDescription: @unchecked Sendable {
+    @available(macOS 10.13, iOS 11.0, *)
+    public let inputDescriptionsByName: [String: MLFeatureDescription]
+    @available(macOS 10.13, iOS 11.0, *)
+    public let outputDescriptionsByName: [String: MLFeatureDescription]
+    @available(macOS 15.0, iOS 18.0, *)
+    public let stateDescriptionsByName: [String: MLFeatureDescription]
 
-    fileprivate init(store: StateStore) { self.store = store }
-
-    /// A mutable view of one state buffer (fp16), valid inside `body` only.
-    public func withMultiArray<R>(for stateName: String, _ body: (MLMultiArray) throws -> R) rethrows -> R {
-        guard let tensor = store.values[stateName] else {
-            preconditionFailure("MLState has no state named \(stateName)")
+    init(function: CompiledFunction) {
+        func described(_ specs: [ValueSpec], as type: MLFeatureType) -> [String: MLFeatureDescription] {
+            Dictionary(uniqueKeysWithValues: specs.map { ($0.name, MLFeatureDescription(spec: $0, type: type)) })
         }
-        // Copy in, run, copy back: the view semantics the documentation describes.
-        let array = try! MLMultiArray(shape: tensor.shape.map { NSNumber(value: $0) }, dataType: .float16)
-        let values = tensor.floats()
-        array.withUnsafeMutableBytes { bytes, _ in
-            for (index, value) in values.enumerated() { bytes.storeBytes(of: Half.fromFloat(value).littleEndian, toByteOffset: index * 2, as: UInt16.self) }
-        }
-        let result = try body(array)
-        let written: [Float] = array.withUnsafeBytes { bytes in
-            (0..<values.count).map { Half.toFloat(UInt16(littleEndian: bytes.loadUnaligned(fromByteOffset: $0 * 2, as: UInt16.self))) }
-        }
-        store.values[stateName] = .floats(written, shape: tensor.shape, type: .float16)
-        return result
+        inputDescriptionsByName = described(function.inputs, as: .multiArray)
+        outputDescriptionsByName = described(function.outputs, as: .multiArray)
+        stateDescriptionsByName = described(function.states, as: .state)
     }
 }
 
-/// One function of a compiled model (Core ML: one MLModel instance per function).
-public final class MLModel: @unchecked Sendable {
-    private static let lock = NSLock()
-    private static var programs: [String: PackageProgram] = [:]
+@available(macOS 10.13, iOS 11.0, *)
+public final class MLFeatureDescription: @unchecked Sendable {
+    @available(macOS 10.13, iOS 11.0, *)
+    public let name: String
+    @available(macOS 10.13, iOS 11.0, *)
+    public let type: MLFeatureType
+    @available(macOS 10.13, iOS 11.0, *)
+    public let multiArrayConstraint: MLMultiArrayConstraint?
+    @available(macOS 15.0, iOS 18.0, *)
+    public let stateConstraint: MLStateConstraint?
 
-    private let function: CompiledFunction
-
-    /// The stand-in reads packages directly, so the "compiled" model is the package itself.
-    public class func compileModel(at modelURL: URL) throws -> URL {
-        guard FileManager.default.fileExists(atPath: modelURL.path) else {
-            throw MLStandInError("no model at \(modelURL.path)")
-        }
-        return modelURL
+    init(spec: ValueSpec, type: MLFeatureType) {
+        name = spec.name
+        self.type = type
+        let dataType = MLMultiArrayDataType(spec.type) ?? .float32
+        multiArrayConstraint = type == .multiArray ? MLMultiArrayConstraint(shape: spec.shape, dataType: dataType) : nil
+        stateConstraint = type == .state ? MLStateConstraint(bufferShape: spec.shape, dataType: dataType) : nil
     }
+}
 
-    public convenience init(contentsOf url: URL) throws {
-        try self.init(contentsOf: url, configuration: MLModelConfiguration())
+@available(macOS 10.13, iOS 11.0, *)
+public final class MLMultiArrayConstraint: @unchecked Sendable {
+    @available(macOS 10.13, iOS 11.0, *)
+    public let shape: [NSNumber]
+    @available(macOS 10.13, iOS 11.0, *)
+    public let dataType: MLMultiArrayDataType
+
+    init(shape: [Int], dataType: MLMultiArrayDataType) {
+        self.shape = shape.map { NSNumber(value: $0) }
+        self.dataType = dataType
     }
+}
 
-    public init(contentsOf url: URL, configuration: MLModelConfiguration) throws {
-        let key = url.standardizedFileURL.path
-        let program: PackageProgram = try Self.lock.withLock {
-            if let existing = Self.programs[key] { return existing }
-            let opened = try PackageProgram(packageURL: url)
-            Self.programs[key] = opened
-            return opened
-        }
-        let name = configuration.functionName ?? program.package.description.defaultFunctionName
-        function = try program.function(named: name.isEmpty ? "main" : name)
+@available(macOS 15.0, iOS 18.0, *)
+public final class MLStateConstraint: @unchecked Sendable {
+    @available(macOS 15.0, iOS 18.0, *)
+    public let bufferShape: [Int]
+    @available(macOS 15.0, iOS 18.0, *)
+    public let dataType: MLMultiArrayDataType
+
+    init(bufferShape: [Int], dataType: MLMultiArrayDataType) {
+        self.bufferShape = bufferShape
+        self.dataType = dataType
     }
+}
 
-    public func makeState() -> MLState {
-        MLState(store: StateStore(specs: function.states))
-    }
-
-    public func prediction(from inputFeatures: any MLFeatureProvider, using state: MLState) throws -> any MLFeatureProvider {
-        try prediction(from: inputFeatures, using: state, options: MLPredictionOptions())
-    }
-
-    public func prediction(from inputFeatures: any MLFeatureProvider, using state: MLState,
-                           options: MLPredictionOptions) throws -> any MLFeatureProvider {
-        var inputs: [String: Tensor] = [:]
-        for name in inputFeatures.featureNames {
-            guard let array = inputFeatures.featureValue(for: name)?.multiArrayValue else {
-                throw MLStandInError("input \(name) is not a multi-array")
-            }
-            inputs[name] = Self.tensor(from: array)
+extension MLMultiArrayDataType {
+    /// The multi-array type of a declared value (nil: no multi-array holds it).
+    init?(_ type: ElementType) {
+        switch type {
+        case .float16: self = .float16
+        case .float32: self = .float32
+        case .int32: self = .int32
+        default: return nil
         }
-        for spec in function.states {
-            guard let buffer = state.store.values[spec.name], buffer.shape == spec.shape, buffer.type == spec.type else {
-                throw MLStandInError("the state passed to \(function.name) has no \(spec.type)\(spec.shape) buffer \(spec.name)")
-            }
-        }
-        let outputs = try function.run(inputs: inputs, states: state.store)
-        var features: [String: Any] = [:]
-        for (name, tensor) in outputs { features[name] = try Self.array(from: tensor) }
-        return try MLDictionaryFeatureProvider(dictionary: features)
-    }
-
-    static func tensor(from array: MLMultiArray) -> Tensor {
-        let shape = array.shape.map(\.intValue)
-        let strides = array.strides.map(\.intValue)
-        let count = array.count
-        let offsets = (0..<count).map { position -> Int in
-            var rest = position, offset = 0
-            for axis in stride(from: shape.count - 1, through: 0, by: -1) {
-                offset += (rest % shape[axis]) * strides[axis]
-                rest /= shape[axis]
-            }
-            return offset
-        }
-        return array.withUnsafeBytes { bytes in
-            switch array.dataType {
-            case .int32:
-                return .ints(offsets.map { bytes.loadUnaligned(fromByteOffset: $0 * 4, as: Int32.self) }, shape: shape)
-            case .float16:
-                return .floats(offsets.map { Half.toFloat(bytes.loadUnaligned(fromByteOffset: $0 * 2, as: UInt16.self)) }, shape: shape, type: .float16)
-            case .float32:
-                return .floats(offsets.map { bytes.loadUnaligned(fromByteOffset: $0 * 4, as: Float.self) }, shape: shape)
-            case .double:
-                return .floats(offsets.map { Float(bytes.loadUnaligned(fromByteOffset: $0 * 8, as: Double.self)) }, shape: shape)
-            }
-        }
-    }
-
-    static func array(from tensor: Tensor) throws -> MLMultiArray {
-        let type: MLMultiArrayDataType = tensor.type == .float16 ? .float16 : tensor.type.isFloat ? .float32 : .int32
-        let array = try MLMultiArray(shape: tensor.shape.map { NSNumber(value: $0) }, dataType: type)
-        array.withUnsafeMutableBytes { bytes, _ in
-            switch type {
-            case .int32:
-                for (index, value) in tensor.ints().enumerated() { bytes.storeBytes(of: value, toByteOffset: index * 4, as: Int32.self) }
-            case .float16:
-                for (index, value) in tensor.floats().enumerated() { bytes.storeBytes(of: Half.fromFloat(value), toByteOffset: index * 2, as: UInt16.self) }
-            default:
-                for (index, value) in tensor.floats().enumerated() { bytes.storeBytes(of: value, toByteOffset: index * 4, as: Float.self) }
-            }
-        }
-        return array
     }
 }

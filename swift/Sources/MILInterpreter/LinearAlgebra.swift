@@ -39,10 +39,12 @@ func tile(rows: Int, cols: Int, _ a: UnsafePointer<Double>, _ lda: Int, _ b: Uns
     var c10 = Chains.zero, c11 = Chains.zero, c12 = Chains.zero
     var c20 = Chains.zero, c21 = Chains.zero, c22 = Chains.zero
     var c30 = Chains.zero, c31 = Chains.zero, c32 = Chains.zero
-    let a1 = a + lda, a2 = a + 2 * lda, a3 = a + 3 * lda
-    let b1 = b + ldb, b2 = b + 2 * ldb
+    // Wrapping arithmetic (&+, &*) on counters and offsets: every one is bounded by the buffers'
+    // sizes, and overflow checks would keep the loop from being unrolled as -Ounchecked did.
+    let a1 = a + lda, a2 = a + 2 &* lda, a3 = a + 3 &* lda
+    let b1 = b + ldb, b2 = b + 2 &* ldb
     var k = 0
-    while k + 4 <= depth {
+    while k &+ 4 <= depth {
         let w0 = loadChains(b + k)
         let w1 = cols > 1 ? loadChains(b1 + k) : .zero
         let w2 = cols > 2 ? loadChains(b2 + k) : .zero
@@ -68,7 +70,7 @@ func tile(rows: Int, cols: Int, _ a: UnsafePointer<Double>, _ lda: Int, _ b: Uns
             if cols > 1 { multiplyAdd(&c31, x3, w1) }
             if cols > 2 { multiplyAdd(&c32, x3, w2) }
         }
-        k += 4
+        k &+= 4
     }
     // A depth that is not a multiple of 4: the last products go to the first chain, in order.
     while k < depth {
@@ -90,26 +92,29 @@ func tile(rows: Int, cols: Int, _ a: UnsafePointer<Double>, _ lda: Int, _ b: Uns
             if cols > 1 { c31[0] += a3[k] * b1[k] }
             if cols > 2 { c32[0] += a3[k] * b2[k] }
         }
-        k += 1
+        k &+= 1
     }
     let o0 = bias?[0] ?? 0, o1 = cols > 1 ? bias?[1] ?? 0 : 0, o2 = cols > 2 ? bias?[2] ?? 0 : 0
     out[0] = total(c00) + o0
     if cols > 1 { out[1] = total(c01) + o1 }
     if cols > 2 { out[2] = total(c02) + o2 }
     if rows > 1 {
-        out[ldo] = total(c10) + o0
-        if cols > 1 { out[ldo + 1] = total(c11) + o1 }
-        if cols > 2 { out[ldo + 2] = total(c12) + o2 }
+        let row = out + ldo
+        row[0] = total(c10) + o0
+        if cols > 1 { row[1] = total(c11) + o1 }
+        if cols > 2 { row[2] = total(c12) + o2 }
     }
     if rows > 2 {
-        out[2 * ldo] = total(c20) + o0
-        if cols > 1 { out[2 * ldo + 1] = total(c21) + o1 }
-        if cols > 2 { out[2 * ldo + 2] = total(c22) + o2 }
+        let row = out + 2 &* ldo
+        row[0] = total(c20) + o0
+        if cols > 1 { row[1] = total(c21) + o1 }
+        if cols > 2 { row[2] = total(c22) + o2 }
     }
     if rows > 3 {
-        out[3 * ldo] = total(c30) + o0
-        if cols > 1 { out[3 * ldo + 1] = total(c31) + o1 }
-        if cols > 2 { out[3 * ldo + 2] = total(c32) + o2 }
+        let row = out + 3 &* ldo
+        row[0] = total(c30) + o0
+        if cols > 1 { row[1] = total(c31) + o1 }
+        if cols > 2 { row[2] = total(c32) + o2 }
     }
 }
 
@@ -118,13 +123,13 @@ func tile(rows: Int, cols: Int, _ a: UnsafePointer<Double>, _ lda: Int, _ b: Uns
 func rowsAgainst(cols: Int, _ a: UnsafePointer<Double>, rows: Int, _ b: UnsafePointer<Double>, depth: Int,
                  _ out: UnsafeMutablePointer<Float>, _ ldo: Int, bias: UnsafePointer<Float>?) {
     var m = 0
-    while m + 4 <= rows {
-        tile(rows: 4, cols: cols, a + m * depth, depth, b, depth, depth: depth, out + m * ldo, ldo, bias: bias)
-        m += 4
+    while m &+ 4 <= rows {
+        tile(rows: 4, cols: cols, a + m &* depth, depth, b, depth, depth: depth, out + m &* ldo, ldo, bias: bias)
+        m &+= 4
     }
     while m < rows {
-        tile(rows: 1, cols: cols, a + m * depth, depth, b, depth, depth: depth, out + m * ldo, ldo, bias: bias)
-        m += 1
+        tile(rows: 1, cols: cols, a + m &* depth, depth, b, depth, depth: depth, out + m &* ldo, ldo, bias: bias)
+        m &+= 1
     }
 }
 
@@ -133,13 +138,13 @@ func rowsAgainst(cols: Int, _ a: UnsafePointer<Double>, rows: Int, _ b: UnsafePo
 func rowProducts(_ a: UnsafePointer<Double>, rows: Int, _ b: UnsafePointer<Double>, cols: Int, depth: Int,
                  _ out: UnsafeMutablePointer<Float>, _ ldo: Int) {
     var n = 0
-    while n + 3 <= cols {
-        rowsAgainst(cols: 3, a, rows: rows, b + n * depth, depth: depth, out + n, ldo, bias: nil)
-        n += 3
+    while n &+ 3 <= cols {
+        rowsAgainst(cols: 3, a, rows: rows, b + n &* depth, depth: depth, out + n, ldo, bias: nil)
+        n &+= 3
     }
     while n < cols {
-        rowsAgainst(cols: 1, a, rows: rows, b + n * depth, depth: depth, out + n, ldo, bias: nil)
-        n += 1
+        rowsAgainst(cols: 1, a, rows: rows, b + n &* depth, depth: depth, out + n, ldo, bias: nil)
+        n &+= 1
     }
 }
 
@@ -149,15 +154,27 @@ func widen(_ source: UnsafePointer<UInt16>, toDoubles destination: UnsafeMutable
     #if MILINTERPRETER_HASWELL
     // F16C's conversion instruction: the same exact values as Half.widen (a signalling NaN
     // comes out quiet, which no fp16 output can tell apart).
-    for k in 0..<count { destination[k] = Double(Float(Float16(bitPattern: source[k]))) }
+    var k = 0
+    while k < count {
+        destination[k] = Double(Float(Float16(bitPattern: source[k])))
+        k &+= 1
+    }
     #else
-    for k in 0..<count { destination[k] = Double(Half.widen(source[k])) }
+    var k = 0
+    while k < count {
+        destination[k] = Double(Half.widen(source[k]))
+        k &+= 1
+    }
     #endif
 }
 
 @inline(__always)
 func widen(_ source: UnsafePointer<Float>, toDoubles destination: UnsafeMutablePointer<Double>, count: Int) {
-    for k in 0..<count { destination[k] = Double(source[k]) }
+    var k = 0
+    while k < count {
+        destination[k] = Double(source[k])
+        k &+= 1
+    }
 }
 
 /// out[m, n] = dot(x[m, :], w[n, :]) (+ bias[n]) for x [M, K] and w [N, K]: x widened to
@@ -180,25 +197,27 @@ func rowDots(x: [Float], rows: Int, depth: Int, weight: TensorData, outputs: Int
     out.withUnsafeMutableBufferPointer { result in
         floatWeights.withUnsafeBufferPointer { fw in
             (bias ?? []).withUnsafeBufferPointer { offsets in
+                let halfWeights: UnsafePointer<UInt16>?
+                if case .half(let storage) = weight { halfWeights = storage.values.baseAddress } else { halfWeights = nil }
                 func block(_ n: Int, _ count: Int) {
-                    if case .half(let storage) = weight {
-                        widen(storage.values.baseAddress! + n * depth, toDoubles: scratch, count: count * depth)
+                    if let halfWeights = halfWeights {
+                        widen(halfWeights + n &* depth, toDoubles: scratch, count: count &* depth)
                     } else {
-                        widen(fw.baseAddress! + n * depth, toDoubles: scratch, count: count * depth)
+                        widen(fw.baseAddress! + n &* depth, toDoubles: scratch, count: count &* depth)
                     }
                 }
                 let out = result.baseAddress!
                 let offsets = bias == nil ? nil : offsets.baseAddress
                 var n = 0
-                while n + 3 <= outputs {
+                while n &+ 3 <= outputs {
                     block(n, 3)
                     rowsAgainst(cols: 3, wide, rows: rows, scratch, depth: depth, out + n, outputs, bias: offsets.map { $0 + n })
-                    n += 3
+                    n &+= 3
                 }
                 while n < outputs {
                     block(n, 1)
                     rowsAgainst(cols: 1, wide, rows: rows, scratch, depth: depth, out + n, outputs, bias: offsets.map { $0 + n })
-                    n += 1
+                    n &+= 1
                 }
             }
         }

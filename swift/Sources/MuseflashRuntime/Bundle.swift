@@ -30,7 +30,12 @@ public struct MuseflashBundle: Sendable {
         for package in metadata.packages {
             let packageURL = url.appendingPathComponent(package.path)
             guard FileManager.default.fileExists(atPath: packageURL.path) else {
-                throw RuntimeError.packageMissing(path: packageURL.path)
+                // A bundle may ship the compiled form instead (an app that Xcode built); Core ML
+                // checks its functions against metadata.json when the backend loads them.
+                guard FileManager.default.fileExists(atPath: Self.compiledForm(of: packageURL).path) else {
+                    throw RuntimeError.packageMissing(path: packageURL.path)
+                }
+                continue
             }
             let opened = try MLPackage.open(at: packageURL)
             let available = opened.specification.program?.functions.map { $0.name } ?? []
@@ -85,5 +90,18 @@ public struct MuseflashBundle: Sendable {
             throw RuntimeError.badMetadata(reason: "no \(role) asset")
         }
         return url.appendingPathComponent(asset.path)
+    }
+
+    /// What a backend loads for `role`: its `.mlpackage`, or the `.mlmodelc` the bundle ships
+    /// in its place.
+    public func modelURL(of role: ExportMetadata.AssetRole) throws -> URL {
+        let package = try packageURL(of: role)
+        if FileManager.default.fileExists(atPath: package.path) { return package }
+        return Self.compiledForm(of: package)
+    }
+
+    /// `name.mlmodelc` beside `name.mlpackage`.
+    public static func compiledForm(of package: URL) -> URL {
+        package.deletingPathExtension().appendingPathExtension("mlmodelc")
     }
 }

@@ -8,50 +8,140 @@ import CoreMLStandIn
 
 /// Runs the functions with Core ML: one `MLModel` per function (`MLModelConfiguration
 /// .functionName`), one `MLState` for the target's functions and one for the drafter's,
-/// `MLMultiArray` in and out. On Apple platforms this is the real framework (iOS 18 / macOS 15:
-/// multifunction models and states); on Linux the same source compiles against CoreMLStandIn,
-/// which implements the API over the Swift interpreter, so CI runs this code path.
+/// `MLMultiArray` in and out. On Apple platforms this is the real framework (macOS 15 / iOS 18,
+/// which swift/Package.swift declares: multifunction models and states); on Linux the same
+/// source compiles against CoreMLStandIn, which is as strict as Core ML's documentation, so CI
+/// runs this code path against it (docs/mac.md).
 ///
-/// Two behaviours it relies on are not documented by Apple (docs/swift-runtime.md):
+/// A package is compiled once into `Options.cacheDirectory`, keyed by its content digest
+/// (`CompiledModelCache`), and reused on later launches; a bundle that ships `.mlmodelc` instead
+/// of `.mlpackage` is loaded as it is. An `.mlmodelc` beside an `.mlpackage` is ignored: nothing
+/// says it was compiled from that package.
+///
+/// Two behaviours it relies on are not documented by Apple (docs/swift-runtime.md;
+/// tools/mac/first_run.sh settles both on a Mac):
 ///   - the state that one function's model makes (`makeState()`) is passed to the other
-///     function of the same state set, which declares the same state names, shapes and fp16
-///     type (`inject_kv` and `draft`; `prefill` and `main`);
+///     function of the same state set, once `makeState(for:)` has checked that they declare the
+///     same state names, shapes and types (`inject_kv` and `draft`; `prefill` and `main`);
 ///   - the per-function models of one package share its weights in memory (correctness does
 ///     not depend on this, memory does: coremltools#2351 reports the opposite).
 public final class CoreMLBackend: InferenceBackend {
-    public let name = "coreml"
-    public let computeUnits: MLComputeUnits
-    private var compiled: [String: URL] = [:]
+    public struct Options: Sendable {
+        /// `.cpuOnly` decodes exactly as the goldens; the GPU and the Neural Engine compute in
+        /// fp16 with other accumulation orders, so near-tied tokens may differ (docs/mac.md).
+        public var computeUnits: MLComputeUnits
+        /// Where compiled models are kept across launches; nil compiles to a temporary location
+        /// on every launch.
+        public var cacheDirectory: URL?
+        /// Gets one line when something degrades but decoding goes on (an unwritable cache).
+        public var warn: @Sendable (String) -> Void
 
-    public init(computeUnits: MLComputeUnits = .all) throws {
-        self.computeUnits = computeUnits
+        public init(computeUnits: MLComputeUnits = .all, cacheDirectory: URL? = CompiledModelCache.defaultDirectory,
+                    warn: @escaping @Sendable (String) -> Void = { FileHandle.standardError.write(Data(($0 + "\n").utf8)) }) {
+            self.computeUnits = computeUnits
+            self.cacheDirectory = cacheDirectory
+            self.warn = warn
+        }
     }
 
-    /// A compiled model to load: an `.mlmodelc` as it is (Xcode compiles packages it bundles),
-    /// an `.mlpackage` compiled once per process.
-    private func compiledModel(_ package: URL) throws -> URL {
-        if package.pathExtension == "mlmodelc" { return package }
-        let key = package.standardizedFileURL.path
+    /// Deliberate damage, for the tests that show the strict stand-in catches each kind of
+    /// backend bug it exists for (tests/swift_runtime). Internal: only `@testable` code sets it.
+    struct Faults {
+        /// Read outputs as if their strides were row-major.
+        var assumeContiguousOutputs = false
+        /// Write inputs with the strides the array had before `withUnsafeMutableBytes`, not the
+        /// ones it hands over.
+        var ignoreHandedStrides = false
+        /// Store only non-zero input scalars, as if a new array were zero-filled.
+        var assumeZeroFilledInputs = false
+        /// Pass int32 ids and positions as a `.double` array of their Int64 values.
+        var int64IDsAsDoubles = false
+        /// Share a state without comparing the functions' state descriptions.
+        var skipStateCheck = false
+    }
+    var faults = Faults()
+
+    public let name = "coreml"
+    public let options: Options
+    public var computeUnits: MLComputeUnits { options.computeUnits }
+    /// How each package's compiled model was found, by the package's (or .mlmodelc's) path.
+    public private(set) var compiledModelSources: [String: CompiledModelSource] = [:]
+    private var compiled: [String: URL] = [:]
+
+    public init(_ options: Options = Options()) throws {
+        self.options = options
+    }
+
+    /// `cpu` (exact: the goldens' units), `gpu` (CPU and GPU), `ane` (CPU and Neural Engine),
+    /// `all` (Core ML chooses); nil for any other name. docs/mac.md has their speeds.
+    public static func computeUnits(named name: String) -> MLComputeUnits? {
+        ["cpu": .cpuOnly, "gpu": .cpuAndGPU, "ane": .cpuAndNeuralEngine, "all": .all][name]
+    }
+
+    /// The compiled model to load for `model` (an `.mlpackage` or a shipped `.mlmodelc`),
+    /// found once per process.
+    func compiledModel(_ model: URL) throws -> URL {
+        let key = model.standardizedFileURL.path
         if let url = compiled[key] { return url }
-        let sibling = package.deletingPathExtension().appendingPathExtension("mlmodelc")
-        let url = FileManager.default.fileExists(atPath: sibling.path) ? sibling : try MLModel.compileModel(at: package)
+        let url: URL, source: CompiledModelSource
+        if model.pathExtension == "mlmodelc" {
+            (url, source) = (model, .shipped)
+        } else if let directory = options.cacheDirectory {
+            (url, source) = try CompiledModelCache(directory: directory).compiledModel(
+                of: model, compile: { try MLModel.compileModel(at: $0) }, warn: options.warn)
+        } else {
+            (url, source) = (try MLModel.compileModel(at: model), .compiledTemporarily)
+        }
         compiled[key] = url
+        compiledModelSources[key] = source
         return url
     }
 
     public func loadFunction(_ function: String, of package: URL) throws -> any BackendFunction {
         let configuration = MLModelConfiguration()
         configuration.functionName = function
-        configuration.computeUnits = computeUnits
-        let model = try MLModel(contentsOf: compiledModel(package), configuration: configuration)
-        return CoreMLFunction(name: function, model: model)
+        configuration.computeUnits = options.computeUnits
+        let url = try compiledModel(package)
+        do {
+            return CoreMLFunction(name: function, model: try MLModel(contentsOf: url, configuration: configuration), faults: faults)
+        } catch {
+            if package.pathExtension == "mlmodelc" {
+                throw RuntimeError.compiledModelMismatch(model: package.path, function: function, reason: "\(error)")
+            }
+            throw RuntimeError.backend(function: function, reason: "Core ML cannot load it from \(url.path): \(error)")
+        }
     }
 
+    /// One state for `functions`, made by the first one's model, after checking that every
+    /// function declares the same states with the same shapes and types.
     public func makeState(for functions: [any BackendFunction]) throws -> any BackendState {
-        guard let first = functions.first as? CoreMLFunction else {
-            throw RuntimeError.backend(function: functions.first?.name ?? "-", reason: "not a Core ML function")
+        let models = try functions.map { function -> CoreMLFunction in
+            guard let model = function as? CoreMLFunction else {
+                throw RuntimeError.backend(function: function.name, reason: "not a Core ML function")
+            }
+            return model
         }
+        guard let first = models.first else { throw RuntimeError.backend(function: "-", reason: "a state for no functions") }
+        if !faults.skipStateCheck { try Self.checkSameStates(models) }
         return CoreMLState(model: first.model)
+    }
+
+    static func checkSameStates(_ models: [CoreMLFunction]) throws {
+        let first = models[0], declared = first.model.modelDescription.stateDescriptionsByName
+        for other in models.dropFirst() {
+            let states = other.model.modelDescription.stateDescriptionsByName
+            for name in Set(declared.keys).union(states.keys).sorted() {
+                guard let mine = declared[name]?.stateConstraint else {
+                    throw RuntimeError.backend(function: other.name, reason: "declares state \(name), which \(first.name) of the same state set does not; they cannot share one state")
+                }
+                guard let theirs = states[name]?.stateConstraint else {
+                    throw RuntimeError.backend(function: other.name, reason: "does not declare state \(name), which \(first.name) of the same state set does; they cannot share one state")
+                }
+                guard mine.bufferShape == theirs.bufferShape, mine.dataType == theirs.dataType else {
+                    throw RuntimeError.backend(function: other.name, reason: "state \(name) is \(theirs.dataType)\(theirs.bufferShape) here but \(mine.dataType)\(mine.bufferShape) in \(first.name) of the same state set; they cannot share one state")
+                }
+            }
+        }
     }
 }
 
@@ -73,10 +163,12 @@ final class CoreMLState: BackendState {
 final class CoreMLFunction: BackendFunction {
     let name: String
     let model: MLModel
+    let faults: CoreMLBackend.Faults
 
-    init(name: String, model: MLModel) {
+    init(name: String, model: MLModel, faults: CoreMLBackend.Faults) {
         self.name = name
         self.model = model
+        self.faults = faults
     }
 
     func predict(_ inputs: [String: ShapedArray], state: any BackendState) throws -> [String: ShapedArray] {
@@ -85,44 +177,62 @@ final class CoreMLFunction: BackendFunction {
         }
         var features: [String: Any] = [:]
         for (key, array) in inputs {
-            features[key] = MLFeatureValue(multiArray: try Self.multiArray(array))
+            features[key] = MLFeatureValue(multiArray: try multiArray(array))
         }
-        let output = try model.prediction(from: try MLDictionaryFeatureProvider(dictionary: features), using: state.state)
+        let output: any MLFeatureProvider
+        do {
+            output = try model.prediction(from: try MLDictionaryFeatureProvider(dictionary: features), using: state.state)
+        } catch {
+            throw RuntimeError.backend(function: name, reason: "Core ML prediction failed: \(error)")
+        }
         var result: [String: ShapedArray] = [:]
         for key in output.featureNames {
             guard let array = output.featureValue(for: key)?.multiArrayValue else { continue }
-            result[key] = try Self.shapedArray(array)
+            result[key] = try shapedArray(array)
         }
         return result
     }
 
     /// int32 ids and positions as int32; float inputs (the drafter's `features`) as fp16, the
-    /// type the bundle contract gives them.
-    static func multiArray(_ array: ShapedArray) throws -> MLMultiArray {
+    /// type the bundle contract gives them. Written at the strides `withUnsafeMutableBytes`
+    /// hands over, which may differ from the array's before the call.
+    func multiArray(_ array: ShapedArray) throws -> MLMultiArray {
         let shape = array.shape.map { NSNumber(value: $0) }
         switch array.scalars {
+        case .int32(let values) where faults.int64IDsAsDoubles:
+            let result = try MLMultiArray(shape: shape, dataType: .double)
+            write(result, shape: array.shape) { bytes, index, offset in
+                bytes.storeBytes(of: Double(Int64(values[index])), toByteOffset: offset * 8, as: Double.self)
+            }
+            return result
         case .int32(let values):
             let result = try MLMultiArray(shape: shape, dataType: .int32)
-            result.withUnsafeMutableBytes { bytes, strides in
-                forEachOffset(shape: array.shape, strides: strides) { index, offset in
-                    bytes.storeBytes(of: values[index], toByteOffset: offset * 4, as: Int32.self)
-                }
+            write(result, shape: array.shape) { bytes, index, offset in
+                if faults.assumeZeroFilledInputs, values[index] == 0 { return }
+                bytes.storeBytes(of: values[index], toByteOffset: offset * 4, as: Int32.self)
             }
             return result
         case .float(let values):
             let result = try MLMultiArray(shape: shape, dataType: .float16)
-            result.withUnsafeMutableBytes { bytes, strides in
-                forEachOffset(shape: array.shape, strides: strides) { index, offset in
-                    bytes.storeBytes(of: Half.fromFloat(values[index]), toByteOffset: offset * 2, as: UInt16.self)
-                }
+            write(result, shape: array.shape) { bytes, index, offset in
+                if faults.assumeZeroFilledInputs, values[index] == 0 { return }
+                bytes.storeBytes(of: Half.fromFloat(values[index]), toByteOffset: offset * 2, as: UInt16.self)
             }
             return result
         }
     }
 
-    static func shapedArray(_ array: MLMultiArray) throws -> ShapedArray {
+    private func write(_ array: MLMultiArray, shape: [Int], _ store: (UnsafeMutableRawBufferPointer, Int, Int) -> Void) {
+        let before = array.strides.map(\.intValue)
+        array.withUnsafeMutableBytes { bytes, strides in
+            forEachOffset(shape: shape, strides: faults.ignoreHandedStrides ? before : strides) { store(bytes, $0, $1) }
+        }
+    }
+
+    /// An output read at its own strides: Core ML may pad rows.
+    func shapedArray(_ array: MLMultiArray) throws -> ShapedArray {
         let shape = array.shape.map(\.intValue)
-        let strides = array.strides.map(\.intValue)
+        let strides = faults.assumeContiguousOutputs ? rowMajorStrides(shape) : array.strides.map(\.intValue)
         let count = shape.reduce(1, *)
         return try array.withUnsafeBytes { bytes -> ShapedArray in
             switch array.dataType {
@@ -143,7 +253,7 @@ final class CoreMLFunction: BackendFunction {
                 forEachOffset(shape: shape, strides: strides) { values[$0] = Float(bytes.loadUnaligned(fromByteOffset: $1 * 8, as: Double.self)) }
                 return ShapedArray(float: values, shape: shape)
             @unknown default:
-                throw RuntimeError.badOutput(function: "-", reason: "a multi-array of an unsupported data type")
+                throw RuntimeError.badOutput(function: name, reason: "a multi-array of an unsupported data type")
             }
         }
     }
@@ -160,4 +270,10 @@ func forEachOffset(shape: [Int], strides: [Int], _ body: (Int, Int) -> Void) {
         }
         body(index, offset)
     }
+}
+
+func rowMajorStrides(_ shape: [Int]) -> [Int] {
+    var strides = [Int](repeating: 1, count: shape.count)
+    for axis in stride(from: shape.count - 2, through: 0, by: -1) { strides[axis] = strides[axis + 1] * shape[axis + 1] }
+    return strides
 }

@@ -19,6 +19,9 @@ public final class InterpreterBackend: InferenceBackend {
     }
 
     public func loadFunction(_ function: String, of package: URL) throws -> any BackendFunction {
+        guard package.pathExtension != "mlmodelc" else {
+            throw RuntimeError.backend(function: function, reason: "\(package.path) is a compiled Core ML model, which the interpreter cannot read; use the Core ML backend, or ship the bundle's .mlpackage")
+        }
         let compiled = try program(of: package).function(named: function)
         return InterpretedFunction(compiled)
     }

@@ -5,6 +5,7 @@ public enum RuntimeError: Error, Sendable, Equatable, CustomStringConvertible {
     case unsupportedSchema(path: String, version: Int, supported: [Int])
     case badMetadata(reason: String)
     case packageMissing(path: String)
+    case compiledModelMismatch(model: String, function: String, reason: String)
     case functionMissing(package: String, function: String, available: [String])
     case notSpeculative(reason: String)
     case emptyPrompt
@@ -23,7 +24,9 @@ public enum RuntimeError: Error, Sendable, Equatable, CustomStringConvertible {
         case .badMetadata(let reason):
             return "metadata.json: \(reason)"
         case .packageMissing(let path):
-            return "package \(path) listed in metadata.json does not exist; re-export the bundle"
+            return "package \(path) listed in metadata.json does not exist (nor its compiled .mlmodelc); re-export the bundle"
+        case .compiledModelMismatch(let model, let function, let reason):
+            return "compiled model \(model) cannot load function \(function) that metadata.json lists (\(reason)); ship the .mlmodelc compiled from this export's .mlpackage"
         case .functionMissing(let package, let function, let available):
             return "package \(package) has no function \(function) that metadata.json lists (it has \(available.sorted().joined(separator: ", "))); re-export the bundle"
         case .notSpeculative(let reason):

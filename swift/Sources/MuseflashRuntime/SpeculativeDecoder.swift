@@ -160,13 +160,13 @@ public final class SpeculativeDecoder {
         vocabSize = metadata.vocabSize
         contextLength = metadata.contextLength
         fusedTarget = target.kind == .fusedTarget
-        let targetURL = try bundle.packageURL(of: .target)
+        let targetURL = try bundle.modelURL(of: .target)
         prefill = try Self.load(backend, .prefill, targetURL)
         main = try Self.load(backend, .main, targetURL)
         targetState = try backend.makeState(for: [prefill, main])
         if let speculative = metadata.speculativeDecoding, speculative.drafterKind != .ring,
            let drafter = metadata.assets[.dflashDrafter], fusedTarget {
-            let drafterURL = try bundle.packageURL(of: .dflashDrafter)
+            let drafterURL = try bundle.modelURL(of: .dflashDrafter)
             let inject = try Self.load(backend, .injectKV, drafterURL)
             let drafting = try Self.load(backend, .draft, drafterURL)
             injectKV = inject

@@ -6,12 +6,16 @@ import MuseflashRuntime
 //   swift-generate --export-dir DIR (--prompt TEXT | --prompt-file F | --prompt-ids 1,2,3)
 //       [--max-new-tokens N] [--temperature T] [--top-p P] [--seed S] [--no-draft]
 //       [--num-draft-tokens K] [--lookup-min-match N] [--backend interpreter|coreml]
+//       [--compute-units cpu|gpu|ane|all] [--model-cache DIR | --no-model-cache]
 //       [--format text|json] [--no-compare]
+//   swift-generate --export-dir DIR --memory-probe [--backend ...] [--compute-units ...]
 //
 // Text: the continuation streamed as it is accepted (decoded text for a text prompt, ids for
 // --prompt-ids), then the figures, and the drafter's speed-up against the target alone, timed in
 // the same run (--no-compare skips that run; --compare adds it to JSON). JSON: one object. Bad input: one line on stderr and
-// exit status 1. Relative paths resolve against $BUILD_WORKING_DIRECTORY (bazel run), else the
+// exit status 1. --memory-probe loads the target's and the drafter's functions one at a time and
+// prints the resident memory after each as JSON (do per-function models share weights?
+// coremltools#2351; tools/mac/first_run.sh reads it). Relative paths resolve against $BUILD_WORKING_DIRECTORY (bazel run), else the
 // current directory.
 
 struct UsageError: Error, CustomStringConvertible {
@@ -28,6 +32,12 @@ struct Options {
     var numDraftTokens: Int?
     var lookupMinMatch = GenerationOptions.defaultLookupMinMatch
     var backend = "interpreter"
+    /// Core ML backend only: cpu, gpu, ane or all.
+    var computeUnits = "all"
+    /// Core ML backend only: where compiled models are kept (nil: the platform's caches folder).
+    var modelCache: String?
+    var noModelCache = false
+    var memoryProbe = false
     var json = false
     var temperature = 0.0
     var topP = 1.0
@@ -36,7 +46,7 @@ struct Options {
     var compare: Bool?
 }
 
-let usage = "usage: swift-generate --export-dir DIR (--prompt TEXT | --prompt-file F | --prompt-ids 1,2,3) [--max-new-tokens N] [--temperature T] [--top-p P] [--seed S] [--no-draft] [--num-draft-tokens K] [--lookup-min-match N] [--backend interpreter|coreml] [--format text|json] [--compare | --no-compare]"
+let usage = "usage: swift-generate --export-dir DIR (--prompt TEXT | --prompt-file F | --prompt-ids 1,2,3) [--max-new-tokens N] [--temperature T] [--top-p P] [--seed S] [--no-draft] [--num-draft-tokens K] [--lookup-min-match N] [--backend interpreter|coreml] [--compute-units cpu|gpu|ane|all] [--model-cache DIR | --no-model-cache] [--format text|json] [--compare | --no-compare] | --export-dir DIR --memory-probe [--backend ...]"
 
 func parse(_ arguments: [String]) throws -> Options {
     var options = Options()
@@ -95,6 +105,14 @@ func parse(_ arguments: [String]) throws -> Options {
             guard ["interpreter", "coreml"].contains(options.backend) else {
                 throw UsageError(description: "--backend is interpreter or coreml, got \"\(options.backend)\"")
             }
+        case "--compute-units":
+            options.computeUnits = try value(argument)
+            guard CoreMLBackend.computeUnits(named: options.computeUnits) != nil else {
+                throw UsageError(description: "--compute-units is cpu, gpu, ane or all, got \"\(options.computeUnits)\"")
+            }
+        case "--model-cache": options.modelCache = try value(argument)
+        case "--no-model-cache": options.noModelCache = true
+        case "--memory-probe": options.memoryProbe = true
         case "--format":
             let format = try value(argument)
             guard ["text", "json"].contains(format) else { throw UsageError(description: "--format is text or json, got \"\(format)\"") }
@@ -110,7 +128,7 @@ func parse(_ arguments: [String]) throws -> Options {
     }
     guard !options.exportDir.isEmpty else { throw UsageError(description: "--export-dir is required; \(usage)") }
     let prompts = [!options.promptIDs.isEmpty, options.promptText != nil, options.promptFile != nil].filter { $0 }.count
-    guard prompts == 1 else {
+    guard prompts == 1 || (options.memoryProbe && prompts == 0) else {
         throw UsageError(description: "give exactly one of --prompt, --prompt-file and --prompt-ids; \(usage)")
     }
     guard options.maxNewTokens >= 1 else { throw UsageError(description: "--max-new-tokens must be at least 1, got \(options.maxNewTokens)") }
@@ -149,6 +167,54 @@ func peakResidentBytes() -> Int {
     getrusage(RUSAGE_SELF, &usage)
     return Int(usage.ru_maxrss)
     #endif
+}
+
+func makeBackend(_ options: Options) throws -> any InferenceBackend {
+    guard options.backend == "coreml" else { return InterpreterBackend() }
+    return try CoreMLBackend(CoreMLBackend.Options(
+        computeUnits: CoreMLBackend.computeUnits(named: options.computeUnits)!,
+        cacheDirectory: options.noModelCache ? nil : options.modelCache.map(resolve) ?? CompiledModelCache.defaultDirectory))
+}
+
+/// The process's resident set now. Linux: VmRSS; Darwin: the task's resident size.
+func residentBytes() -> Int {
+    #if os(Linux)
+    let status = (try? String(contentsOfFile: "/proc/self/status", encoding: .utf8)) ?? ""
+    for line in status.split(separator: "\n") where line.hasPrefix("VmRSS:") {
+        return (Int(line.split(separator: " ").dropFirst().first ?? "") ?? 0) * 1024
+    }
+    return 0
+    #else
+    var info = mach_task_basic_info()
+    var count = mach_msg_type_number_t(MemoryLayout<mach_task_basic_info>.size / MemoryLayout<natural_t>.size)
+    let result = withUnsafeMutablePointer(to: &info) {
+        $0.withMemoryRebound(to: integer_t.self, capacity: Int(count)) {
+            task_info(mach_task_self_, task_flavor_t(MACH_TASK_BASIC_INFO), $0, &count)
+        }
+    }
+    return result == KERN_SUCCESS ? Int(info.resident_size) : 0
+    #endif
+}
+
+/// --memory-probe: the functions of the bundle loaded one at a time (each its own model), the
+/// resident set after each. If per-function models share a package's weights, loading the
+/// second function of a package adds far less than its weight bytes.
+func memoryProbe(bundle: MuseflashBundle, backend: any InferenceBackend) throws -> [String: Any] {
+    var loaded: [any BackendFunction] = []
+    var after: [[String: Any]] = []
+    let before = residentBytes()
+    var packages = [(try bundle.modelURL(of: .target), ["prefill", "main"])]
+    if bundle.metadata.speculativeDecoding != nil, let drafter = try? bundle.modelURL(of: .dflashDrafter) {
+        packages.append((drafter, ["inject_kv", "draft"]))
+    }
+    for (url, functions) in packages {
+        for function in functions {
+            loaded.append(try backend.loadFunction(function, of: url))
+            after.append(["function": function, "resident_bytes": residentBytes()])
+        }
+    }
+    return ["backend": backend.name, "weight_bytes": bundle.weightFileBytes, "resident_bytes_before": before,
+            "after_each_load": after, "functions_loaded": loaded.count]
 }
 
 /// Before anything is opened: the process's own cost, apart from the bundle.
@@ -230,6 +296,12 @@ do {
 
 do {
     let bundle = try MuseflashBundle.open(resolve(options.exportDir))
+    if options.memoryProbe {
+        let data = try JSONSerialization.data(withJSONObject: try memoryProbe(bundle: bundle, backend: try makeBackend(options)),
+                                              options: [.sortedKeys])
+        write(String(decoding: data, as: UTF8.self) + "\n")
+        exit(0)
+    }
     var text: BundleText?
     var prompt = options.promptIDs
     var promptText = options.promptText
@@ -246,8 +318,10 @@ do {
     } else if bundle.metadata.tokenizer != nil {
         text = try? BundleText(bundle: bundle)
     }
-    let backend: any InferenceBackend = options.backend == "coreml" ? try CoreMLBackend() : InterpreterBackend()
+    let backend = try makeBackend(options)
+    let opening = Date()
     let decoder = try SpeculativeDecoder(bundle: bundle, backend: backend)
+    let openSeconds = Date().timeIntervalSince(opening)
     let sampling = try Sampling(temperature: options.temperature, topP: options.topP)
     var generation = GenerationOptions(maxNewTokens: options.maxNewTokens, useDrafter: options.useDrafter,
                                        numDraftTokens: options.numDraftTokens, sampling: sampling, seed: options.seed,
@@ -267,8 +341,13 @@ do {
         alone = try decoder.generate(prompt: prompt, options: generation)
     }
     if options.json {
-        let body = report(result, options: options, backend: backend.name, bundle: bundle,
+        var body = report(result, options: options, backend: backend.name, bundle: bundle,
                           text: text?.decode(result.tokens), alone: alone)
+        body["open_seconds"] = openSeconds
+        if let coreML = backend as? CoreMLBackend {
+            body["compute_units"] = options.computeUnits
+            body["compiled_models"] = coreML.compiledModelSources.mapValues(\.rawValue)
+        }
         let data = try JSONSerialization.data(withJSONObject: body, options: [.sortedKeys])
         write(String(decoding: data, as: UTF8.self) + "\n")
     } else {

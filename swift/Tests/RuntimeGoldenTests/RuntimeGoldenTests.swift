@@ -41,11 +41,15 @@ final class RuntimeGoldenTests: XCTestCase {
         return object
     }()
 
-    func bundle() throws -> MuseflashBundle {
+    func bundle() throws -> MuseflashBundle { try Self.bundle() }
+    func cases() throws -> [Case] { try Self.cases() }
+    func options(_ golden: Case) -> GenerationOptions { Self.options(golden) }
+
+    static func bundle() throws -> MuseflashBundle {
         try MuseflashBundle.open(Self.path("MUSEFLASH_EXPORT_DIR"))
     }
 
-    func cases() throws -> [Case] {
+    static func cases() throws -> [Case] {
         guard let list = Self.goldens["cases"] as? [[String: Any]] else {
             throw XCTSkip("no golden file (MUSEFLASH_GOLDENS)")
         }
@@ -66,7 +70,7 @@ final class RuntimeGoldenTests: XCTestCase {
         }
     }
 
-    func options(_ golden: Case) -> GenerationOptions {
+    static func options(_ golden: Case) -> GenerationOptions {
         // The Python loop does not stop at the end-of-sequence token; neither does this check.
         GenerationOptions(maxNewTokens: golden.maxNewTokens, useDrafter: golden.speculative, stopAtEndOfSequence: false,
                           lookupMinMatch: golden.lookupMinMatch)
@@ -113,7 +117,15 @@ final class RuntimeGoldenTests: XCTestCase {
     /// The Core ML backend's code path (on Linux, over CoreMLStandIn): MLModel per function,
     /// MLState per state set, MLMultiArray in and out.
     func testCoreMLBackendDecodesAsThePythonLoop() throws {
-        try checkAllCases(backend: CoreMLBackend())
+        try checkAllCases(backend: CoreMLBackend(.init(computeUnits: .cpuOnly, cacheDirectory: Self.scratch("cache"))))
+    }
+
+    /// A new empty directory for one test.
+    static func scratch(_ name: String) -> URL {
+        let base = ProcessInfo.processInfo.environment["TEST_TMPDIR"].map { URL(fileURLWithPath: $0) } ?? FileManager.default.temporaryDirectory
+        let url = base.appendingPathComponent("\(name)-\(UUID().uuidString)", isDirectory: true)
+        try? FileManager.default.createDirectory(at: url, withIntermediateDirectories: true)
+        return url
     }
 
     /// Damaged cycles must fail the same check: it has to be able to see them.
