@@ -15,8 +15,9 @@ import MILInterpreter
 //   - `MLMultiArray(shape:dataType:)` is contiguous but uninitialised: here filled with NaN
 //     (int32: the bits of a float NaN, far outside any vocabulary).
 //   - Output arrays come back with padded strides (not contiguous).
-//   - `withUnsafeMutableBytes` switches to a backing with other strides on every call, as the
-//     documentation allows; the strides it hands over are the ones to write with.
+//   - `withUnsafeMutableBytes` switches to a backing with other strides on every call (a
+//     contiguous array to one with no unit stride), as the documentation allows; the strides
+//     it hands over are the ones to write with.
 //   - An input of the wrong feature type, data type or shape, a missing or unknown input, and
 //     a state lacking a buffer the function declares are refused, naming it.
 //   - `modelDescription` describes the loaded function's inputs, outputs and states.

@@ -1,8 +1,9 @@
 import Foundation
 
-/// A multi-array that owns its bytes, in one of two layouts: contiguous first-major (what
-/// `init(shape:dataType:)` makes, as Apple's header says) or padded (every row of the last axis
-/// followed by a gap, what predictions return). Offsets are `sum(index[d] * strides[d])` scalars.
+/// A multi-array that owns its bytes, in one of three layouts: contiguous first-major (what
+/// `init(shape:dataType:)` makes, as Apple's header says), padded (every row of the last axis
+/// followed by a gap: what predictions return) or spread (padded, and every scalar followed by
+/// a gap too: what `withUnsafeMutableBytes` may switch a contiguous array to). Offsets are `sum(index[d] * strides[d])` scalars.
 @available(macOS 10.13, iOS 11.0, *)
 public final class MLMultiArray: @unchecked Sendable {
     @available(macOS 10.13, iOS 11.0, *)
@@ -15,7 +16,8 @@ public final class MLMultiArray: @unchecked Sendable {
     public var count: Int { shape.reduce(1) { $0 * $1.intValue } }
 
     private var storage: [UInt8]
-    private var padded: Bool
+    enum Layout { case contiguous, padded, spread }
+    private var layout: Layout
 
     /// Scalars a padded layout leaves after each row of the last axis.
     static let rowGap = 5
@@ -26,8 +28,8 @@ public final class MLMultiArray: @unchecked Sendable {
         guard shape.allSatisfy({ $0.intValue >= 0 }) else { throw MLStandInError("MLMultiArray shape \(shape) has a negative size") }
         self.shape = shape
         self.dataType = dataType
-        padded = false
-        let strides = Self.strides(shape.map(\.intValue), padded: false)
+        layout = .contiguous
+        let strides = Self.strides(shape.map(\.intValue), layout: .contiguous)
         self.strides = strides.map { NSNumber(value: $0) }
         storage = Self.poisoned(Self.span(shape.map(\.intValue), strides), dataType)
     }
@@ -35,13 +37,14 @@ public final class MLMultiArray: @unchecked Sendable {
     /// A NaN-filled array in the padded layout, as prediction outputs come.
     static func padded(shape: [Int], dataType: MLMultiArrayDataType) -> MLMultiArray {
         let array = try! MLMultiArray(shape: shape.map { NSNumber(value: $0) }, dataType: dataType)
-        array.relayout(padded: true)
+        array.relayout(.padded)
         return array
     }
 
-    static func strides(_ shape: [Int], padded: Bool) -> [Int] {
+    static func strides(_ shape: [Int], layout: Layout) -> [Int] {
         var strides = [Int](repeating: 1, count: shape.count)
-        var running = 1
+        var running = layout == .spread ? 2 : 1
+        let padded = layout != .contiguous
         for axis in stride(from: shape.count - 1, through: 0, by: -1) {
             strides[axis] = running
             running *= shape[axis]
@@ -82,11 +85,13 @@ public final class MLMultiArray: @unchecked Sendable {
         try storage.withUnsafeBytes(body)
     }
 
-    /// Switches to the other layout first (values kept, gaps NaN), as Apple allows: the strides
-    /// handed to `body` are the new ones, and `strides` reads them afterwards.
+    /// Switches layout first (contiguous to spread, any other to contiguous; values kept, gaps
+    /// NaN), as Apple allows: the strides handed to `body` are the new ones, and `strides` reads
+    /// them afterwards. A spread backing has no unit stride, so even a [1, n] array written at
+    /// the strides it had before the call comes out wrong.
     @available(macOS 12.3, iOS 15.4, *)
     public func withUnsafeMutableBytes<R>(_ body: (UnsafeMutableRawBufferPointer, [Int]) throws -> R) rethrows -> R {
-        relayout(padded: !padded)
+        relayout(layout == .contiguous ? .spread : .contiguous)
         let strides = self.strides.map(\.intValue)
         return try storage.withUnsafeMutableBytes { try body($0, strides) }
     }
@@ -96,14 +101,13 @@ public final class MLMultiArray: @unchecked Sendable {
         storage.withUnsafeMutableBytes(body)
     }
 
-    private func relayout(padded: Bool) {
+    private func relayout(_ layout: Layout) {
         let shape = self.shape.map(\.intValue)
-        guard shape.count > 1 else { return }
         let from = byteOffsets(), width = dataType.byteWidth
-        let strides = Self.strides(shape, padded: padded)
+        let strides = Self.strides(shape, layout: layout)
         var bytes = Self.poisoned(Self.span(shape, strides), dataType)
         let old = storage
-        self.padded = padded
+        self.layout = layout
         self.strides = strides.map { NSNumber(value: $0) }
         for (source, target) in zip(from, byteOffsets()) {
             for byte in 0..<width { bytes[target + byte] = old[source + byte] }

@@ -18,23 +18,27 @@ final class CoreMLStrictnessTests: XCTestCase {
         try CoreMLBackend(.init(computeUnits: units, cacheDirectory: cache ?? RuntimeGoldenTests.scratch("cache")))
     }
 
-    /// The first speculative golden case.
-    func firstCase() throws -> RuntimeGoldenTests.Case {
-        guard let golden = try goldens.cases().first(where: \.speculative) else { throw XCTSkip("no speculative golden case") }
-        return golden
-    }
-
-    /// True when decoding the first speculative case through `backend` throws or differs from
-    /// the golden.
-    func goldenNotices(_ backend: CoreMLBackend, bundle: MuseflashBundle? = nil) throws -> Bool {
-        let golden = try firstCase()
+    /// True when decoding a speculative golden case through `backend` throws or differs from
+    /// the golden (tokens, accepted drafts or call trace): the first case only, or every one
+    /// until one differs (a random drafter never accepted hides damage to its inputs in most).
+    func goldenNotices(_ backend: CoreMLBackend, bundle: MuseflashBundle? = nil, allCases: Bool = false) throws -> Bool {
+        let speculative = try goldens.cases().filter(\.speculative)
+        guard !speculative.isEmpty else { throw XCTSkip("no speculative golden case") }
+        let decoder: SpeculativeDecoder
         do {
-            let decoder = try SpeculativeDecoder(bundle: try bundle ?? goldens.bundle(), backend: backend)
-            let result = try decoder.generate(prompt: golden.prompt, options: goldens.options(golden))
-            return result.tokens != golden.tokens || result.accepted != golden.accepted
+            decoder = try SpeculativeDecoder(bundle: try bundle ?? goldens.bundle(), backend: backend)
         } catch {
             return true
         }
+        for golden in allCases ? speculative : [speculative[0]] {
+            do {
+                let result = try decoder.generate(prompt: golden.prompt, options: goldens.options(golden))
+                if result.tokens != golden.tokens || result.accepted != golden.accepted || result.trace != golden.trace { return true }
+            } catch {
+                return true
+            }
+        }
+        return false
     }
 
     func checkFaultIsCaught(_ configure: (inout CoreMLBackend.Faults) -> Void, what: String) throws {
@@ -42,7 +46,7 @@ final class CoreMLStrictnessTests: XCTestCase {
         XCTAssertFalse(try goldenNotices(healthy), "the healthy backend must pass before a fault can be seen")
         let broken = try backend()
         configure(&broken.faults)
-        XCTAssertTrue(try goldenNotices(broken), "\(what): the stand-in let it through")
+        XCTAssertTrue(try goldenNotices(broken, allCases: true), "\(what): the stand-in let it through")
     }
 
     // MARK: Each strictness rule catches the backend bug it exists for
