@@ -322,9 +322,11 @@ def check_fp16_range(metadata: Metadata, target_dir: Path, drafter_dir: Path | N
     audit = metadata.fp16_range
     if audit is None:
         return "fp16 range: not recorded (exported before the audit existed); re-export"
+    drafter_scale = ("none" if audit.drafter_residual_scale is None
+                     else f"{audit.drafter_residual_scale:g}")
     if audit.calibration != "builtin":
-        return (f"fp16 range: scales {audit.target_residual_scale:g} / "
-                f"{audit.drafter_residual_scale}, calibrated on {audit.calibration} (not "
+        return (f"fp16 range: scales {audit.target_residual_scale:g} (target) / "
+                f"{drafter_scale} (drafter), calibrated on {audit.calibration} (not "
                 "re-audited here)")
     spec = metadata.speculative_decoding
     fresh, _ = audit_checkpoint(
@@ -339,7 +341,7 @@ def check_fp16_range(metadata: Metadata, target_dir: Path, drafter_dir: Path | N
         raise VerifyInputError(f"metadata.json fp16_range records residual scales {recorded} "
                                f"but the checkpoint's audit gives {expected}; re-export")
     return (f"fp16 range: residual scales {audit.target_residual_scale:g} (target) / "
-            f"{audit.drafter_residual_scale} (drafter) match a fresh audit; largest |x| "
+            f"{drafter_scale} (drafter) match a fresh audit; largest |x| "
             f"{audit.peak_after_scaling:.4g}, norms {audit.norm}")
 
 
