@@ -92,13 +92,13 @@ def bos_token_id(target_dir: Path, config: dict) -> int | None:
     return next((t["id"] for t in added if t.get("content") == bos), None)
 
 
-def calibration_sequences(target_dir: Path, config: dict, vocab_size: int,
+def calibration_sequences(target_dir: Path, bos: int | None, vocab_size: int,
                           prompts: list[str] | None, context: int) -> list[list[int]]:
-    """<bos>-led sequences of CALIBRATION_TOKENS ids: `prompts` (or BUILTIN_CALIBRATION)
+    """Sequences led by `bos` (when not None) of CALIBRATION_TOKENS ids, at most the export's
+    context: `prompts` (or BUILTIN_CALIBRATION)
     tokenized with the checkpoint's tokenizer.json and repeated to length, plus one sequence of
     the lowest ids (where special tokens, bytes and punctuation sit in most vocabularies).
     Without a tokenizer, seeded ids stand in for the built-in text."""
-    bos = bos_token_id(target_dir, config)
     lead = [bos] if bos is not None else []
     length = min(CALIBRATION_TOKENS, context) - len(lead)
     tokenizer_file = target_dir / "tokenizer.json"
@@ -347,7 +347,8 @@ def audit_checkpoint(target_dir: Path, drafter_dir: Path | None, *, fused: bool,
                      norm: NormForm, scale: bool) -> tuple[Fp16Range, GraphNumerics]:
     """The audit's record for metadata.json, and the numerics the graph is built with
     (`scale` False: today's graph, no residual scaling, for the tests and figures)."""
-    sequences = calibration_sequences(target_dir, config, vocab_size, prompts, context)
+    bos = bos_token_id(target_dir, config)
+    sequences = calibration_sequences(target_dir, bos, vocab_size, prompts, context)
     audit = RangeAudit(target_dir, drafter_dir, fused=fused, with_drafter=with_drafter,
                        context=context, block=block)
     first = audit.run(sequences)
@@ -383,7 +384,7 @@ def audit_checkpoint(target_dir: Path, drafter_dir: Path | None, *, fused: bool,
         drafter_feature_input=(first.peaks.inputs.get("target.encoder.fc")
                                if hasattr(audit.target, "encoder") else None),
         peak_tokens=ranked[:PEAK_TOKENS],
-        bos_token_id=bos_token_id(target_dir, config),
+        bos_token_id=bos,
         target_layers=audit.layer_peaks(first, "target", first.target_residual),
         drafter_layers=(audit.layer_peaks(first, "drafter", first.drafter_residual)
                         if audit.drafter is not None else []),
