@@ -384,6 +384,14 @@ class NormForm(Name):
     PLAIN = "plain"  # x * rsqrt(mean(x^2) + eps): x^2 overflows fp16 above |x| = 256
 
 
+class KVWrite(Name):
+    """How `main` and `prefill` write the new keys and values of the target's global layers
+    (docs/kv-write.md). The sliding rings and the drafter's ring are written by the blend in
+    every strategy: there it costs O(window), not O(context)."""
+    BLEND = "blend"  # one-hot blend over the whole layer cache: O(capacity) per call
+    SLICE = "slice"  # one slice_update at the runtime position: O(query length) per call
+
+
 @dataclass(frozen=True)
 class LayerPeaks:
     """Peaks of one layer's activations in the fp32 range audit, before any residual scale."""
@@ -435,6 +443,9 @@ class Metadata:
     compression: Compression | None = _doc("null when every weight is fp16")
     fp16_range: Fp16Range | None = _doc("the fp16 range audit; null in bundles written "
                                         "before it existed", default=None)
+    kv_write: KVWrite | None = _doc("how `main` and `prefill` write the global KV caches; "
+                                    "null (bundles written before it existed) is `blend`",
+                                    default=None)
 
     def asset(self, role: AssetRole) -> Asset:
         if role not in self.assets:
@@ -457,6 +468,10 @@ class Metadata:
             if role in self.assets:
                 owners.setdefault(self.assets[role].path, role)
         return owners
+
+    @property
+    def kv_write_strategy(self) -> KVWrite:
+        return self.kv_write or KVWrite.BLEND
 
     def max_query_length(self) -> int:
         return max(f.query_length for a in self.assets.values() for f in a.functions.values())

@@ -75,6 +75,13 @@ flags.DEFINE_string("calibration-prompts", None,
                     "fp32 before conversion, docs/fp16.md); default: built-in <bos>-led "
                     "sequences of code, prose and punctuation.")
 
+flags.DEFINE_string("kv-write", "blend",
+                    "How main and prefill write the target's global KV caches: blend (one-hot "
+                    "blend over the whole cache, O(context) per call; the default, proven on "
+                    "every compute unit) or slice (one slice_update at the runtime position, "
+                    "O(query) per call; it crashes Apple's 2026 betas, untested on a Mac). The "
+                    "sliding rings use the blend either way. See docs/kv-write.md.")
+
 FLAGS = flags.FLAGS
 USER_ERRORS = (ExportError, OutputDirError, CheckpointError, DrafterTargetMismatchError)
 
@@ -99,6 +106,7 @@ def options_from_flags() -> ExportOptions:
         compression=FLAGS.compression,
         compression_config=resolve_user_path(FLAGS["compression-config"].value),
         calibration_prompts=resolve_user_path(FLAGS["calibration-prompts"].value),
+        kv_write=FLAGS["kv-write"].value,
     )
 
 

@@ -74,6 +74,8 @@ def convert(
     for a package coremltools itself must load back."""
     import coremltools as ct
 
+    from museflash.export import kv_ops  # noqa: F401  (registers the custom KV op's converter)
+
     mutated = set(program.graph_signature.buffers_to_mutate.values())
     if mutated != {str(n) for n in state_names}:
         raise ExportError(

@@ -139,6 +139,7 @@ def bundle_metadata(plan: ExportPlan, modules: dict[str, torch.nn.Module], sourc
         tokenizer=plan.configs.tokenizer,
         compression=compression_block(plan.compression, stored or {}),
         fp16_range=fp16_range,
+        kv_write=plan.kv_write,
     )
     problems = schema_errors(metadata.to_json())
     if problems:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from museflash.bundle import BUILTIN_PAIRS
+from museflash.bundle import BUILTIN_PAIRS, KVWrite
 from museflash.compression import PRESETS
 
 DEFAULT_CONTEXT_LENGTH = 512
@@ -44,6 +44,8 @@ class ExportOptions:
     compression_config: Path | None = None
     # The fp16 range audit's calibration prompts (one per line), instead of the built-in ones.
     calibration_prompts: Path | None = None
+    # How main and prefill write the target's global KV caches (bundle.KVWrite).
+    kv_write: str = KVWrite.BLEND.value
     # Today's graph before the fp16 work: plain RMSNorms and no residual scaling. Not a flag:
     # for the tests that show it failing on large activations and for the figures.
     legacy_fp16: bool = False
@@ -86,6 +88,9 @@ def check_flag_rules(options: ExportOptions) -> None:
     if options.compression is not None and options.compression_config is not None:
         raise ExportError("--compression and --compression-config are exclusive: a preset, or "
                           "the rules of a file (which can state a preset's rules itself)")
+    if options.kv_write not in [k.value for k in KVWrite]:
+        raise ExportError(f"--kv-write {options.kv_write!r} is not a strategy; choose one of "
+                          f"{[k.value for k in KVWrite]} (docs/kv-write.md)")
     if options.conversion_processes is not None and options.conversion_processes < 1:
         raise ExportError(f"--conversion-processes {options.conversion_processes} must be at "
                           "least 1 (1 converts every function in this process)")

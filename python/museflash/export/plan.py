@@ -21,6 +21,7 @@ from museflash.bundle import (
     FunctionName,
     FunctionRole,
     InputName,
+    KVWrite,
     OutputName,
     SelectorDecoding,
     SpeculativeDecoding,
@@ -108,6 +109,7 @@ class ExportPlan:
     assets: list[AssetPlan]
     compression: CompressionPlan | None = None
     context_length: int = DEFAULT_CONTEXT_LENGTH  # capacity of the global KV caches
+    kv_write: KVWrite = KVWrite.BLEND  # how main and prefill write the global caches
 
     @property
     def target_cfg(self) -> MuseGlimmerConfig:
@@ -155,7 +157,19 @@ def plan_export(options: ExportOptions, target_dir: Path, drafter_dir: Path | No
                       spec, max_query, _asset_plans(options, spec, decode_length),
                       compression_plan(options, Path(target_dir),
                                        Path(drafter_dir) if drafter_dir else None),
-                      context)
+                      context, kv_write_strategy(options, configs.target))
+
+
+def kv_write_strategy(options: ExportOptions, target: MuseGlimmerConfig) -> KVWrite:
+    """--kv-write, checked against the target: `slice` writes the global layers by position,
+    so a target without global layers has nothing it could apply to."""
+    strategy = KVWrite(options.kv_write)  # the value itself: options.check_flag_rules
+    if strategy == KVWrite.SLICE and not target.global_layer_ids:
+        raise ExportError(
+            f"--kv-write {strategy}: this target has no global (full-attention) layers, only "
+            f"sliding ones, which every strategy writes with the blend; use --kv-write "
+            f"{KVWrite.BLEND}")
+    return strategy
 
 
 def context_length(options: ExportOptions, target_dir: Path) -> int:
@@ -372,6 +386,7 @@ def load_modules(options: ExportOptions, plan: ExportPlan, progress: Progress,
                 module_weight_bytes(m) for m in borrowed)
             modules["drafter"].scale_residual(numerics.drafter_residual_scale)
     target.scale_residual(numerics.target_residual_scale)
+    target.kv_write = plan.kv_write
     for module in modules.values():
         set_norm_form(module, numerics.norm)
     return modules

@@ -12,7 +12,7 @@ import math
 import torch
 from torch import nn
 
-from museflash.bundle import NormForm
+from museflash.bundle import KVWrite, NormForm
 
 # Finite so that fp16 execution never produces inf - inf; far below any real attention score.
 MASK_VALUE = -30000.0
@@ -179,6 +179,41 @@ def write_cache_slots(
     written = hits.any(dim=0).reshape(1, capacity, 1)
     scattered = torch.matmul(hits.to(values.dtype).transpose(0, 1), values)
     cache[layer] = torch.where(written, scattered.to(cache.dtype), cache[layer])
+
+
+@torch.library.custom_op("museflash::write_cache_rows", mutates_args=())
+def write_cache_rows(cache: torch.Tensor, layer: int, start: torch.Tensor,
+                     values: torch.Tensor) -> torch.Tensor:
+    """A copy of `cache` with cache[layer][:, start : start + T] = values: T consecutive slots
+    from the runtime position `start` ([1] int). values: [kv_heads, T, head_dim].
+
+    A custom op so that the exporter converts it to exactly one `slice_update` whose begin is
+    computed from `start` at run time (export/kv_ops.py; KVWrite.SLICE, docs/kv-write.md),
+    which torch.export cannot express without reading the position as a Python int. `start`
+    is clamped to [0, capacity - T] so the write stays inside the state, here as in the
+    converted op; positions past the cache are unsupported in every strategy (the runtimes
+    never pass them)."""
+    length = values.shape[1]
+    first = min(max(int(start.reshape(-1)[0]), 0), cache.shape[2] - length)
+    out = cache.clone()
+    out[layer, :, first:first + length] = values.to(cache.dtype)
+    return out
+
+
+@write_cache_rows.register_fake
+def _write_cache_rows_shape(cache, layer, start, values):
+    return torch.empty_like(cache)
+
+
+def write_cache(cache: torch.Tensor, layer: int, slots: torch.Tensor, values: torch.Tensor,
+                strategy: KVWrite = KVWrite.BLEND) -> None:
+    """cache[layer][:, slots[t]] = values[:, t], in place, written as `strategy` says: the
+    one-hot blend (any pairwise distinct slots), or one slice_update at slots[0] (KVWrite.SLICE:
+    the slots must be consecutive and ascending, as the global cache's positions are)."""
+    if strategy == KVWrite.SLICE:
+        cache.copy_(write_cache_rows(cache, layer, slots[:1], values))
+    else:
+        write_cache_slots(cache, layer, slots, values)
 
 
 def read_cache(cache: torch.Tensor, layer: int, dtype: torch.dtype) -> torch.Tensor:

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from museflash.bundle import LayerType, StateName
+from museflash.bundle import KVWrite, LayerType, StateName
 from museflash.models.base import (
     RMSNorm,
     RotaryTables,
@@ -29,7 +29,7 @@ from museflash.models.base import (
     ring_capacity,
     sliding_causal_mask,
     softcap,
-    write_cache_slots,
+    write_cache,
 )
 from museflash.models.dflash import DFlashConfig, DFlashEncoder
 
@@ -170,8 +170,10 @@ class MuseGlimmerAttention(nn.Module):
         cache_layer: int,
         slots: torch.Tensor,
         mask: torch.Tensor,
+        kv_write: KVWrite = KVWrite.BLEND,
     ) -> torch.Tensor:
-        """rope: (cos, sin) [T, head_dim] for the layer's theta, None for a NoPE layer."""
+        """rope: (cos, sin) [T, head_dim] for the layer's theta, None for a NoPE layer;
+        `kv_write`: how the new keys and values enter the cache (base.write_cache)."""
         length = x.shape[1]
         q = self.q_proj(x[0]).reshape(length, self.n_q, self.head_dim).transpose(0, 1)
         k = self.k_proj(x[0]).reshape(length, self.n_kv, self.head_dim).transpose(0, 1)
@@ -180,8 +182,8 @@ class MuseGlimmerAttention(nn.Module):
         k = self.qk_norm(k)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        write_cache_slots(key_cache, cache_layer, slots, k)
-        write_cache_slots(value_cache, cache_layer, slots, v)
+        write_cache(key_cache, cache_layer, slots, k, kv_write)
+        write_cache(value_cache, cache_layer, slots, v, kv_write)
         keys = read_cache(key_cache, cache_layer, q.dtype)
         values = read_cache(value_cache, cache_layer, q.dtype)
         out = attend(q, keys, values, mask, 1.0 / math.sqrt(self.head_dim))
@@ -284,6 +286,8 @@ class MuseGlimmerForCausalLM(nn.Module):
         self.rotary = RotaryTables(config.head_dim, config.layer_rope_theta, max_context)
         self.cache_dtype = cache_dtype
         self.residual_scale = 1.0  # scale_residual
+        # How main and prefill write the global caches (bundle.KVWrite, docs/kv-write.md).
+        self.kv_write = KVWrite.BLEND
         self._cache_layer = {}
         for kind_ids in (config.sliding_layer_ids, config.global_layer_ids):
             self._cache_layer.update({layer: n for n, layer in enumerate(kind_ids)})
@@ -352,14 +356,15 @@ class MuseGlimmerForCausalLM(nn.Module):
         ropes = {theta: self.rotary(positions, theta, x.dtype) for theta in self.rotary.thetas}
         captured: dict[int, torch.Tensor] = {}
         for layer_id, layer in enumerate(self.layers):
+            # The rings keep the blend whatever kv_write says: it costs O(window) there.
             if layer.is_sliding:
                 caches = (self.slidingKeyCache, self.slidingValueCache)
-                slots, mask = ring_slots, sliding_mask
+                slots, mask, kv_write = ring_slots, sliding_mask, KVWrite.BLEND
             else:
                 caches = (self.globalKeyCache, self.globalValueCache)
-                slots, mask = positions, global_mask
+                slots, mask, kv_write = positions, global_mask, self.kv_write
             rope = ropes.get(layer.rope_theta)
-            x = layer(x, rope, *caches, self._cache_layer[layer_id], slots, mask)
+            x = layer(x, rope, *caches, self._cache_layer[layer_id], slots, mask, kv_write)
             if layer_id in capture_layers:
                 captured[layer_id] = x
         return x, [captured[i] for i in capture_layers]

@@ -1,0 +1,40 @@
+"""How coremltools converts the models' custom KV op (models/base.py `write_cache_rows`).
+
+`museflash::write_cache_rows(cache, layer, start, values)` becomes one `slice_update` of the
+whole state tensor, begin [layer, 0, start, 0] and end [layer + 1, kv_heads, start + T,
+head_dim], with `start` read from the position input at run time and clamped to
+[0, capacity - T] as the eager op clamps it. Chained over the layers and written back by the
+state's `coreml_update_state`, it is the pattern that a compiler can update in place: O(T) rows
+per call, where the one-hot blend rewrites each whole layer (KVWrite.SLICE, docs/kv-write.md).
+
+Importing this module registers the converter; export/convert.py imports it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from coremltools.converters.mil import Builder as mb
+from coremltools.converters.mil.frontend.torch.ops import _get_inputs
+from coremltools.converters.mil.frontend.torch.torch_op_registry import register_torch_op
+from coremltools.converters.mil.mil import types
+
+OP_NAME = "museflash::write_cache_rows"
+
+
+@register_torch_op(torch_alias=[OP_NAME])
+def convert_write_cache_rows(context, node) -> None:
+    cache, layer, start, values = _get_inputs(context, node, expected=4)
+    layer = int(layer.val)
+    layers, kv_heads, capacity, head_dim = cache.shape
+    length = values.shape[1]
+    first = mb.reshape(x=start, shape=[1])
+    first = mb.maximum(x=mb.minimum(x=first, y=np.int32(capacity - length)), y=np.int32(0))
+    begin = mb.concat(values=[np.array([layer, 0], np.int32), first,
+                              np.array([0], np.int32)], axis=0)
+    end = mb.concat(values=[np.array([layer + 1, kv_heads], np.int32),
+                            mb.add(x=first, y=np.int32(length)),
+                            np.array([head_dim], np.int32)], axis=0)
+    update = mb.expand_dims(x=values, axes=[0])
+    if update.dtype != cache.dtype:
+        update = mb.cast(x=update, dtype=types.builtin_to_string(cache.dtype))
+    context.add(mb.slice_update(x=cache, update=update, begin=begin, end=end, name=node.name))
