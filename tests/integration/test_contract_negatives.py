@@ -21,6 +21,7 @@ COMPRESSED = Path(os.environ.get("MUSEFLASH_COMPRESSED_EXPORT_DIR",
                                  "tests/integration/compressed_bundle"))
 DFLASH2 = Path(os.environ.get("MUSEFLASH_DFLASH2_EXPORT_DIR",
                               "tests/integration/dflash2_bundle"))
+SLICE = Path(os.environ.get("MUSEFLASH_SLICE_EXPORT_DIR", "tests/runtime/dflash2_slice_bundle"))
 CHECKER = Path(os.environ.get("MUSEFLASH_CHECK_CONTRACT", "swift/check-contract"))
 SPEC = Path("Data") / "com.apple.CoreML" / "model.mlmodel"
 
@@ -320,3 +321,23 @@ def test_dflash2_bundle_declared_as_dflash(dflash2):
     result, failed, _ = check(dflash2)
     assert result.returncode == 1
     assert {"metadata.drafter_kind", "drafter.draft_tokens"} <= failed
+
+
+# --- kv_write: the graph against what metadata.json says (docs/kv-write.md) ------------------
+
+
+def test_the_slice_bundle_satisfies_every_property(tmp_path):
+    passed = every_property_holds(interface_copy(SLICE, tmp_path / "slice"))
+    assert "target.kv_write" in passed
+
+
+@pytest.mark.parametrize(("source", "claimed"), [(SLICE, "blend"), (BUNDLE, "slice")])
+def test_a_graph_its_kv_write_does_not_describe_fails_kv_write(tmp_path, source, claimed):
+    bundle = interface_copy(source, tmp_path / "bundle")
+    rewrite_metadata(bundle, lambda metadata: metadata.update(kv_write=claimed))
+    result, failed, _ = check(bundle)
+    assert result.returncode == 1
+    assert failed == {"target.kv_write"}
+    line = next(line for line in result.stdout.splitlines()
+                if line.startswith("FAIL target.kv_write"))
+    assert "main" in line and "prefill" in line and f"--kv-write {claimed}" in line

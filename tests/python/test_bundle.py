@@ -14,6 +14,7 @@ from museflash.bundle import (
     CompressionMode,
     DrafterKind,
     FunctionName,
+    KVWrite,
     Metadata,
     OutputName,
     StateKind,
@@ -49,7 +50,7 @@ def test_the_schema_states_the_compatibility_rules():
 def test_every_valid_example_conforms_decodes_and_round_trips(examples):
     assert {e["name"] for e in examples["valid"]} == {
         "dflash", "dflash_with_tokenizer", "dflash2", "ring", "fused_target_only",
-        "target_only", "target_only_4bit", "dflash_mixed_rules"}
+        "target_only", "target_only_4bit", "dflash_mixed_rules", "dflash_kv_slice"}
     for example in examples["valid"]:
         raw = example["metadata"]
         assert schema_errors(raw) == [], example["name"]
@@ -69,6 +70,8 @@ def test_the_examples_are_what_the_exporter_writes_for_each_kind(examples):
                                                                      FunctionName.DRAFT}
     assert dflash.speculative_decoding.drafter_kind == DrafterKind.DFLASH
     assert dflash.speculative_decoding.dflash2 is None
+    assert dflash.kv_write == KVWrite.BLEND
+    assert by_name["dflash_kv_slice"].kv_write == KVWrite.SLICE
     dflash2 = by_name["dflash2"]
     assert dflash2.speculative_decoding.drafter_kind == DrafterKind.DFLASH2
     assert dflash2.drafter_role == AssetRole.DFLASH_DRAFTER

@@ -208,3 +208,83 @@ def test_parity_records_reproduce_with_the_interpreter(name):
         for key, tensor in record["states_after"].items():
             np.testing.assert_array_equal(states[key], decode_tensor(tensor),
                                           err_msg=f"{record['label']} state {key} {threads}")
+
+
+# --- The --kv-write slice bundles against the blend bundles' goldens -------------------------
+
+SLICE_BUNDLES = {name: Path(os.environ.get(f"MUSEFLASH_{name.upper()}_SLICE_BUNDLE",
+                                           f"tests/runtime/{name}_slice_bundle"))
+                 for name in GOLDENS}
+
+
+def position_indexed_writes(program, function):
+    """slice_update ops of `function` whose begin is computed at run time."""
+    return [op for op in program.functions[function].operations
+            if op.op_type == "slice_update" and op.begin.val is None]
+
+
+def test_slice_bundles_write_the_global_caches_by_position(name):
+    blend = load_program(GOLDENS[name][1] / "target.mlpackage")
+    sliced = load_program(SLICE_BUNDLES[name] / "target.mlpackage")
+    metadata = json.loads((SLICE_BUNDLES[name] / "metadata.json").read_text())
+    assert metadata["kv_write"] == "slice" and goldens(name)["metadata"]["kv_write"] == "blend"
+    global_layers = metadata["target"]["layer_types"].count("full_attention")
+    for function in ("main", "prefill"):
+        assert not position_indexed_writes(blend, function)
+        writes = position_indexed_writes(sliced, function)
+        assert len(writes) == 2 * global_layers, function
+        # Each writes one layer's T new rows, not a whole cache.
+        length = query_lengths(goldens(name))[function]
+        assert all(op.update.shape[2] == length for op in writes), function
+
+
+def test_slice_bundles_reproduce_the_blend_parity_records(name):
+    """Every function of the slice bundle gives the blend bundle's outputs and written states,
+    bit for bit, on the inputs and states of every parity record."""
+    program = load_program(SLICE_BUNDLES[name] / "target.mlpackage")
+    runners = {function: Interpreter(program, function) for function in FUNCTIONS}
+    for record in goldens(name)["parity"]:
+        states = {k: decode_tensor(v) for k, v in record["states_before"].items()}
+        inputs = {k: decode_tensor(v) for k, v in record["inputs"].items()}
+        outputs = runners[record["function"]].run(inputs, states)
+        for key, tensor in record["outputs"].items():
+            np.testing.assert_array_equal(outputs[key], decode_tensor(tensor),
+                                          err_msg=f"slice bundle: {record['label']} {key}")
+        for key, tensor in record["states_after"].items():
+            np.testing.assert_array_equal(states[key], decode_tensor(tensor),
+                                          err_msg=f"slice bundle: {record['label']} {key}")
+
+
+def test_slice_bundles_decode_the_blend_goldens_tokens(name):
+    """The Python loop on the slice bundle: the ring-wrapping speculative cases (drafting, and
+    copying from the context) give the blend bundle's tokens, accepted drafts and call trace."""
+    from museflash.runtime.speculative import (
+        DEFAULT_LOOKUP_MIN_MATCH,
+        load_exported_pair,
+        speculative_generate,
+    )
+    from museflash.tools.runtime_goldens import Recorder
+
+    golden = goldens(name)
+    target, drafter, metadata = load_exported_pair(SLICE_BUNDLES[name])
+    spec = metadata.speculative_decoding
+    wrapping = max(len(case["prompt_ids"]) + case["max_new_tokens"] for case in run_cases(name)
+                   if case["mode"] == "speculative")
+    chosen = [case for case in run_cases(name) if case["mode"] != "target_only"
+              and len(case["prompt_ids"]) + case["max_new_tokens"] == wrapping]
+    assert {case["mode"] for case in chosen} == {"speculative", "speculative-lookup"}
+    recorder = Recorder([target.package, drafter.package])
+    try:
+        for case in chosen:
+            recorder.start(capture=False)
+            lookup = DEFAULT_LOOKUP_MIN_MATCH if case["mode"] == "speculative-lookup" else 0
+            result = speculative_generate(
+                target, drafter, case["prompt_ids"], case["max_new_tokens"],
+                mask_token_id=spec.mask_token_id, num_draft_tokens=spec.num_draft_tokens,
+                context_length=metadata.context_length,
+                pad_token_id=golden["prompt"]["pad_token_id"], lookup_min_match=lookup)
+            assert result.tokens == case["tokens"], case["name"]
+            assert result.accepted == case["accepted"], case["name"]
+            assert recorder.trace == case["trace"], case["name"]
+    finally:
+        recorder.close()

@@ -21,14 +21,16 @@ from coremltools.converters.mil.mil import types
 OP_NAME = "museflash::write_cache_rows"
 
 
-@register_torch_op(torch_alias=[OP_NAME])
-def convert_write_cache_rows(context, node) -> None:
-    cache, layer, start, values = _get_inputs(context, node, expected=4)
-    layer = int(layer.val)
-    layers, kv_heads, capacity, head_dim = cache.shape
-    length = values.shape[1]
+def first_slot(start, capacity: int, length: int):
+    """[1] int32: the position input's first value, clamped so T rows fit the cache."""
     first = mb.reshape(x=start, shape=[1])
-    first = mb.maximum(x=mb.minimum(x=first, y=np.int32(capacity - length)), y=np.int32(0))
+    return mb.maximum(x=mb.minimum(x=first, y=np.int32(capacity - length)), y=np.int32(0))
+
+
+def write_rows(cache, layer: int, first, values, name: str):
+    """cache with cache[layer][:, first : first + T] = values, as one slice_update."""
+    _, kv_heads, _, head_dim = cache.shape
+    length = values.shape[1]
     begin = mb.concat(values=[np.array([layer, 0], np.int32), first,
                               np.array([0], np.int32)], axis=0)
     end = mb.concat(values=[np.array([layer + 1, kv_heads], np.int32),
@@ -37,4 +39,11 @@ def convert_write_cache_rows(context, node) -> None:
     update = mb.expand_dims(x=values, axes=[0])
     if update.dtype != cache.dtype:
         update = mb.cast(x=update, dtype=types.builtin_to_string(cache.dtype))
-    context.add(mb.slice_update(x=cache, update=update, begin=begin, end=end, name=node.name))
+    return mb.slice_update(x=cache, update=update, begin=begin, end=end, name=name)
+
+
+@register_torch_op(torch_alias=[OP_NAME])
+def convert_write_cache_rows(context, node) -> None:
+    cache, layer, start, values = _get_inputs(context, node, expected=4)
+    first = first_slot(start, cache.shape[2], values.shape[1])
+    context.add(write_rows(cache, int(layer.val), first, values, node.name))

@@ -33,8 +33,10 @@ from museflash.bundle import (
 
 # name -> export flags, and the demo pair it exports: "plain", "with_tokenizer" (the target
 # checkpoint has a tokenizer) or "dflash2" (the drafter is a DFlash2 in z-lab's layout)
-EXPORT_KINDS: dict[str, tuple[dict[str, bool], str]] = {
+EXPORT_KINDS: dict[str, tuple[dict[str, Any], str]] = {
     "dflash": ({"fused_target": True, "dflash_drafter": True}, "plain"),
+    "dflash_kv_slice": ({"fused_target": True, "dflash_drafter": True, "kv_write": "slice"},
+                        "plain"),
     "dflash_with_tokenizer": ({"fused_target": True, "dflash_drafter": True}, "with_tokenizer"),
     "dflash2": ({"fused_target": True, "dflash_drafter": True}, "dflash2"),
     "ring": ({"with_drafter": True}, "plain"),
@@ -197,6 +199,8 @@ def _invalid(base: dict[str, Any]) -> list[dict[str, Any]]:
              query_length=target["functions"]["main"]["query_length"] + 0.5))},
         {"name": "unknown_asset_kind", "reason": "an enumerated name the contract does not "
          "have", "metadata": changed(lambda r: r["assets"]["target"].update(kind="turbo"))},
+        {"name": "unknown_kv_write", "reason": "an enumerated name the contract does not "
+         "have", "metadata": changed(lambda r: r.update(kv_write="scatter"))},
         {"name": "unknown_drafter_kind", "reason": "an enumerated name the contract does not "
          "have", "metadata": changed(lambda r: r["speculative_decoding"].update(
              drafter_kind="medusa"))},

@@ -31,6 +31,13 @@ public struct ExportMetadata: Codable, Equatable, Sendable {
     public var tokenizer: Tokenizer?
     /// Nil (null or absent) when every weight is stored fp16.
     public var compression: Compression?
+    /// How `main` and `prefill` write the global KV caches; nil (null or absent, bundles written
+    /// before the field) is `.blend`. Every strategy computes the same, so a runtime needs it
+    /// only to check the bundle (docs/kv-write.md).
+    public var kvWrite: KVWrite?
+
+    /// `kvWrite`, absent meaning the blend.
+    public var kvWriteStrategy: KVWrite { kvWrite ?? .blend }
 
     enum CodingKeys: String, CodingKey {
         case schemaVersion = "schema_version"
@@ -45,6 +52,7 @@ public struct ExportMetadata: Codable, Equatable, Sendable {
         case source
         case tokenizer
         case compression
+        case kvWrite = "kv_write"
     }
 
     public struct Generator: Codable, Equatable, Sendable {
@@ -582,6 +590,15 @@ extension ExportMetadata {
         public static let meaning = "norm form"
     }
 
+    /// How the target's global layers write their caches (`kv_write`, docs/kv-write.md).
+    public enum KVWrite: String, Codable, Sendable, CaseIterable, ContractName {
+        /// A one-hot blend over each whole layer cache: O(capacity) per call.
+        case blend
+        /// One `slice_update` per cache and layer at the runtime position: O(query length).
+        case slice
+        public static let meaning = "KV write strategy"
+    }
+
     public enum LayerType: String, Codable, Sendable, CaseIterable, ContractName {
         case slidingAttention = "sliding_attention"
         case fullAttention = "full_attention"
@@ -660,6 +677,7 @@ extension ExportMetadata {
         source = try container.decode(Source.self, forKey: .source)
         tokenizer = try container.decodeIfPresent(Tokenizer.self, forKey: .tokenizer)
         compression = try container.decodeIfPresent(Compression.self, forKey: .compression)
+        kvWrite = try container.decodeIfPresent(KVWrite.self, forKey: .kvWrite)
     }
 
     public func encode(to encoder: Encoder) throws {
@@ -676,6 +694,7 @@ extension ExportMetadata {
         try container.encode(source, forKey: .source)
         try container.encodeIfPresent(tokenizer, forKey: .tokenizer)
         try container.encodeIfPresent(compression, forKey: .compression)
+        try container.encodeIfPresent(kvWrite, forKey: .kvWrite)
     }
 }
 

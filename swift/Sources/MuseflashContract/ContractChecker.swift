@@ -196,6 +196,7 @@ struct LoadedBundle {
         results.append(packageFunctions())
         // Every bundle needs a target, so its properties run (and fail) even when none is listed.
         results += targetProperties()
+        results += kvWriteProperties()
         if metadata.assets[.dflashDrafter] != nil {
             results += dflashDrafterProperties()
         }

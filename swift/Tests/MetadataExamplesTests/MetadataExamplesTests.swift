@@ -127,6 +127,7 @@ final class MetadataExamplesTests: XCTestCase {
         compare(M.SelectorDecoding.self, as: "SelectorDecoding")
         compare(M.LayerType.self, as: "LayerType")
         compare(M.NormForm.self, as: "NormForm")
+        compare(M.KVWrite.self, as: "KVWrite")
         compare(M.CompressionMode.self, as: "CompressionMode")
         compare(M.CompressionPreset.self, as: "CompressionPreset")
         XCTAssertEqual(Set(python.keys).subtracting(compared), [],
