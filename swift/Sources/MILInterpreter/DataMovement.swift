@@ -223,26 +223,34 @@ let dataMovementKernels: [String: Kernel] = [
         return [x.strided(shape, strides: strides, base: base)]
     },
     "slice_update": { args in
-        let x = try args.tensor("x"), update = try args.tensor("update")
+        // Moved in when this op is x's last reader: then the values below are unique and the
+        // write costs the update's size, not x's (CompiledFunction.planInPlaceUpdates).
+        var x = try args.takeTensor("x")
+        let update = try args.tensor("update")
         let plan = try slicePlan(shape: x.shape, args: args)
         guard update.count == plan.walk.count else {
             throw KernelError("update \(update.shape) for a slice of \(plan.walk.count) elements")
         }
-        switch x.data {
-        case .int(var values):
+        // The kind first: a switch over x.data itself could keep its values referenced.
+        let isInt: Bool, isBool: Bool
+        if case .int = x.data { isInt = true } else { isInt = false }
+        if case .bool = x.data { isBool = true } else { isBool = false }
+        if isInt {
+            var values = x.takeInts()
             let source = update.ints()
             values.withUnsafeMutableBufferPointer { target in
                 source.withUnsafeBufferPointer { plan.walk.scatter($0, into: target) { x.type.wrap($0) } }
             }
             return [.ints(values, shape: x.shape, type: x.type)]
-        case .bool(var values):
+        } else if isBool {
+            var values = x.takeBools()
             let source = update.bools()
             values.withUnsafeMutableBufferPointer { target in
                 source.withUnsafeBufferPointer { plan.walk.scatter($0, into: target) { $0 } }
             }
             return [.bools(values, shape: x.shape)]
-        default:
-            var values = x.floats()
+        } else {
+            var values = x.takeFloats()
             let source = update.floats()
             let round = x.type == .float16
             values.withUnsafeMutableBufferPointer { target in

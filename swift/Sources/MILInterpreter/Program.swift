@@ -85,6 +85,12 @@ struct CompiledOp {
     var weights: [String] = []
     /// Slots no later op reads, freed after this one.
     var releases: [Int] = []
+    /// A `slice_update` that is the last reader of its `x`: the kernel gets that value moved
+    /// out of the frame, so it updates it in place instead of copying it (`OpArguments.owned`).
+    var consumesX: Int?
+    /// The state whose `read_state` value `consumesX` is, when a later `coreml_update_state`
+    /// writes it back: the store lets go of its reference first, so that value is unique too.
+    var consumesState: String?
 }
 
 /// One function of a program, ready to run: constants evaluated, every value given a slot.
@@ -269,11 +275,39 @@ public final class CompiledFunction: @unchecked Sendable {
         for (slot, index) in lastUse where !kept.contains(slot) {
             operations[index].releases.append(slot)
         }
+        Self.planInPlaceUpdates(&operations)
         self.outputs = outputs
         self.outputSlots = outputSlots
         self.constants = constants
         self.operations = operations
         self.slotCount = slots.count
+    }
+
+    /// Marks the `slice_update`s that may write their `x` in place: those that are its last
+    /// reader. A state's value (read once by `read_state`, written back by a later
+    /// `coreml_update_state`) is handed over by the store too, so a chain of per-layer writes
+    /// into a KV state copies nothing: the interpreter's cost of a write is its update's size,
+    /// as a device that updates states in place pays (docs/kv-write.md).
+    static func planInPlaceUpdates(_ operations: inout [CompiledOp]) {
+        var readsOfState: [String: [Int]] = [:]  // state -> slots of its read_state results
+        var writeOfState: [String: Int] = [:]  // state -> index of its first coreml_update_state
+        for (index, op) in operations.enumerated() {
+            guard case .state(let state)? = (op.arguments["input"] ?? op.arguments["state"])?.first else { continue }
+            if op.type == "read_state" {
+                readsOfState[state, default: []] += op.outputSlots
+            } else if op.type == "coreml_update_state" || op.type == "write_state" {
+                writeOfState[state] = writeOfState[state] ?? index
+            }
+        }
+        for index in operations.indices where operations[index].type == "slice_update" {
+            guard case .slot(let x)? = operations[index].arguments["x"]?.first,
+                  operations[index].releases.contains(x) else { continue }
+            operations[index].consumesX = x
+            if let (state, slots) = readsOfState.first(where: { $0.value.contains(x) }), slots.count == 1,
+               let write = writeOfState[state], write > index {
+                operations[index].consumesState = state
+            }
+        }
     }
 
     /// Runs the function. Inputs are converted to their declared types and must have their
@@ -303,11 +337,30 @@ public final class CompiledFunction: @unchecked Sendable {
                 throw InterpreterError.badState(function: name, name: spec.name, reason: "\(value), the function declares \(spec.type)\(spec.shape)")
             }
         }
+        // States whose value the store handed to an in-place write and has not had back.
+        var lent: [String: ValueSpec] = [:]
+        defer {
+            // After a failure part-way, a lent state gets zeros rather than staying a husk.
+            for (state, spec) in lent where states.values[state]?.isHusk ?? true {
+                states.values[state] = Tensor(shape: spec.shape, type: spec.type,
+                                              data: .float([Float](repeating: 0, count: elementCount(spec.shape))))
+            }
+        }
         for (position, op) in operations.enumerated() {
             var results: [Tensor]
             do {
-                let arguments = OpArguments(arguments: op.arguments, frame: frame, states: states,
+                var arguments = OpArguments(arguments: op.arguments, frame: frame, states: states,
                                             outputTypes: op.outputSpecs.map(\.type))
+                if let x = op.consumesX, let value = frame.slots[x] {
+                    frame.slots[x] = nil
+                    if let state = op.consumesState, let current = states.values[state],
+                       let spec = self.states.first(where: { $0.name == state }) {
+                        // A husk keeps the shape and type coreml_update_state checks against.
+                        states.values[state] = Tensor(shape: current.shape, type: current.type, data: .float([]))
+                        lent[state] = spec
+                    }
+                    arguments.owned["x"] = value
+                }
                 results = try op.kernel(arguments)
             } catch let error as KernelError {
                 throw InterpreterError.opFailed(function: name, op: "\(op.type) \(op.name)", reason: error.reason)
@@ -323,7 +376,10 @@ public final class CompiledFunction: @unchecked Sendable {
                                                     reason: "produced shape \(results[index].shape), the program declares \(shape)")
                 }
                 results[index].convert(to: spec.type)
-                if !results[index].isFinite {
+                // A slice_update's result is finite when its x and update are, which were checked
+                // as the results that made them (or are states and inputs): scanning a whole
+                // state per write would make each write cost the state's size.
+                if op.type != "slice_update", !results[index].isFinite {
                     throw InterpreterError.nonFinite(function: name, op: "\(op.type) (op \(op.name))",
                                                      nearestWeight: nearestWeight(to: position))
                 }
@@ -359,6 +415,15 @@ struct OpArguments {
     let frame: Frame
     let states: StateStore?
     var outputTypes: [ElementType] = []
+    /// Values moved out of the frame for this op alone (`CompiledOp.consumesX`).
+    var owned: [String: Tensor] = [:]
+
+    /// Input `name`, moved to the kernel when the op is its last reader (then updating it in
+    /// place copies nothing), else as `tensor(name)`.
+    func takeTensor(_ name: String) throws -> Tensor {
+        if let value = owned[name] { return value }
+        return try tensor(name)
+    }
 
     private func resolve(_ item: ArgumentItem) throws -> Tensor {
         switch item {

@@ -154,6 +154,38 @@ public struct Tensor: @unchecked Sendable {
         }
     }
 
+    /// A state's stand-in while an in-place write holds its value (CompiledFunction.run): the
+    /// shape and type, no elements.
+    var isHusk: Bool {
+        guard count > 0 else { return false }
+        switch data {
+        case .float(let values): return values.isEmpty
+        default: return false
+        }
+    }
+
+    /// The float values, moved out: when this tensor held the only reference to them, mutating
+    /// the result copies nothing. The tensor is left without elements.
+    mutating func takeFloats() -> [Float] {
+        guard case .float(let values) = data else { return floats() }
+        data = .bool([])
+        return values
+    }
+
+    /// As `takeFloats`, for integer tensors.
+    mutating func takeInts() -> [Int32] {
+        guard case .int(let values) = data else { return ints() }
+        data = .bool([])
+        return values
+    }
+
+    /// As `takeFloats`, for bool tensors.
+    mutating func takeBools() -> [Bool] {
+        guard case .bool(let values) = data else { return bools() }
+        data = .int([])
+        return values
+    }
+
     public var rank: Int { shape.count }
     public var count: Int { shape.reduce(1, *) }
 

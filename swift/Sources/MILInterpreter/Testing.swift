@@ -25,3 +25,12 @@ extension HalfStorage {
         self.init(bits: bits)
     }
 }
+
+extension CompiledFunction {
+    /// How many of the function's `slice_update`s write their `x` in place, and how many of
+    /// those take a state's value from the store (CompiledFunction.planInPlaceUpdates).
+    @_spi(Testing)
+    public var inPlaceWrites: (total: Int, fromState: Int) {
+        (operations.filter { $0.consumesX != nil }.count, operations.filter { $0.consumesState != nil }.count)
+    }
+}

@@ -1,5 +1,5 @@
 import Foundation
-import MILInterpreter
+@_spi(Testing) import MILInterpreter
 @testable import MuseflashRuntime
 import XCTest
 
@@ -171,6 +171,21 @@ final class RuntimeGoldenTests: XCTestCase {
         case "float32": return .floats((0..<count).map { Float(bitPattern: word(UInt32.self, $0)) }, shape: shape)
         case "int32": return .ints((0..<count).map { Int32(bitPattern: word(UInt32.self, $0)) }, shape: shape)
         default: throw XCTSkip("golden dtype \(dtype)")
+        }
+    }
+
+    /// The interpreter writes KV states in place: in `main` and `prefill`, each of the four
+    /// target caches is handed from the store to the first write of its chain, and every write
+    /// of a layer's keys or values updates its chain's value without a copy. So a write costs
+    /// its update's size in either strategy (the blend still blends each whole layer).
+    func testKVStateWritesArePlannedInPlace() throws {
+        let bundle = try bundle()
+        let program = try InterpreterBackend().program(of: bundle.packageURL(of: .target))
+        let layers = bundle.metadata.target.numHiddenLayers
+        for name in ["main", "prefill"] {
+            let writes = try program.function(named: name).inPlaceWrites
+            XCTAssertEqual(writes.fromState, 4, "\(name): state chains handed over by the store")
+            XCTAssertGreaterThanOrEqual(writes.total, 2 * layers, "\(name): in-place writes, two per layer at least")
         }
     }
 
