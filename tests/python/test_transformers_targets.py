@@ -22,6 +22,9 @@ from museflash.models.hf_config import UnsupportedConfigError
 # angles (hence Llama's larger figure: larger weights, and angles at positions up to 95).
 LOGIT_ATOL = 1e-4
 FEATURE_ATOL = 2e-5
+# With fp16 caches (the exported form): K/V rounded to fp16, everything else fp32 (measured:
+# 1.2e-2 for Llama, whose larger weights give logits up to 7; 2.6e-3 for Qwen3).
+FP16_CACHE_ATOL = 2e-2
 MAX_CONTEXT = 128
 MAX_QUERY_LEN = 16
 SEQUENCE = 96  # crosses Llama's original_max_position_embeddings (64) below
@@ -342,3 +345,41 @@ def test_llama3_scaling_without_its_parameters_is_refused():
     config = dict(LLAMA_8B, rope_scaling={"rope_type": "llama3", "factor": 8.0})
     with pytest.raises(ValueError, match="low_freq_factor"):
         llama.LlamaConfig.from_dict(config)
+
+
+def test_scale_residual_leaves_logits_and_features_alone(pair):
+    """The fp16 range audit's rescaling (a power of two) changes nothing but rounding."""
+    _, module, directory, _, tokens, expected = pair
+    drafter = DFlashConfig(hidden_size=128, num_hidden_layers=1, num_attention_heads=2,
+                           num_key_value_heads=1, head_dim=64, intermediate_size=256,
+                           block_size=16, mask_token_id=511, target_layer_ids=[1, 2],
+                           sliding_window=64, rope_theta=1e6)
+    model = _load_museflash(module, directory, _museflash_classes(module)[2], drafter)
+    positions = torch.arange(16)
+    with torch.no_grad():
+        before_logits, before_features = model(tokens[:1, :16], positions)
+        model.reset_caches()
+        model.scale_residual(1 / 64)
+        after_logits, after_features = model(tokens[:1, :16], positions)
+        batch = model.batch_logits(tokens)
+    assert model.residual_scale == 1 / 64
+    assert (after_logits - before_logits).abs().max() <= LOGIT_ATOL
+    assert (after_features - before_features).abs().max() <= FEATURE_ATOL
+    assert (batch - expected).abs().max() <= LOGIT_ATOL
+
+
+def test_fp16_caches_stay_close(pair):
+    """The exported caches are fp16: the cached path with them against transformers' fp32."""
+    _, module, directory, _, tokens, expected = pair
+    target_cls = _museflash_classes(module)[1]
+    model = _load_museflash(module, directory)
+    fp16 = target_cls(model.config, max_context=MAX_CONTEXT, max_query_len=MAX_QUERY_LEN)
+    fp16.load_state_dict(model.state_dict())
+    assert fp16.globalKeyCache.dtype == torch.float16
+    worst = 0.0
+    with torch.no_grad():
+        for start in range(0, SEQUENCE, MAX_QUERY_LEN):
+            ids = tokens[0, start:start + MAX_QUERY_LEN].reshape(1, -1)
+            got = fp16(ids, torch.arange(start, start + ids.shape[1]))[0]
+            worst = max(worst, (got - expected[0, start:start + ids.shape[1]]).abs().max().item())
+    assert worst <= FP16_CACHE_ATOL, f"max abs diff {worst:.3g}"
