@@ -383,3 +383,11 @@ def test_fp16_caches_stay_close(pair):
             got = fp16(ids, torch.arange(start, start + ids.shape[1]))[0]
             worst = max(worst, (got - expected[0, start:start + ids.shape[1]]).abs().max().item())
     assert worst <= FP16_CACHE_ATOL, f"max abs diff {worst:.3g}"
+
+
+def test_null_settings_are_transformers_defaults():
+    """A null attention_bias / mlp_bias / use_sliding_window is the default (no bias, no
+    window), as transformers reads it."""
+    assert qwen3.Qwen3Config.from_dict(dict(QWEN3_4B, attention_bias=None,
+                                            use_sliding_window=None)).num_hidden_layers == 36
+    assert llama.LlamaConfig.from_dict(dict(LLAMA_8B, mlp_bias=None)).num_hidden_layers == 32

@@ -49,11 +49,11 @@ def check_identity(config: dict[str, Any], *, model_type: str, architecture: str
 
 
 def check_values(config: dict[str, Any], required: dict[str, Any]) -> None:
-    """Each field of `required` is absent (transformers' default, which is the value given) or
-    equal to the value given."""
+    """Each field of `required` is absent or null (transformers' default, which is the value
+    given) or equal to the value given."""
     for name, value in required.items():
-        found = config.get(name, value)
-        if found != value:
+        found = config.get(name)
+        if found is not None and found != value:
             raise refuse(name, found, repr(value))
 
 
