@@ -391,3 +391,18 @@ def test_null_settings_are_transformers_defaults():
     assert qwen3.Qwen3Config.from_dict(dict(QWEN3_4B, attention_bias=None,
                                             use_sliding_window=None)).num_hidden_layers == 36
     assert llama.LlamaConfig.from_dict(dict(LLAMA_8B, mlp_bias=None)).num_hidden_layers == 32
+
+
+@pytest.mark.parametrize("entry", ["forward", "prefill"])
+def test_entry_points_trace_writing_only_the_global_caches(pair, entry):
+    """torch.export takes each entry point as the exporter does (export/convert.py `trace`):
+    no data-dependent scalar reads, and the global pair the only states written."""
+    from museflash.export.convert import check_no_data_dependent_scalars, trace
+
+    _, module, directory, *_ = pair
+    model = _load_museflash(module, directory)
+    program = trace(model.with_entry_point(entry),
+                    (torch.zeros(1, 4, dtype=torch.int32), torch.arange(4, dtype=torch.int32)))
+    check_no_data_dependent_scalars(program)
+    written = set(program.graph_signature.buffers_to_mutate.values())
+    assert written == {"globalKeyCache", "globalValueCache"}
