@@ -1,1 +1,2 @@
-"""Muse Glimmer target and DFlash drafter models (PyTorch, export-ready)."""
+"""Target models (Muse Glimmer; Qwen3 and Llama 3.1 in transformers' layouts) and the DFlash
+drafters (PyTorch, export-ready)."""

@@ -8,6 +8,7 @@ them with tensor ops, and cache writes use a one-hot blend (see docs/positions.m
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -120,10 +121,14 @@ class RotaryTables(nn.Module):
     half of the rotate-half layout (the second half repeats it), halving their size.
     Positions at or beyond `max_position` are unsupported; they are clamped to the last entry
     only so the gather stays in range (docs/positions.md).
+    `scale_inv_freq`, when given, maps each theta's inverse frequencies theta^(-2i/head_dim)
+    (float64, [head_dim / 2]) to the ones the model uses (Llama 3's rope scaling:
+    models/llama.py); it runs on every `build`, so a model built on `meta` gets it too.
     """
 
     def __init__(self, head_dim: int, thetas: list[float], max_position: int,
-                 dtype: torch.dtype | None = None):
+                 dtype: torch.dtype | None = None, *,
+                 scale_inv_freq: Callable[[torch.Tensor], torch.Tensor] | None = None):
         super().__init__()
         if head_dim % 2:
             raise ValueError(f"RoPE needs an even head_dim, got {head_dim}")
@@ -133,6 +138,7 @@ class RotaryTables(nn.Module):
         self.max_position = max_position
         # theta 0 marks NoPE layers: they get no table.
         self.thetas = tuple(sorted({float(t) for t in thetas if t > 0}))
+        self.scale_inv_freq = scale_inv_freq
         self.build(dtype or torch.get_default_dtype())
 
     def build(self, dtype: torch.dtype) -> None:
@@ -142,6 +148,8 @@ class RotaryTables(nn.Module):
         exponents = torch.arange(0, self.head_dim, 2, dtype=torch.float64, device="cpu")
         for k, theta in enumerate(self.thetas):
             inv_freq = 1.0 / torch.pow(theta, exponents / self.head_dim)
+            if self.scale_inv_freq is not None:
+                inv_freq = self.scale_inv_freq(inv_freq).to(torch.float64)
             angles = positions.unsqueeze(-1) * inv_freq.unsqueeze(0)
             self.register_buffer(f"cos_{k}", angles.cos().to(dtype), persistent=False)
             self.register_buffer(f"sin_{k}", angles.sin().to(dtype), persistent=False)

@@ -5,7 +5,9 @@
 For the trained demo tokenizer (`demo/target/tokenizer.json`), variants of it that switch on
 the settings the Swift side implements besides (prefix space, no regex, `ignore_merges`, added
 tokens with `lstrip` / `rstrip` / `single_word` / `normalized`), and the tiny pair's WordLevel
-tokenizer (`demo_checkpoint.write_word_tokenizer`), the output holds each tokenizer.json as
+tokenizer (`demo_checkpoint.write_word_tokenizer`), and fixtures in the layouts of the Qwen3
+and Llama 3.1 targets (tools/tokenizer_layouts.py: `qwen2_layout`, `llama3_layout`, with their
+tokenizer_config.json under `tokenizer_configs`), the output holds each tokenizer.json as
 text and, per text, `encode(text, add_special_tokens=False).ids` with the decode of those ids
 both with and without the special tokens (null where equal to the text, or to the decode with
 them). The texts: every held-out file of the demo corpus
@@ -29,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 HUNDRED_KB = 100_000
+LAYOUT_TRAINING_FILES = 150
 
 # Hand-made hard cases: (name, text).
 HARD_CASES: list[tuple[str, str]] = [
@@ -79,6 +82,26 @@ ADDED_TOKEN_CASES: list[tuple[str, str]] = [
     ("normalized after non-normalized", "ab abc abcd xabcx"),
 ]
 
+# Only for the Qwen2 and Llama 3 layouts: their split pattern's corners, NFC and special tokens.
+LAYOUT_CASES: list[tuple[str, str]] = [
+    ("contractions in capitals", "I'M YOU'RE IT'S WE'LL THEY'VE I'D DON'T 'Ll 'rE 'Ve"),
+    ("contraction long s", "x'ſt it'\u017f 'ſt It'ſt '\u212a"),
+    ("contraction prefixes", "'sound 'tree 'reed 'veal 'mild 'llama 'dog ' s"),
+    ("digit runs", "1 12 123 1234 12345 1234567 3.14159 1,000,000 ٣٤٥٦٧ ²³⁴ ⅫⅫⅫⅫ ½¼"),
+    ("digits and letters", "abc123def4567 x1y22z333 0x1F 1st 2nd"),
+    ("punctuation before letters", "(hello) [world] .net -flag --long _x #tag @user 'quote'"),
+    ("punctuation then newlines", "end.\n\nnext!\r\n\r\n?\n  x"),
+    ("whitespace before newlines", "a  \n  b\t\n\tc \r\n d\n\n\n   \n"),
+    ("unicode spaces before letters", "a\u3000b \u00a0c\u2003d\u0085e"),
+    ("nfc composes", "e\u0301 A\u030a \u212b \u1100\u1161\u11a8 \u1e9b\u0323 \u0958"),
+    ("nfc reorders marks", "a\u0323\u0301 a\u0301\u0323 q\u0307\u0323"),
+    ("qwen chat", "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\n"
+                  "What's 12+345?<|im_end|>\n<|im_start|>assistant\n"),
+    ("llama chat", "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\n"
+                   "What's 12+345?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"),
+    ("special token lookalikes of the layouts", "<|im_end|<|eot_id|> <|begin_of_text <|eot_id||>"),
+]
+
 # Awkward pieces for the seeded random strings.
 ALPHABET = (list("abcXYZ019 '\t\n\r _-.,;:!?\"()[]{}<>#@")
             + ["  ", "   ", "\u00a0", "\u3000", "\u0085", "\u2028", "\u200b", "é", "e\u0301",
@@ -87,9 +110,16 @@ ALPHABET = (list("abcXYZ019 '\t\n\r _-.,;:!?\"()[]{}<>#@")
                "\u20dd", "‿", "\u200d", "İ", "<tag>", "</tag>", "def", "abc"])
 
 
-def random_texts(seed: int, count: int) -> list[str]:
+# Added to ALPHABET for the Qwen2 and Llama 3 layouts.
+LAYOUT_ALPHABET = ALPHABET + ["1", "23", "456", "7890", "'S", "'RE", "'Ll", "'ſ", "A\u030a",
+                              "\u212b", "\u1100\u1161", "\u0323", "\u0301", "\r\n", " \n",
+                              "<|im_end|>", "<|im_start|>", "<|endoftext|>", "<|eot_id|>",
+                              "<|begin_of_text|>", "<|", "|>", "Ω", "ß", "ﬁ"]
+
+
+def random_texts(seed: int, count: int, alphabet: list[str] = ALPHABET) -> list[str]:
     rng = random.Random(seed)
-    return ["".join(rng.choice(ALPHABET) for _ in range(rng.randint(1, 40))) for _ in range(count)]
+    return ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 40))) for _ in range(count)]
 
 
 def demo_tokenizer_json() -> str:
@@ -126,6 +156,23 @@ def word_level_json() -> str:
         return (Path(scratch) / "tokenizer.json").read_text(encoding="utf-8")
 
 
+def layout_tokenizers() -> dict[str, str]:
+    """The Qwen2- and Llama 3-layout fixtures' tokenizer.json text, their BPE trained on the
+    first files of the demo corpus's training split."""
+    from museflash.tools import tokenizer_layouts, train_demo
+
+    texts = [f.text for f in train_demo.load_corpus().train[:LAYOUT_TRAINING_FILES]]
+    return {f"{name}_layout": text for name, text in tokenizer_layouts.layouts(texts).items()}
+
+
+def layout_configs() -> dict[str, str]:
+    """Their tokenizer_config.json text (the BOS convention)."""
+    from museflash.tools import tokenizer_layouts
+
+    return {f"{name}_layout": json.dumps(tokenizer_layouts.tokenizer_config(name))
+            for name in tokenizer_layouts.LAYOUTS}
+
+
 def tokenizers_under_test() -> dict[str, str]:
     demo = demo_tokenizer_json()
 
@@ -139,6 +186,7 @@ def tokenizers_under_test() -> dict[str, str]:
         "demo_ignore_merges": variant(demo, lambda d: d["model"].update(ignore_merges=True)),
         "demo_added_tokens": with_added_tokens(demo),
         "word_level": word_level_json(),
+        **layout_tokenizers(),
     }
 
 
@@ -177,12 +225,17 @@ def goldens() -> dict[str, Any]:
     decodes: list[dict[str, Any]] = []
     for index, (name, text_json) in enumerate(files.items()):
         tokenizer = Tokenizer.from_str(text_json)
+        layout = name.endswith("_layout")
         texts = list(HARD_CASES)
-        texts += [(f"random {i}", t) for i, t in enumerate(random_texts(1000 + index, 400))]
-        if name in ("demo", "word_level"):
+        alphabet = LAYOUT_ALPHABET if layout else ALPHABET
+        texts += [(f"random {i}", t)
+                  for i, t in enumerate(random_texts(1000 + index, 400, alphabet))]
+        if name in ("demo", "word_level") or layout:
             texts += held_out
         if name == "demo_added_tokens":
             texts += ADDED_TOKEN_CASES
+        if layout:
+            texts += LAYOUT_CASES
         for case_name, text in texts:
             ids = tokenizer.encode(text, add_special_tokens=False).ids
             decoded = tokenizer.decode(ids, skip_special_tokens=False)
@@ -200,6 +253,7 @@ def goldens() -> dict[str, Any]:
                 "decoded": tokenizer.decode(ids, skip_special_tokens=False),
                 "decoded_skipping_special": tokenizer.decode(ids, skip_special_tokens=True)})
     return {"tokenizers_version": tokenizers.__version__, "tokenizer_files": files,
+            "tokenizer_configs": layout_configs(),
             "vocab_sizes": {name: Tokenizer.from_str(text).get_vocab_size(with_added_tokens=True)
                             for name, text in files.items()},
             "held_out": held_out_summary, "cases": cases, "decodes": decodes}

@@ -1,10 +1,21 @@
-/// The two pre-tokenizers museflash's tokenizers use, written out by hand over Unicode scalars.
+/// The pre-tokenizers museflash's tokenizers use, written out by hand over Unicode scalars.
 enum PreTokenizer: Equatable {
     /// ByteLevel: with `useRegex`, GPT-2's split
     /// `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+`
     /// (Oniguruma semantics: `\s` is Unicode White_Space); with `addPrefixSpace`, a space goes
     /// in front of every piece of text between added tokens that does not start with one.
     case byteLevel(addPrefixSpace: Bool, useRegex: Bool)
+    /// Sequence[Split(pattern, Isolated), ByteLevel(add_prefix_space=false, use_regex=false)]
+    /// with Llama 3's pattern (`digitsPerPiece` 3) or Qwen2's (1), which differ only in `\p{N}{1,3}`
+    /// against `\p{N}`:
+    /// `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`
+    /// (Oniguruma semantics, as the tokenizers library runs it: `\s` is White_Space, `\p{L}` and
+    /// `\p{N}` the general categories, `(?i:...)` Unicode case folding, which lets U+017F stand for
+    /// s). The pattern matches at every position, so the pieces are its matches.
+    case splitThenByteLevel(digitsPerPiece: Int)
+
+    static let llama3Pattern = #"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"#
+    static let qwen2Pattern = #"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"#
     /// Whitespace: the matches of `\w+|[^\w\s]+` (Rust regex semantics: `\w` is Alphabetic, marks,
     /// decimal digits, connector punctuation and join controls; `\s` is White_Space).
     case whitespace
@@ -17,6 +28,13 @@ enum PreTokenizer: Equatable {
                 if !range.isEmpty { pieces.append(range) }
             } else {
                 Self.gpt2Split(bytes, range, into: &pieces)
+            }
+        case .splitThenByteLevel(let digitsPerPiece):
+            var start = range.lowerBound
+            while start < range.upperBound {
+                let stop = splitMatch(bytes, at: start, end: range.upperBound, digits: digitsPerPiece)
+                pieces.append(start..<stop)
+                start = stop
             }
         case .whitespace:
             Self.whitespaceSplit(bytes, range, into: &pieces)
@@ -62,7 +80,7 @@ enum PreTokenizer: Equatable {
     }
 
     @inline(__always)
-    private static func gpt2Class(_ bytes: UnsafeBufferPointer<UInt8>, at index: Int) -> (Class, Int) {
+    static func gpt2Class(_ bytes: UnsafeBufferPointer<UInt8>, at index: Int) -> (Class, Int) {
         let byte = bytes[index]
         if byte < 0x80 { return (asciiClass[Int(byte)], 1) }
         let (value, length) = scalar(bytes, at: index)
@@ -128,6 +146,109 @@ enum PreTokenizer: Equatable {
             last = index
             index += l
         }
+        if index == end || last == start { return index }
+        return last
+    }
+
+    // MARK: Llama 3 / Qwen2 split
+
+    @inline(__always)
+    private static func isNewline(_ byte: UInt8) -> Bool { byte == 0x0A || byte == 0x0D }
+
+    /// The end of the run of `cls` scalars starting at `index`.
+    @inline(__always)
+    private static func runEnd(_ bytes: UnsafeBufferPointer<UInt8>, from index: Int, end: Int, of cls: Class) -> Int {
+        var index = index
+        while index < end {
+            let (c, l) = gpt2Class(bytes, at: index)
+            guard c == cls else { break }
+            index += l
+        }
+        return index
+    }
+
+    /// The scalar at `index` case-folded when it folds to an ASCII letter (ASCII letters, and
+    /// U+017F LATIN SMALL LETTER LONG S, which folds to s), with its length; nil otherwise.
+    @inline(__always)
+    private static func foldedLetter(_ bytes: UnsafeBufferPointer<UInt8>, at index: Int, end: Int) -> (UInt8, Int)? {
+        let byte = bytes[index]
+        if byte >= 0x41 && byte <= 0x5A { return (byte | 0x20, 1) }
+        if byte >= 0x61 && byte <= 0x7A { return (byte, 1) }
+        if byte == 0xC5, index + 1 < end, bytes[index + 1] == 0xBF { return (UInt8(ascii: "s"), 2) }
+        return nil
+    }
+
+    private static let contractions: [[UInt8]] = ["s", "t", "re", "ve", "m", "ll", "d"].map { Array($0.utf8) }
+
+    /// `(?i:'s|'t|'re|'ve|'m|'ll|'d)` after the apostrophe at `start`: the end of the match, if any.
+    private static func contractionEnd(_ bytes: UnsafeBufferPointer<UInt8>, at start: Int, end: Int) -> Int? {
+        for word in contractions {
+            var index = start + 1
+            var matched = true
+            for letter in word {
+                guard index < end, let (folded, length) = foldedLetter(bytes, at: index, end: end), folded == letter else {
+                    matched = false
+                    break
+                }
+                index += length
+            }
+            if matched { return index }
+        }
+        return nil
+    }
+
+    /// The end of the split pattern's match at `start` (it matches at every position).
+    private func splitMatch(_ bytes: UnsafeBufferPointer<UInt8>, at start: Int, end: Int, digits: Int) -> Int {
+        let first = bytes[start]
+        if first == 0x27, let stop = Self.contractionEnd(bytes, at: start, end: end) { return stop }
+        let (cls, length) = Self.gpt2Class(bytes, at: start)
+        let next = start + length
+        // `[^\r\n\p{L}\p{N}]?\p{L}+`: letters, or one scalar of another kind (not a number or
+        // newline; spaces included) followed by letters.
+        if cls == .letter {
+            return Self.runEnd(bytes, from: next, end: end, of: .letter)
+        }
+        if cls != .number, !Self.isNewline(first), next < end, Self.gpt2Class(bytes, at: next).0 == .letter {
+            return Self.runEnd(bytes, from: next, end: end, of: .letter)
+        }
+        // `\p{N}{1,3}` (or `\p{N}`)
+        if cls == .number {
+            var index = next
+            var count = 1
+            while index < end, count < digits {
+                let (c, l) = Self.gpt2Class(bytes, at: index)
+                guard c == .number else { break }
+                index += l
+                count += 1
+            }
+            return index
+        }
+        // ` ?[^\s\p{L}\p{N}]+[\r\n]*`
+        var otherStart = -1
+        if cls == .other {
+            otherStart = start
+        } else if first == 0x20, next < end, Self.gpt2Class(bytes, at: next).0 == .other {
+            otherStart = next
+        }
+        if otherStart >= 0 {
+            var index = Self.runEnd(bytes, from: otherStart, end: end, of: .other)
+            while index < end, Self.isNewline(bytes[index]) { index += 1 }
+            return index
+        }
+        // A whitespace run. `\s*[\r\n]+`: up to its last newline, when it has one;
+        // `\s+(?!\S)|\s+`: the whole run when it ends the text, else all but its last scalar
+        // (which then starts the next piece), but at least one scalar.
+        var index = start
+        var last = start
+        var lastNewline = -1
+        while index < end {
+            let (c, l) = Self.gpt2Class(bytes, at: index)
+            guard c == .space else { break }
+            if Self.isNewline(bytes[index]) { lastNewline = index }
+            last = index
+            index += l
+        }
+        if lastNewline >= 0 { return lastNewline + 1 }
         if index == end || last == start { return index }
         return last
     }

@@ -1,12 +1,14 @@
 import Foundation
 
 /// A Hugging Face tokenizer read from `tokenizer.json`, for the kinds museflash's bundles carry:
-/// byte-level BPE (GPT-2 style) and WordLevel with the Whitespace pre-tokenizer. Anything else
+/// byte-level BPE (GPT-2 style, or Qwen2's and Llama 3's split pattern before ByteLevel, with an
+/// optional NFC normalizer) and WordLevel with the Whitespace pre-tokenizer. Anything else
 /// that would change the ids is refused when loading (`TokenizerError.unsupported`), never
 /// tokenized differently from the `tokenizers` library.
 ///
 /// `encode` equals `Tokenizer.encode(text, add_special_tokens=False).ids` of the tokenizers
-/// library: added tokens are split off first, the text between them is pre-tokenized and run
+/// library: added tokens are split off first (the normalized ones after the normalizer ran on
+/// the text between the others), the text between them is pre-tokenized and run
 /// through the model; no post-processor template is applied. `decode` equals
 /// `Tokenizer.decode(ids, skip_special_tokens=...)`. Thread-safe: encodes run one at a time
 /// (they share a cache of pieces).
@@ -44,10 +46,11 @@ public final class Tokenizer: @unchecked Sendable {
     enum Decoder { case byteLevel, none }
 
     private let model: Model
+    let normalizer: Normalizer
     let preTokenizer: PreTokenizer
     let decoder: Decoder
-    private let firstPass: AddedTokenMatcher   // added tokens with normalized false
-    private let secondPass: AddedTokenMatcher  // normalized true (no normalizer, so matched as written)
+    private let firstPass: AddedTokenMatcher   // added tokens with normalized false, in the text as given
+    private let secondPass: AddedTokenMatcher  // normalized true, in the normalized text between those
     private let vocabulary: [String: Int32]
     /// id -> token text; nil for ids no token has.
     let tokenText: [String?]
@@ -91,6 +94,7 @@ public final class Tokenizer: @unchecked Sendable {
         let spec = try file.specification()
         kind = spec.kind
         model = spec.model
+        normalizer = spec.normalizer
         preTokenizer = spec.preTokenizer
         decoder = spec.decoder
         vocabulary = spec.vocabulary
@@ -153,17 +157,30 @@ public final class Tokenizer: @unchecked Sendable {
                 case .token(let id):
                     ids.append(id)
                 case .text(let range):
-                    second.removeAll(keepingCapacity: true)
-                    secondPass.split(bytes, range, into: &second)
-                    for inner in second {
-                        switch inner {
-                        case .token(let id): ids.append(id)
-                        case .text(let range): encodeText(bytes, range, pieces: &pieces, into: &ids)
+                    if let normalized = normalizer.apply(bytes, range) {
+                        normalized.withUnsafeBufferPointer { text in
+                            encodeNormalized(text, 0..<text.count, second: &second, pieces: &pieces, into: &ids)
                         }
+                    } else {
+                        encodeNormalized(bytes, range, second: &second, pieces: &pieces, into: &ids)
                     }
                 }
             }
             return ids
+        }
+    }
+
+    /// Normalized text between the non-normalized added tokens: the normalized added tokens split
+    /// off, the rest pre-tokenized and through the model.
+    private func encodeNormalized(_ bytes: UnsafeBufferPointer<UInt8>, _ range: Range<Int>, second: inout [Segment],
+                                  pieces: inout [Range<Int>], into ids: inout [Int32]) {
+        second.removeAll(keepingCapacity: true)
+        secondPass.split(bytes, range, into: &second)
+        for inner in second {
+            switch inner {
+            case .token(let id): ids.append(id)
+            case .text(let range): encodeText(bytes, range, pieces: &pieces, into: &ids)
+            }
         }
     }
 

@@ -9,6 +9,7 @@ struct TokenizerJSON {
     struct Specification {
         var kind: Tokenizer.Kind
         var model: Tokenizer.Model
+        var normalizer: Normalizer
         var preTokenizer: PreTokenizer
         var decoder: Tokenizer.Decoder
         var vocabulary: [String: Int32]
@@ -101,8 +102,13 @@ struct TokenizerJSON {
         for key in ["truncation", "padding"] where !Self.isNull(root[key]) {
             throw unsupported(key, "(it changes the ids; save the tokenizer with \(key) disabled)")
         }
-        if let normalizer = try object(root["normalizer"], "normalizer") {
-            throw unsupported("normalizer", "\"\((normalizer["type"] as? String) ?? "untyped")\"")
+        var normalizer = Normalizer.none
+        if let object = try object(root["normalizer"], "normalizer") {
+            guard object["type"] as? String == "NFC" else {
+                throw unsupported("normalizer", "\"\((object["type"] as? String) ?? "untyped")\" (only NFC)")
+            }
+            try onlyKeys(object, ["type"], in: "normalizer")
+            normalizer = .nfc
         }
         try checkPostProcessor(try object(root["post_processor"], "post_processor"), key: "post_processor")
 
@@ -121,13 +127,19 @@ struct TokenizerJSON {
 
         switch modelType {
         case "BPE":
-            guard let preTokenizerObject, try typeName(preTokenizerObject, "pre_tokenizer") == "ByteLevel" else {
-                let name = try preTokenizerObject.map { "\"\(try typeName($0, "pre_tokenizer"))\"" } ?? "null"
-                throw unsupported("pre_tokenizer", "\(name) with a BPE model (only ByteLevel, for byte-level BPE)")
+            let name = try preTokenizerObject.map { try typeName($0, "pre_tokenizer") }
+            let preTokenizer: PreTokenizer
+            switch (name, preTokenizerObject) {
+            case ("ByteLevel", let object?):
+                preTokenizer = try readByteLevel(object)
+            case ("Sequence", let object?):
+                preTokenizer = try readSplitSequence(object)
+            default:
+                throw unsupported("pre_tokenizer", "\(name.map { "\"\($0)\"" } ?? "null") with a BPE model (only ByteLevel, "
+                                  + "or Sequence[Split, ByteLevel] as Qwen2 and Llama 3 write it, for byte-level BPE)")
             }
-            let preTokenizer = try readByteLevel(preTokenizerObject)
             let bpe = try readBPE(model, vocabulary: vocabulary)
-            return Specification(kind: .byteLevelBPE, model: .bpe(bpe), preTokenizer: preTokenizer,
+            return Specification(kind: .byteLevelBPE, model: .bpe(bpe), normalizer: normalizer, preTokenizer: preTokenizer,
                                  decoder: decoder, vocabulary: vocabulary, addedTokens: addedTokens)
         case "WordLevel":
             try onlyKeys(model, ["type", "vocab", "unk_token"], in: "model")
@@ -143,7 +155,7 @@ struct TokenizerJSON {
                 throw malformed("model.unk_token", "\"\(unknown)\" is not in model.vocab")
             }
             return Specification(kind: .wordLevel, model: .wordLevel(WordLevelModel(vocabulary: vocabulary, unknownID: unknownID)),
-                                 preTokenizer: .whitespace, decoder: decoder, vocabulary: vocabulary, addedTokens: addedTokens)
+                                 normalizer: normalizer, preTokenizer: .whitespace, decoder: decoder, vocabulary: vocabulary, addedTokens: addedTokens)
         default:
             throw unsupported("model.type", "\"\(modelType)\"")
         }
@@ -155,6 +167,48 @@ struct TokenizerJSON {
         _ = try bool(object, "trim_offsets", in: "pre_tokenizer", default: true)
         return .byteLevel(addPrefixSpace: try bool(object, "add_prefix_space", in: "pre_tokenizer", default: true),
                           useRegex: try bool(object, "use_regex", in: "pre_tokenizer", default: true))
+    }
+
+    /// Sequence[Split(Qwen2's or Llama 3's pattern, Isolated, invert false),
+    /// ByteLevel(add_prefix_space false, use_regex false)]: the only Split pre-tokenizers read.
+    private func readSplitSequence(_ object: [String: Any]) throws -> PreTokenizer {
+        try onlyKeys(object, ["type", "pretokenizers"], in: "pre_tokenizer")
+        guard let list = object["pretokenizers"] as? [Any] else {
+            throw malformed("pre_tokenizer.pretokenizers", "is not an array")
+        }
+        let types = try list.enumerated().map { index, item -> String in
+            let key = "pre_tokenizer.pretokenizers[\(index)]"
+            guard let step = try self.object(item, key) else { throw malformed(key, "is null") }
+            return try typeName(step, key)
+        }
+        guard types == ["Split", "ByteLevel"], let split = list[0] as? [String: Any], let byteLevel = list[1] as? [String: Any] else {
+            throw unsupported("pre_tokenizer", "Sequence of \(types) (only [Split, ByteLevel], as Qwen2 and Llama 3 write it)")
+        }
+        let key = "pre_tokenizer.pretokenizers[0]"
+        try onlyKeys(split, ["type", "pattern", "behavior", "invert"], in: key)
+        guard let pattern = try self.object(split["pattern"], "\(key).pattern") else { throw malformed("\(key).pattern", "is missing") }
+        try onlyKeys(pattern, ["Regex"], in: "\(key).pattern")
+        guard let regex = try string(pattern, "Regex", in: "\(key).pattern") else {
+            throw malformed("\(key).pattern.Regex", "is missing")
+        }
+        let digits: Int
+        switch regex {
+        case PreTokenizer.llama3Pattern: digits = 3
+        case PreTokenizer.qwen2Pattern: digits = 1
+        default:
+            throw unsupported("\(key).pattern.Regex", "\"\(regex.prefix(80))\" (only the split patterns of Llama 3 and Qwen2)")
+        }
+        let behavior = try string(split, "behavior", in: key)
+        guard behavior == "Isolated" else { throw unsupported("\(key).behavior", "\"\(behavior ?? "null")\" (only Isolated)") }
+        if try bool(split, "invert", in: key, default: false) { throw unsupported("\(key).invert", "true") }
+
+        let byteKey = "pre_tokenizer.pretokenizers[1]"
+        try onlyKeys(byteLevel, ["type", "add_prefix_space", "trim_offsets", "use_regex"], in: byteKey)
+        _ = try bool(byteLevel, "trim_offsets", in: byteKey, default: true)  // offsets only
+        for name in ["add_prefix_space", "use_regex"] where try bool(byteLevel, name, in: byteKey, default: true) {
+            throw unsupported("\(byteKey).\(name)", "true (after a Split, only false)")
+        }
+        return .splitThenByteLevel(digitsPerPiece: digits)
     }
 
     private func readDecoder() throws -> Tokenizer.Decoder {

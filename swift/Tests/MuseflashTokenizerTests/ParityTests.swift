@@ -1,17 +1,20 @@
 import XCTest
 import Foundation
-import MuseflashTokenizer
+@testable import MuseflashTokenizer
 
 /// Swift ids and decoded text against the `tokenizers` library's, from the goldens the Python
 /// side writes in the same build (//python:tokenizer_goldens, python/museflash/tools/tokenizer_goldens.py):
 /// every held-out file of the demo corpus, hand-made hard cases and seeded random strings, for the
-/// demo tokenizer, variants of it and the tiny WordLevel tokenizer. MUSEFLASH_TOKENIZER_GOLDENS
+/// demo tokenizer, variants of it, the tiny WordLevel tokenizer, and fixtures in the tokenizer.json
+/// layouts of Qwen2/Qwen3 and Llama 3 (python/museflash/tools/tokenizer_layouts.py). MUSEFLASH_TOKENIZER_GOLDENS
 /// names the file; missing it is a failure, not a skip. SwiftPM: `bazel build //python:tokenizer_goldens`,
 /// then `MUSEFLASH_TOKENIZER_GOLDENS=$PWD/../bazel-bin/python/tokenizer_goldens.json swift test --filter MuseflashTokenizerTests`.
 final class ParityTests: XCTestCase {
     struct Goldens: Decodable {
         var tokenizersVersion: String
         var tokenizerFiles: [String: String]
+        /// tokenizer_config.json text of the Qwen2 and Llama 3 layouts.
+        var tokenizerConfigs: [String: String]
         var vocabSizes: [String: Int]
         var heldOut: HeldOut
         var cases: [Case]
@@ -20,6 +23,7 @@ final class ParityTests: XCTestCase {
         enum CodingKeys: String, CodingKey {
             case tokenizersVersion = "tokenizers_version"
             case tokenizerFiles = "tokenizer_files"
+            case tokenizerConfigs = "tokenizer_configs"
             case vocabSizes = "vocab_sizes"
             case heldOut = "held_out"
             case cases, decodes
@@ -93,7 +97,7 @@ final class ParityTests: XCTestCase {
     func testGoldensCoverWhatTheyShould() throws {
         let (goldens, tokenizers) = try goldens()
         XCTAssertEqual(Set(tokenizers.keys), ["demo", "demo_prefix_space", "demo_no_regex", "demo_ignore_merges",
-                                              "demo_added_tokens", "word_level"])
+                                              "demo_added_tokens", "word_level", "qwen2_layout", "llama3_layout"])
         let heldOut = goldens.cases.filter { $0.tokenizer == "demo" && $0.name.hasPrefix("held_out/") }
         XCTAssertEqual(heldOut.count, goldens.heldOut.files)
         XCTAssertGreaterThan(heldOut.count, 10)
@@ -102,6 +106,45 @@ final class ParityTests: XCTestCase {
         for name in ["empty", "crlf", "tabs", "zwj sequences", "cjk", "combining marks", "special tokens", "100 kB line"] {
             XCTAssertTrue(names.contains(name), "no hard case \(name)")
         }
+        for layout in ["qwen2_layout", "llama3_layout"] {
+            let cases = goldens.cases.filter { $0.tokenizer == layout }
+            XCTAssertEqual(cases.filter { $0.name.hasPrefix("held_out/") }.count, goldens.heldOut.files, layout)
+            let names = Set(cases.map(\.name))
+            for name in ["digit runs", "contraction long s", "nfc composes", "whitespace before newlines", "llama chat", "qwen chat"] {
+                XCTAssertTrue(names.contains(name), "\(layout) has no case \(name)")
+            }
+        }
+    }
+
+    /// The fixtures are in the layouts they stand for (what the Swift side reads from them).
+    func testLayoutFixturesAreWhatTheyStandFor() throws {
+        let (goldens, tokenizers) = try goldens()
+        XCTAssertEqual(tokenizers["qwen2_layout"]?.preTokenizer, .splitThenByteLevel(digitsPerPiece: 1))
+        XCTAssertEqual(tokenizers["qwen2_layout"]?.normalizer, .nfc)
+        XCTAssertEqual(tokenizers["llama3_layout"]?.preTokenizer, .splitThenByteLevel(digitsPerPiece: 3))
+        XCTAssertEqual(tokenizers["llama3_layout"]?.normalizer, Normalizer.none)
+        let llama = try XCTUnwrap(goldens.tokenizerFiles["llama3_layout"])
+        let model = try XCTUnwrap((JSONSerialization.jsonObject(with: Data(llama.utf8)) as? [String: Any])?["model"] as? [String: Any])
+        XCTAssertEqual(model["ignore_merges"] as? Bool, true)
+    }
+
+    /// Qwen3 has no BOS (its tokenizer_config.json: bos_token null, add_bos_token false); Llama 3's
+    /// is <|begin_of_text|>, named by bos_token (runtime's BundleText puts it in front).
+    func testBOSConventionOfTheLayouts() throws {
+        let (goldens, _) = try goldens()
+        func load(_ name: String) throws -> Tokenizer {
+            try Tokenizer(tokenizerJSON: Data(goldens.tokenizerFiles[name]!.utf8), path: name,
+                          tokenizerConfig: Data(try XCTUnwrap(goldens.tokenizerConfigs[name]).utf8))
+        }
+        let qwen = try load("qwen2_layout")
+        XCTAssertNil(qwen.bosTokenID)
+        XCTAssertEqual(qwen.addBOSToken, false)
+        XCTAssertEqual(qwen.eosTokenID, qwen.id(for: "<|im_end|>"))
+        let llama = try load("llama3_layout")
+        XCTAssertNotNil(llama.bosTokenID)
+        XCTAssertEqual(llama.bosTokenID, llama.id(for: "<|begin_of_text|>"))
+        XCTAssertNil(llama.addBOSToken)
+        XCTAssertTrue(llama.specialTokenIDs.contains(llama.bosTokenID!))
     }
 
     func testVocabularySizesAgree() throws {
@@ -115,6 +158,8 @@ final class ParityTests: XCTestCase {
         let (_, tokenizers) = try goldens()
         XCTAssertEqual(tokenizers["demo"]?.kind, .byteLevelBPE)
         XCTAssertEqual(tokenizers["word_level"]?.kind, .wordLevel)
+        XCTAssertEqual(tokenizers["qwen2_layout"]?.kind, .byteLevelBPE)
+        XCTAssertEqual(tokenizers["llama3_layout"]?.kind, .byteLevelBPE)
     }
 
     func testEncodeEqualsTheTokenizersLibrary() throws {
@@ -153,12 +198,13 @@ final class ParityTests: XCTestCase {
         XCTAssertEqual(failures, 0)
     }
 
-    /// Byte-level BPE gives any text back exactly.
+    /// Byte-level BPE gives any text back exactly; after an NFC normalizer, its NFC form.
     func testByteLevelRoundTrips() throws {
         let (goldens, tokenizers) = try goldens()
-        for item in goldens.cases where item.tokenizer == "demo" {
-            let tokenizer = tokenizers["demo"]!
-            XCTAssertEqual(tokenizer.decode(tokenizer.encode(item.text)), item.text, item.name)
+        for item in goldens.cases where ["demo", "llama3_layout", "qwen2_layout"].contains(item.tokenizer) {
+            let tokenizer = tokenizers[item.tokenizer]!
+            let expected = item.tokenizer == "qwen2_layout" ? item.text.precomposedStringWithCanonicalMapping : item.text
+            XCTAssertEqual(tokenizer.decode(tokenizer.encode(item.text)), expected, "\(item.tokenizer) \(item.name)")
         }
     }
 

@@ -51,19 +51,59 @@ final class RefusalTests: XCTestCase {
         }
     }
 
-    func testNormalizers() {
-        for type in ["NFKC", "NFC", "Lowercase", "Sequence"] {
+    func testNormalizers() throws {
+        for type in ["NFKC", "NFD", "NFKD", "Lowercase", "Sequence"] {
             assertUnsupported("normalizer") { $0["normalizer"] = ["type": type] }
             assertUnsupported(type) { $0["normalizer"] = ["type": type] }
         }
+        // NFC (Qwen2's) is read; with a setting it does not have, refused.
+        var document = SyntheticTokenizers.byteLevel()
+        document["normalizer"] = ["type": "NFC"]
+        XCTAssertEqual(try SyntheticTokenizers.load(document).encode("e\u{301}"), [0xC3, 0xA9])
+        assertUnsupported("normalizer.strip") { $0["normalizer"] = ["type": "NFC", "strip": true] }
     }
 
     func testPreTokenizers() {
-        for type in ["Metaspace", "Sequence", "Split", "Whitespace"] {
+        for type in ["Metaspace", "Split", "Whitespace"] {
             assertUnsupported(type) { $0["pre_tokenizer"] = ["type": type] }
         }
+        assertUnsupported("Sequence") { $0["pre_tokenizer"] = ["type": "Sequence", "pretokenizers": [["type": "Metaspace"]]] }
         assertUnsupported("pre_tokenizer") { $0["pre_tokenizer"] = NSNull() }
         assertUnsupported("ByteLevel", { $0["pre_tokenizer"] = ["type": "ByteLevel"] }, base: SyntheticTokenizers.wordLevel())
+    }
+
+    /// Only Qwen2's and Llama 3's Split, isolated, before a ByteLevel without regex or prefix space.
+    func testSplitSequencesOtherThanQwen2AndLlama3() throws {
+        let base = SyntheticTokenizers.splitLayout(digitsPerPiece: 3)
+        XCTAssertEqual(try SyntheticTokenizers.load(base).encode("a 1234"), [97, 32, 49, 50, 51, 52])
+        let gpt2 = #"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"#
+        assertUnsupported("pattern.Regex", { $0["pre_tokenizer"] = SyntheticTokenizers.splitSequence(pattern: gpt2) }, base: base)
+        assertUnsupported("pattern.Regex", {
+            $0["pre_tokenizer"] = SyntheticTokenizers.splitSequence(pattern: PreTokenizer.llama3Pattern + "|x")
+        }, base: base)
+        for behavior in ["Removed", "MergedWithPrevious", "MergedWithNext", "Contiguous"] {
+            assertUnsupported("behavior", {
+                $0["pre_tokenizer"] = SyntheticTokenizers.splitSequence(pattern: PreTokenizer.qwen2Pattern, behavior: behavior)
+            }, base: base)
+        }
+        assertUnsupported("invert", {
+            $0["pre_tokenizer"] = SyntheticTokenizers.splitSequence(pattern: PreTokenizer.qwen2Pattern, invert: true)
+        }, base: base)
+        assertUnsupported("add_prefix_space", {
+            $0["pre_tokenizer"] = SyntheticTokenizers.splitSequence(pattern: PreTokenizer.qwen2Pattern, addPrefixSpace: true)
+        }, base: base)
+        assertUnsupported("use_regex", {
+            $0["pre_tokenizer"] = SyntheticTokenizers.splitSequence(pattern: PreTokenizer.qwen2Pattern, useRegex: true)
+        }, base: base)
+        assertUnsupported("pattern.String", {
+            $0["pre_tokenizer"] = ["type": "Sequence", "pretokenizers": [
+                ["type": "Split", "pattern": ["String": " "], "behavior": "Isolated", "invert": false],
+                ["type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false]]]
+        }, base: base)
+        assertUnsupported("Sequence", {
+            $0["pre_tokenizer"] = ["type": "Sequence", "pretokenizers": [
+                ["type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false]]]
+        }, base: base)
     }
 
     func testUnknownByteLevelSetting() {

@@ -34,6 +34,23 @@ enum SyntheticTokenizers {
         ]
     }
 
+    /// `byteLevel(merges:)` with the pre-tokenizer Qwen2 (`digitsPerPiece` 1) or Llama 3 (3)
+    /// writes: Sequence[Split(pattern, Isolated), ByteLevel without its regex].
+    static func splitLayout(digitsPerPiece: Int, merges: [([UInt8], [UInt8])] = []) -> [String: Any] {
+        var document = byteLevel(merges: merges)
+        document["pre_tokenizer"] = splitSequence(
+            pattern: digitsPerPiece == 1 ? PreTokenizer.qwen2Pattern : PreTokenizer.llama3Pattern)
+        return document
+    }
+
+    static func splitSequence(pattern: String, behavior: String = "Isolated", invert: Bool = false,
+                              addPrefixSpace: Bool = false, useRegex: Bool = false) -> [String: Any] {
+        ["type": "Sequence", "pretokenizers": [
+            ["type": "Split", "pattern": ["Regex": pattern], "behavior": behavior, "invert": invert],
+            ["type": "ByteLevel", "add_prefix_space": addPrefixSpace, "trim_offsets": false, "use_regex": useRegex],
+        ]]
+    }
+
     static func wordLevel() -> [String: Any] {
         [
             "version": "1.0", "truncation": NSNull(), "padding": NSNull(),
