@@ -221,10 +221,11 @@ def function_traffic(function: Any, package: str = "", name: str = "") -> Functi
 
     for op in ops:
         if _is_constant(op):
+            if not any(v.child_ops for v in op.outputs):
+                continue  # never read
             feeds_only_constexpr = all(
                 child.op_type.startswith("constexpr_")
-                for v in op.outputs for child in v.child_ops) and any(
-                v.child_ops for v in op.outputs)
+                for v in op.outputs for child in v.child_ops)
             if not feeds_only_constexpr and stored[op.name] >= WEIGHT_MIN_BYTES:
                 result.ops.append(OpTraffic(op.name, op.op_type, WEIGHTS, stored[op.name], 0))
             continue
@@ -235,9 +236,9 @@ def function_traffic(function: Any, package: str = "", name: str = "") -> Functi
             update = op.inputs["update"]
             tensors = [update]
             b_in, b_out = moved(update), var_bytes(update)
-        elif (op.op_type == "coreml_update_state"
-              and (op.inputs["value"].op is None or op.inputs["value"].op.name in in_place
-                   or op.inputs["value"].op.op_type == "read_state")):
+        elif op.op_type == "coreml_update_state" and (
+                producer := op.inputs["value"].op) is not None and (
+                producer.name in in_place or producer.op_type == "read_state"):
             tensors, b_in, b_out = [], 0, 0
             in_place.add(op.name)
         else:
@@ -307,10 +308,10 @@ def format_summary(summary: Summary) -> list[str]:
     states = summary.state_bytes
     by_state = (f"{summary.total(STATE_SIZED) / states:.2f}x the states" if states
                 else "no states")
-    lines = [f"{summary.label}: floor {_mb(floor)} MB = weights {_mb(summary.total(WEIGHTS))} "
-             f"+ states read once {_mb(states)}; state-sized ops move {by_state}; "
-             f"{summary.views} view ops move nothing"
-             + (f"; {summary.note}" if summary.note else ""),
+    lines = [summary.label + (f" ({summary.note})" if summary.note else ""),
+             f"  floor {_mb(floor)} MB = weights {_mb(summary.total(WEIGHTS))} MB + states "
+             f"read once {_mb(states)} MB; state-sized ops move {by_state}; {summary.views} "
+             "view ops move nothing",
              f"  {'part':<12} {'in MB':>12} {'out MB':>12} {'total MB':>12} {'x floor':>9} "
              f"{'ops':>7}"]
     rows = [(p, *summary.parts[p]) for p in PARTS]
