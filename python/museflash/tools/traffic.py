@@ -254,22 +254,20 @@ def function_traffic(function: Any, package: str = "", name: str = "") -> Functi
 # --- A bundle ---------------------------------------------------------------------------------
 
 
-def bundle_functions(export_dir: Path) -> list[tuple[str, str, int]]:
-    """(package path, function, query length) of every function the bundle's metadata lists,
-    the target's first, then the drafter's."""
+def bundle_functions(export_dir: Path) -> list[tuple[str, str]]:
+    """(package path, function) of every function the bundle's metadata lists, the target's
+    first, then the drafter's."""
     from museflash.bundle import BundleError
 
     try:
         metadata = Metadata.read(export_dir)
     except BundleError as error:
         raise TrafficError(str(error)) from error
-    found, seen = [], set()
+    found: list[tuple[str, str]] = []
     for role in sorted(metadata.assets, key=lambda r: r != "target"):
         asset = metadata.assets[role]
-        for name, function in asset.functions.items():
-            if (asset.path, str(name)) not in seen:
-                seen.add((asset.path, str(name)))
-                found.append((asset.path, str(name), function.query_length))
+        found += [(asset.path, name) for name in map(str, asset.functions)
+                  if (asset.path, name) not in found]
     return found
 
 
@@ -284,11 +282,11 @@ def bundle_traffic(export_dir: str | Path, function: str | None = None) -> list[
     listed = bundle_functions(export_dir)
     chosen = [f for f in listed if function is None or f[1] == function]
     if not chosen:
-        names = sorted({name for _, name, _ in listed})
+        names = sorted({name for _, name in listed})
         raise TrafficError(f"--function {function!r} is not a function of this bundle; choose "
                            f"one of {names}, or leave it out for all")
     counted = []
-    for path, name, _ in chosen:
+    for path, name in chosen:
         program = load_program(export_dir / path, name)
         counted.append(function_traffic(program.functions[name], path, name))
     return counted
@@ -357,10 +355,6 @@ def geometry_configs(layers: int | None = None) -> tuple[dict[str, Any], dict[st
     return target, drafter
 
 
-def geometry_depth() -> int:
-    return geometry_configs()[0]["text_config"]["num_hidden_layers"]
-
-
 def export_geometry(checkpoints: Path, output: Path, context: int,
                     echo: Callable[[str], None]) -> Path:
     """Exports the synthetic checkpoints at `context` (fused target + DFlash drafter, a main
@@ -411,7 +405,7 @@ def geometry_report(contexts: list[int], layers: int | None, function: str | Non
             raise TrafficError(f"--geometry-context {context} must be a multiple of 32 (the "
                                "export's rule for the global cache) of at least 32; use "
                                f"{max(32, -(-context // 32) * 32)}")
-    full = geometry_depth()
+    full = geometry_configs()[0]["text_config"]["num_hidden_layers"]
     depths = [full] if layers in (None, full) else [layers, min(full, layers + LAYER_GROUP)]
     geometry_configs(depths[0])  # refuses a bad --layers before any work
     if function is not None and function not in set(FunctionName):
