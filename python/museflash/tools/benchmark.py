@@ -129,8 +129,11 @@ def _synthetic_tensor(name: str, shape: tuple[int, ...], generator: torch.Genera
 
 def write_synthetic_checkpoints(directory: Path, weight_bytes: float, seed: int = 0,
                                 max_shard_bytes: int = 500_000_000,
-                                geometry: str = "scaled") -> tuple[Path, Path]:
-    """Writes directory/target and directory/drafter (bf16, sharded); returns both paths."""
+                                geometry: str = "scaled",
+                                configs: tuple[dict[str, Any], dict[str, Any]] | None = None
+                                ) -> tuple[Path, Path]:
+    """Writes directory/target and directory/drafter (bf16, sharded); returns both paths.
+    `configs` (target, drafter) replaces the ones `synthetic_configs` would choose."""
     from museflash.checkpoint.tensor_files import write_safetensors
     from museflash.models.dflash import (
         DRAFTER_BORROWED,
@@ -144,7 +147,7 @@ def write_synthetic_checkpoints(directory: Path, weight_bytes: float, seed: int 
         target_checkpoint_key,
     )
 
-    target_config, drafter_config = synthetic_configs(weight_bytes, geometry)
+    target_config, drafter_config = configs or synthetic_configs(weight_bytes, geometry)
     drafter_cfg = DFlashConfig.from_dict(drafter_config)
     with torch.device("meta"):
         target = MuseGlimmerWithDrafterFeatures(MuseGlimmerConfig.from_dict(target_config),
