@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from museflash.bundle import LayerType
+
 DEFAULT_ROPE_THETA = 10_000.0
 
 
@@ -69,9 +71,9 @@ def check_full_attention(config: dict[str, Any]) -> None:
     layer_types = config.get("layer_types")
     if layer_types is None:
         return
-    other = sorted({kind for kind in layer_types if kind != "full_attention"})
+    other = sorted({kind for kind in layer_types if kind != LayerType.FULL_ATTENTION})
     if other:
-        raise refuse("layer_types", other, "'full_attention' in every layer")
+        raise refuse("layer_types", other, f"'{LayerType.FULL_ATTENTION}' in every layer")
     if len(layer_types) != config.get("num_hidden_layers", len(layer_types)):
         raise ValueError(f"layer_types has {len(layer_types)} entries but num_hidden_layers "
                          f"is {config['num_hidden_layers']}")
