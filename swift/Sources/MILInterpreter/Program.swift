@@ -104,6 +104,11 @@ public final class CompiledFunction: @unchecked Sendable {
     let inputSlots: [Int]
     let outputSlots: [Int]
     let slotCount: Int
+    /// Seconds spent in each op type (its kernel, its results' conversions and checks), summed
+    /// over calls while `profiling` is on: a benchmark's figure (swift-generate --profile-ops),
+    /// never a test's.
+    public var profiling = false
+    public private(set) var opSeconds: [String: Double] = [:]
 
     init(function: MILFunction, weights: WeightStore) throws {
         let name = function.name
@@ -284,27 +289,30 @@ public final class CompiledFunction: @unchecked Sendable {
     }
 
     /// Marks the `slice_update`s that may write their `x` in place: those that are its last
-    /// reader. A state's value (read once by `read_state`, written back by a later
-    /// `coreml_update_state`) is handed over by the store too, so a chain of per-layer writes
-    /// into a KV state copies nothing: the interpreter's cost of a write is its update's size,
-    /// as a device that updates states in place pays (docs/kv-write.md).
+    /// reader. When that `x` is a `read_state` result and the state's next access after the
+    /// write is a state write (a saved program writes a state with `write_state`, then reads
+    /// it again with a fresh `read_state`), the store hands its reference over too, so the
+    /// value is unique and a chain of per-layer writes into a KV state copies nothing: the
+    /// interpreter's cost of a write is its update's size, as on a device that updates states
+    /// in place (docs/kv-write.md). Nothing reads the store's husk in between.
     static func planInPlaceUpdates(_ operations: inout [CompiledOp]) {
-        var readsOfState: [String: [Int]] = [:]  // state -> slots of its read_state results
-        var writeOfState: [String: Int] = [:]  // state -> index of its first coreml_update_state
+        var stateOfSlot: [Int: String] = [:]  // read_state result -> its state
+        var accesses: [String: [(index: Int, writes: Bool)]] = [:]  // state -> its ops, in order
         for (index, op) in operations.enumerated() {
             guard case .state(let state)? = (op.arguments["input"] ?? op.arguments["state"])?.first else { continue }
             if op.type == "read_state" {
-                readsOfState[state, default: []] += op.outputSlots
+                for slot in op.outputSlots { stateOfSlot[slot] = state }
+                accesses[state, default: []].append((index, false))
             } else if op.type == "coreml_update_state" || op.type == "write_state" {
-                writeOfState[state] = writeOfState[state] ?? index
+                accesses[state, default: []].append((index, true))
             }
         }
         for index in operations.indices where operations[index].type == "slice_update" {
             guard case .slot(let x)? = operations[index].arguments["x"]?.first,
                   operations[index].releases.contains(x) else { continue }
             operations[index].consumesX = x
-            if let (state, slots) = readsOfState.first(where: { $0.value.contains(x) }), slots.count == 1,
-               let write = writeOfState[state], write > index {
+            if let state = stateOfSlot[x],
+               let next = accesses[state]?.first(where: { $0.index > index }), next.writes {
                 operations[index].consumesState = state
             }
         }
@@ -347,19 +355,22 @@ public final class CompiledFunction: @unchecked Sendable {
             }
         }
         for (position, op) in operations.enumerated() {
+            let started = profiling ? DispatchTime.now().uptimeNanoseconds : 0
             var results: [Tensor]
             do {
-                var arguments = OpArguments(arguments: op.arguments, frame: frame, states: states,
+                let arguments = OpArguments(arguments: op.arguments, frame: frame, states: states,
                                             outputTypes: op.outputSpecs.map(\.type))
-                if let x = op.consumesX, let value = frame.slots[x] {
-                    frame.slots[x] = nil
-                    if let state = op.consumesState, let current = states.values[state],
+                if let x = op.consumesX, frame.slots[x] != nil {
+                    // No local binding may keep a second reference to the value moved below:
+                    // it would make the kernel's write copy the whole tensor.
+                    if let state = op.consumesState, states.values[state] != nil,
                        let spec = self.states.first(where: { $0.name == state }) {
-                        // A husk keeps the shape and type coreml_update_state checks against.
-                        states.values[state] = Tensor(shape: current.shape, type: current.type, data: .float([]))
+                        // A husk keeps the shape and type coreml_update_state checks against
+                        // (the state's, as checked above).
+                        states.values[state] = Tensor(shape: spec.shape, type: spec.type, data: .float([]))
                         lent[state] = spec
                     }
-                    arguments.owned["x"] = value
+                    arguments.owned.values["x"] = frame.take(x)
                 }
                 results = try op.kernel(arguments)
             } catch let error as KernelError {
@@ -376,16 +387,17 @@ public final class CompiledFunction: @unchecked Sendable {
                                                     reason: "produced shape \(results[index].shape), the program declares \(shape)")
                 }
                 results[index].convert(to: spec.type)
-                // A slice_update's result is finite when its x and update are, which were checked
-                // as the results that made them (or are states and inputs): scanning a whole
-                // state per write would make each write cost the state's size.
-                if op.type != "slice_update", !results[index].isFinite {
+                if !Self.movesOnly.contains(op.type), !results[index].isFinite {
                     throw InterpreterError.nonFinite(function: name, op: "\(op.type) (op \(op.name))",
                                                      nearestWeight: nearestWeight(to: position))
                 }
                 frame.slots[op.outputSlots[index]] = results[index]
             }
             for slot in op.releases { frame.slots[slot] = nil }
+            if profiling {
+                // The whole step: the kernel, its results' conversions and finiteness checks.
+                opSeconds[op.type, default: 0] += Double(DispatchTime.now().uptimeNanoseconds - started) / 1e9
+            }
         }
         var result: [String: Tensor] = [:]
         for (spec, slot) in zip(outputs, outputSlots) {
@@ -393,6 +405,17 @@ public final class CompiledFunction: @unchecked Sendable {
         }
         return result
     }
+
+    /// Ops whose results only move their inputs' elements. Their results are finite when their
+    /// inputs are, and those were checked as the results that made them, so they are not
+    /// scanned again: that scan would cost a whole state (or, for a view, the tensor it views)
+    /// per state read, per layer read and per write. A non-finite value that enters from
+    /// outside (a state the caller wrote, a float input) is still caught, at the first op that
+    /// computes with it.
+    static let movesOnly: Set<String> = [
+        "read_state", "slice_update", "slice_by_index", "slice_by_size", "reshape", "squeeze",
+        "expand_dims", "identity", "transpose",
+    ]
 
     /// The first named weight read by the op nearest to operation `position` (earlier ops first
     /// on a tie): the same rule as the numpy interpreter's, so both name the same layer.
@@ -405,6 +428,18 @@ public final class CompiledFunction: @unchecked Sendable {
 final class Frame {
     var slots: [Tensor?]
     init(count: Int) { slots = [Tensor?](repeating: nil, count: count) }
+
+    /// The value of `slot`, moved out: the frame keeps no reference to it.
+    func take(_ slot: Int) -> Tensor? {
+        defer { slots[slot] = nil }
+        return slots[slot]
+    }
+}
+
+/// Values moved out of the frame for one op (`CompiledOp.consumesX`). A class, so that the
+/// kernel's `takeTensor` removes the one reference rather than copying it.
+final class MovedValues {
+    var values: [String: Tensor] = [:]
 }
 
 typealias Kernel = (OpArguments) throws -> [Tensor]
@@ -416,12 +451,12 @@ struct OpArguments {
     let states: StateStore?
     var outputTypes: [ElementType] = []
     /// Values moved out of the frame for this op alone (`CompiledOp.consumesX`).
-    var owned: [String: Tensor] = [:]
+    let owned = MovedValues()
 
-    /// Input `name`, moved to the kernel when the op is its last reader (then updating it in
-    /// place copies nothing), else as `tensor(name)`.
+    /// Input `name`, moved to the kernel when the op is its last reader (then the caller holds
+    /// the only reference, and updating it in place copies nothing), else as `tensor(name)`.
     func takeTensor(_ name: String) throws -> Tensor {
-        if let value = owned[name] { return value }
+        if let value = owned.values.removeValue(forKey: name) { return value }
         return try tensor(name)
     }
 

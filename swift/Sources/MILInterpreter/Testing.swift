@@ -34,3 +34,13 @@ extension CompiledFunction {
         (operations.filter { $0.consumesX != nil }.count, operations.filter { $0.consumesState != nil }.count)
     }
 }
+
+extension Tensor {
+    /// Where a float tensor's elements live (nil for other kinds): equal before and after a
+    /// call when the call updated the value in place instead of copying it.
+    @_spi(Testing)
+    public var floatStorageAddress: Int? {
+        guard case .float(let values) = data else { return nil }
+        return values.withUnsafeBufferPointer { $0.baseAddress.map { Int(bitPattern: $0) } }
+    }
+}

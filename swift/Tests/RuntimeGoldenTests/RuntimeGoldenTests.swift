@@ -174,17 +174,42 @@ final class RuntimeGoldenTests: XCTestCase {
         }
     }
 
-    /// The interpreter writes KV chains in place: in `main` and `prefill`, every write of a
-    /// layer's keys or values that is its chain value's last reader updates it without a copy.
-    /// (The store's hand-over of a state to the first write of its chain is planned too, but
-    /// these programs do not meet its conditions yet: docs/kv-write.md.)
+    /// The interpreter writes KV chains in place. In `main` and `prefill`, every write of a
+    /// layer's keys or values that is its chain value's last reader updates it without a copy,
+    /// and in every function the first write of each state's chain takes the state's value
+    /// from the store (CompiledFunction.planInPlaceUpdates).
     func testKVStateWritesArePlannedInPlace() throws {
         let bundle = try bundle()
         let program = try InterpreterBackend().program(of: bundle.packageURL(of: .target))
         let layers = bundle.metadata.target.numHiddenLayers
-        for name in ["main", "prefill"] {
-            let writes = try program.function(named: name).inPlaceWrites
-            XCTAssertGreaterThanOrEqual(writes.total, 2 * layers, "\(name): in-place writes, two per layer at least")
+        for name in ["main", "prefill", "inject_kv", "draft"] {
+            let function = try program.function(named: name)
+            let writes = function.inPlaceWrites
+            if name == "main" || name == "prefill" {
+                XCTAssertGreaterThanOrEqual(writes.total, 2 * layers, "\(name): in-place writes, two per layer at least")
+            }
+            XCTAssertEqual(writes.fromState, function.states.count, "\(name): one hand-over from the store per state")
+        }
+    }
+
+    /// What the plan above buys: after a call, each state's elements are where they were
+    /// before it. A write that copied would leave the state in a new buffer.
+    func testACallUpdatesEachStateInItsOwnBuffer() throws {
+        guard let records = Self.goldens["parity"] as? [[String: Any]] else {
+            throw XCTSkip("no parity records in the golden file")
+        }
+        let bundle = try bundle()
+        let program = try InterpreterBackend().program(of: bundle.packageURL(of: .target))
+        for name in ["main", "prefill", "inject_kv", "draft"] {
+            let record = try XCTUnwrap(records.first { $0["function"] as? String == name }, "a parity record of \(name)")
+            let compiled = try program.function(named: name)
+            let inputs = try (record["inputs"] as? [String: Any] ?? [:]).mapValues(Self.tensor)
+            let store = StateStore(specs: compiled.states)
+            let before = compiled.states.map { store.values[$0.name]?.floatStorageAddress }
+            _ = try compiled.run(inputs: inputs, states: store)
+            let after = compiled.states.map { store.values[$0.name]?.floatStorageAddress }
+            XCTAssertFalse(before.contains(nil), "\(name): every state holds floats")
+            XCTAssertEqual(after, before, "\(name): states \(compiled.states.map(\.name)) kept their buffers")
         }
     }
 
