@@ -50,6 +50,27 @@ def test_no_draft_gives_the_same_greedy_tokens_with_one_main_call_per_token():
     assert "draft" not in alone["calls"]
 
 
+def test_profile_ops_splits_each_functions_time_by_op_type():
+    report = json.loads(run("--export-dir", BUNDLE, "--prompt-ids", "1,40,41,42,43,44,45",
+                            "--max-new-tokens", "8", "--format", "json", "--profile-ops").stdout)
+    profile = report["op_ms_per_call"]
+    assert set(profile) == set(report["calls"])
+    for function, ops in profile.items():
+        # Every call of these functions reads and writes its states and multiplies matrices.
+        assert {"read_state", "slice_update", "linear"} <= set(ops), function
+        assert all(ms >= 0 for ms in ops.values()), function
+        # The parts cannot add up to more than the whole call.
+        assert sum(ops.values()) <= report["functions"][function]["ms_per_call"] * 1.001 + 0.01
+
+
+@pytest.mark.parametrize("extra, keyword", [(["--backend", "coreml"], "--backend"),
+                                            (["--format", "text"], "--format json"),
+                                            (["--format", "json", "--compare"], "--compare")])
+def test_profile_ops_refuses_what_it_cannot_time(extra, keyword):
+    assert_one_line_error(run("--export-dir", BUNDLE, "--prompt-ids", "1,2,3", "--profile-ops",
+                              *extra), keyword)
+
+
 def test_missing_export_directory(tmp_path):
     assert_one_line_error(run("--export-dir", tmp_path / "nowhere", "--prompt-ids", "1"),
                           "does not exist")

@@ -6,8 +6,21 @@ import MILInterpreter
 public final class InterpreterBackend: InferenceBackend {
     public let name = "interpreter"
     private var programs: [String: PackageProgram] = [:]
+    /// Time each op type of every function loaded from now on (`CompiledFunction.profiling`):
+    /// a benchmark's figure, read back with `opSeconds` (swift-generate --profile-ops).
+    public var profileOps = false
+    private var loaded: [CompiledFunction] = []
 
     public init() {}
+
+    /// Per function name, the seconds its calls have spent in each op type while profiled.
+    public var opSeconds: [String: [String: Double]] {
+        var result: [String: [String: Double]] = [:]
+        for function in loaded where function.profiling {
+            result[function.name, default: [:]].merge(function.opSeconds, uniquingKeysWith: +)
+        }
+        return result
+    }
 
     /// The program of `package`, opened once.
     public func program(of package: URL) throws -> PackageProgram {
@@ -23,6 +36,10 @@ public final class InterpreterBackend: InferenceBackend {
             throw RuntimeError.backend(function: function, reason: "\(package.path) is a compiled Core ML model, which the interpreter cannot read; use the Core ML backend, or ship the bundle's .mlpackage")
         }
         let compiled = try program(of: package).function(named: function)
+        if profileOps {
+            compiled.profiling = true
+            if !loaded.contains(where: { $0 === compiled }) { loaded.append(compiled) }
+        }
         return InterpretedFunction(compiled)
     }
 

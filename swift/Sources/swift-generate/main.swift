@@ -7,7 +7,7 @@ import MuseflashRuntime
 //       [--max-new-tokens N] [--temperature T] [--top-p P] [--seed S] [--no-draft]
 //       [--num-draft-tokens K] [--lookup-min-match N] [--backend interpreter|coreml]
 //       [--compute-units cpu|gpu|ane|all] [--model-cache DIR | --no-model-cache]
-//       [--format text|json] [--no-compare]
+//       [--format text|json] [--no-compare] [--profile-ops]
 //   swift-generate --export-dir DIR --memory-probe [--backend ...] [--compute-units ...]
 //
 // Text: the continuation streamed as it is accepted (decoded text for a text prompt, ids for
@@ -15,7 +15,8 @@ import MuseflashRuntime
 // the same run (--no-compare skips that run; --compare adds it to JSON). JSON: one object. Bad input: one line on stderr and
 // exit status 1. --memory-probe loads the target's and the drafter's functions one at a time and
 // prints the resident memory after each as JSON (do per-function models share weights?
-// coremltools#2351; tools/mac/first_run.sh reads it). Relative paths resolve against $BUILD_WORKING_DIRECTORY (bazel run), else the
+// coremltools#2351; tools/mac/first_run.sh reads it). --profile-ops (interpreter, JSON, one
+// generation) adds op_ms_per_call: per function, the milliseconds per call spent in each op type. Relative paths resolve against $BUILD_WORKING_DIRECTORY (bazel run), else the
 // current directory.
 
 struct UsageError: Error, CustomStringConvertible {
@@ -44,9 +45,10 @@ struct Options {
     var seed: UInt64 = 0
     /// Time the target alone too; default: in text format only.
     var compare: Bool?
+    var profileOps = false
 }
 
-let usage = "usage: swift-generate --export-dir DIR (--prompt TEXT | --prompt-file F | --prompt-ids 1,2,3) [--max-new-tokens N] [--temperature T] [--top-p P] [--seed S] [--no-draft] [--num-draft-tokens K] [--lookup-min-match N] [--backend interpreter|coreml] [--compute-units cpu|gpu|ane|all] [--model-cache DIR | --no-model-cache] [--format text|json] [--compare | --no-compare] | --export-dir DIR --memory-probe [--backend ...]"
+let usage = "usage: swift-generate --export-dir DIR (--prompt TEXT | --prompt-file F | --prompt-ids 1,2,3) [--max-new-tokens N] [--temperature T] [--top-p P] [--seed S] [--no-draft] [--num-draft-tokens K] [--lookup-min-match N] [--backend interpreter|coreml] [--compute-units cpu|gpu|ane|all] [--model-cache DIR | --no-model-cache] [--format text|json] [--compare | --no-compare] [--profile-ops] | --export-dir DIR --memory-probe [--backend ...]"
 
 func parse(_ arguments: [String]) throws -> Options {
     var options = Options()
@@ -113,6 +115,7 @@ func parse(_ arguments: [String]) throws -> Options {
         case "--model-cache": options.modelCache = try value(argument)
         case "--no-model-cache": options.noModelCache = true
         case "--memory-probe": options.memoryProbe = true
+        case "--profile-ops": options.profileOps = true
         case "--format":
             let format = try value(argument)
             guard ["text", "json"].contains(format) else { throw UsageError(description: "--format is text or json, got \"\(format)\"") }
@@ -130,6 +133,14 @@ func parse(_ arguments: [String]) throws -> Options {
     let prompts = [!options.promptIDs.isEmpty, options.promptText != nil, options.promptFile != nil].filter { $0 }.count
     guard prompts == 1 || (options.memoryProbe && prompts == 0) else {
         throw UsageError(description: "give exactly one of --prompt, --prompt-file and --prompt-ids; \(usage)")
+    }
+    if options.profileOps {
+        guard options.backend == "interpreter" else {
+            throw UsageError(description: "--profile-ops times the interpreter's ops; drop --backend coreml, or drop --profile-ops")
+        }
+        guard options.json, options.compare != true, !options.memoryProbe else {
+            throw UsageError(description: "--profile-ops reports one generation in JSON; add --format json, and drop --compare and --memory-probe")
+        }
     }
     guard options.maxNewTokens >= 1 else { throw UsageError(description: "--max-new-tokens must be at least 1, got \(options.maxNewTokens)") }
     guard options.temperature >= 0 else { throw UsageError(description: "--temperature must be >= 0, got \(options.temperature)") }
@@ -170,7 +181,11 @@ func peakResidentBytes() -> Int {
 }
 
 func makeBackend(_ options: Options) throws -> any InferenceBackend {
-    guard options.backend == "coreml" else { return InterpreterBackend() }
+    guard options.backend == "coreml" else {
+        let backend = InterpreterBackend()
+        backend.profileOps = options.profileOps
+        return backend
+    }
     return try CoreMLBackend(CoreMLBackend.Options(
         computeUnits: CoreMLBackend.computeUnits(named: options.computeUnits)!,
         cacheDirectory: options.noModelCache ? nil : options.modelCache.map(resolve) ?? CompiledModelCache.defaultDirectory))
@@ -344,6 +359,14 @@ do {
         var body = report(result, options: options, backend: backend.name, bundle: bundle,
                           text: text?.decode(result.tokens), alone: alone)
         body["open_seconds"] = openSeconds
+        if let interpreter = backend as? InterpreterBackend, options.profileOps {
+            var perCall: [String: [String: Double]] = [:]
+            for (function, seconds) in interpreter.opSeconds {
+                let calls = max(1, result.functions[function]?.calls ?? 0)
+                perCall[function] = seconds.mapValues { 1000 * $0 / Double(calls) }
+            }
+            body["op_ms_per_call"] = perCall
+        }
         if let coreML = backend as? CoreMLBackend {
             body["compute_units"] = options.computeUnits
             body["compiled_models"] = coreML.compiledModelSources.mapValues(\.rawValue)
