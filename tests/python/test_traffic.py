@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from command_line import run_main
 
+from museflash.bundle import Metadata
 from museflash.cli import traffic_main
 from museflash.demo_checkpoint import TINY_TARGET_CONFIG
 from museflash.export.options import ExportOptions
@@ -94,6 +95,36 @@ def test_one_layers_cache_writes_and_weights_equal_a_hand_count(main_traffic):
     summary = main_traffic.summary()
     assert summary.state_bytes == states
     assert summary.floor == summary.total(WEIGHTS) + states
+
+
+@pytest.fixture(scope="module")
+def slice_bundle(tmp_path_factory):
+    out = tmp_path_factory.mktemp("traffic-slice") / "bundle"
+    export_bundle(ExportOptions(output_dir=out, builtin="tiny", fused_target=True,
+                                dflash_drafter=True, max_context_length=CONTEXT,
+                                prefill_length=PREFILL, conversion_processes=1,
+                                kv_write="slice"),
+                  Progress(echo=lambda _line: None))
+    return out
+
+
+def test_slice_writes_of_the_global_layers_move_only_their_rows(main_traffic, slice_bundle):
+    text, sliding, full, ring = _geometry()
+    kv, head_dim = text["num_key_value_heads"], text["head_dim"]
+    metadata = Metadata.read(slice_bundle)
+    query = metadata.assets["target"].functions["main"].query_length
+    (counted,) = bundle_traffic(slice_bundle, "main")
+    updates = [op for op in counted.ops if op.op_type == "slice_update"]
+    assert all(op.in_place for op in updates)
+    # --kv-write slice: each global layer writes its T new rows of K and of V, in place.
+    rows = kv * query * head_dim * FP16
+    assert [op.bytes_in for op in updates].count(rows) == 2 * full
+    assert all(op.bytes_out == op.bytes_in for op in updates)
+    # The sliding rings keep the blend: a whole ring layer per write, as in the blend bundle.
+    assert [op.bytes_in for op in updates].count(kv * ring * head_dim * FP16) == 2 * sliding
+    blend = main_traffic.summary()
+    assert counted.summary().total(STATE_SIZED) < blend.total(STATE_SIZED)
+    assert counted.summary().floor == blend.floor
 
 
 def test_every_function_is_counted_and_the_parts_add_up(bundle, main_traffic):
@@ -236,6 +267,9 @@ def test_cli_refuses_neither_or_both_modes(bundle, capsys):
                                             "--layers", "4")
     assert "multiple of 32" in _refusal(capsys, "--geometry-context", "1000", "--layers", "4")
     assert "whole numbers" in _refusal(capsys, "--geometry-context", "1k")
+    assert "metadata.json" in _refusal(capsys, "--export-dir", str(bundle), "--kv-write", "slice")
+    err = _refusal(capsys, "--geometry-context", "1024", "--layers", "4", "--kv-write", "host")
+    assert "'host'" in err and "'slice'" in err
 
 
 def test_cli_prints_one_table_per_function(bundle, capsys):

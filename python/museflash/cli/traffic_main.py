@@ -4,6 +4,7 @@ the saved program's types, not a device measurement.
 
   ./bazelw run //:traffic -- --export-dir DIR [--function main]
   ./bazelw run //:traffic -- --geometry-context 1024,4096 [--layers 4] [--function main]
+      [--kv-write blend|slice]
 
 The second form exports the 52-layer test geometry (synthetic weights, deleted afterwards) at
 each context; with --layers it exports that depth and one [S,S,S,G] group more, and carries
@@ -30,6 +31,9 @@ flags.DEFINE_list("geometry-context", None,
 flags.DEFINE_integer("layers", None,
                      "Geometry mode: export this many layers (a multiple of 4) and one group "
                      "more, then extrapolate linearly to 52 (default: all 52).")
+flags.DEFINE_string("kv-write", "blend",
+                    "Geometry mode: how the export writes the global caches (blend or slice, as "
+                    "the export's --kv-write; docs/kv-write.md).")
 flags.DEFINE_string("work-dir", None,
                     "Geometry mode: where the synthetic checkpoints and bundles are written "
                     "(default: the system's temporary directory).")
@@ -60,6 +64,9 @@ def main(argv: list[str]) -> int:
     if contexts is not None and (not contexts or _contexts(contexts) is None):
         return _error(f"--geometry-context {','.join(contexts)} must be whole numbers, e.g. "
                       "1024,4096")
+    if FLAGS["kv-write"].present and contexts is None:
+        return _error("--kv-write is for the geometry mode (an export's strategy is in its "
+                      "metadata.json); add --geometry-context N, or drop --kv-write")
     if FLAGS.layers is not None and contexts is None:
         return _error("--layers is for the geometry mode; add --geometry-context N, or drop "
                       "--layers")
@@ -96,14 +103,14 @@ def _geometry(contexts: list[int], traffic) -> list[str]:
     try:
         with quiet_console(Path(os.devnull)):
             counted = traffic.geometry_report(contexts, FLAGS.layers, FLAGS.function, work_dir,
-                                              echo)
+                                              echo, FLAGS["kv-write"].value)
     finally:
         os.close(saved)
     lines = []
     for context, summaries in counted.items():
         lines += traffic.format_report(
-            summaries, f"traffic of the 52-layer geometry at context {context} (first-order "
-                       "model, docs/traffic.md)") + [""]
+            summaries, f"traffic of the 52-layer geometry at context {context}, --kv-write "
+                       f"{FLAGS['kv-write'].value} (first-order model, docs/traffic.md)") + [""]
     return lines[:-1]
 
 

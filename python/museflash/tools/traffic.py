@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from museflash.bundle import FunctionName, Metadata
+from museflash.bundle import FunctionName, KVWrite, Metadata
 
 STATE_SIZED, WEIGHTS, REST = "state-sized", "weights", "rest"
 PARTS = (STATE_SIZED, WEIGHTS, REST)
@@ -356,9 +356,9 @@ def geometry_configs(layers: int | None = None) -> tuple[dict[str, Any], dict[st
 
 
 def export_geometry(checkpoints: Path, output: Path, context: int,
-                    echo: Callable[[str], None]) -> Path:
+                    echo: Callable[[str], None], kv_write: str = KVWrite.BLEND.value) -> Path:
     """Exports the synthetic checkpoints at `context` (fused target + DFlash drafter, a main
-    of GEOMETRY_DRAFT_TOKENS + 1)."""
+    of GEOMETRY_DRAFT_TOKENS + 1), writing the global caches with `kv_write` (`--kv-write`)."""
     from museflash.export.options import ExportOptions
     from museflash.export.pipeline import export_bundle
     from museflash.export.progress import Progress
@@ -366,7 +366,8 @@ def export_geometry(checkpoints: Path, output: Path, context: int,
     return export_bundle(ExportOptions(
         output_dir=output, overwrite=True, fused_target=True, dflash_drafter=True,
         checkpoint=checkpoints / "target", drafter_checkpoint=checkpoints / "drafter",
-        max_context_length=context, num_draft_tokens=GEOMETRY_DRAFT_TOKENS),
+        max_context_length=context, num_draft_tokens=GEOMETRY_DRAFT_TOKENS,
+        kv_write=kv_write),
         Progress(echo=echo))
 
 
@@ -393,8 +394,8 @@ def extrapolate(low: Summary, high: Summary, low_layers: int, high_layers: int,
 
 
 def geometry_report(contexts: list[int], layers: int | None, function: str | None,
-                    work_dir: Path | None, echo: Callable[[str], None]
-                    ) -> dict[int, list[Summary]]:
+                    work_dir: Path | None, echo: Callable[[str], None],
+                    kv_write: str = KVWrite.BLEND.value) -> dict[int, list[Summary]]:
     """Per context, the geometry exported (synthetic weights, deleted afterwards) and counted;
     with `layers` below the full depth, exported at `layers` and `layers` + one group and
     extrapolated to the full depth."""
@@ -408,6 +409,9 @@ def geometry_report(contexts: list[int], layers: int | None, function: str | Non
     full = geometry_configs()[0]["text_config"]["num_hidden_layers"]
     depths = [full] if layers in (None, full) else [layers, min(full, layers + LAYER_GROUP)]
     geometry_configs(depths[0])  # refuses a bad --layers before any work
+    if kv_write not in set(KVWrite):
+        raise TrafficError(f"--kv-write {kv_write!r} is not a strategy; choose one of "
+                           f"{[str(k) for k in KVWrite]} (docs/kv-write.md)")
     if function is not None and function not in set(FunctionName):
         raise TrafficError(f"--function {function!r} is not a function of the geometry's "
                            f"bundle; choose one of {sorted(str(f) for f in FunctionName)}, or "
@@ -420,7 +424,7 @@ def geometry_report(contexts: list[int], layers: int | None, function: str | Non
             echo(f"[traffic] writing synthetic checkpoints of {depth} layers")
             write_synthetic_checkpoints(checkpoints, 0, configs=geometry_configs(depth))
             for context in contexts:
-                bundle = export_geometry(checkpoints, work / "bundle", context, echo)
+                bundle = export_geometry(checkpoints, work / "bundle", context, echo, kv_write)
                 counted[context].append([f.summary() for f in bundle_traffic(bundle, function)])
                 shutil.rmtree(bundle)
             shutil.rmtree(checkpoints)
