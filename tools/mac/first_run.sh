@@ -3,13 +3,19 @@
 # SwiftPM, exports the demo (or takes an export), runs swift-generate --backend coreml on every
 # compute unit against the interpreter's tokens, times draft lengths, and settles the two
 # behaviours Apple does not document: one MLState serving two functions, and the memory of
-# several functions of one package loaded side by side (coremltools#2351). Prints one Markdown
-# report to paste into an issue.
+# several functions of one package loaded side by side (coremltools#2351). It also runs each KV
+# write strategy (docs/kv-write.md) on every compute unit: whether `slice` runs at all (a
+# runtime-indexed slice_update crashes on Apple's 2026 betas), its tokens and its ms per main
+# call against `blend`. Prints one Markdown report to paste into an issue.
 #
-#   tools/mac/first_run.sh [--export-dir DIR] [--memory-export-dir DIR] [--report FILE]
+#   tools/mac/first_run.sh [--export-dir DIR] [--slice-export-dir DIR] [--memory-export-dir DIR]
+#       [--report FILE]
 #
 # --export-dir: an export to use (e.g. one made on Linux with ./bazelw run //:export -- ...);
 #   default: export the demo pair with ./bazelw into a temporary folder.
+# --slice-export-dir: the same pair exported with --kv-write slice, timed against --export-dir
+#   (export both at a long --max-context-length, e.g. 4096, to see the write cost); default:
+#   exported with the demo when the script exports it, else that table is skipped.
 # --memory-export-dir: a larger export for the memory question (the demo's 5.8 MB of weights
 #   is lost in the process's own memory); default: the same export.
 set -euo pipefail
@@ -17,14 +23,15 @@ set -euo pipefail
 fail() { echo "first_run: error: $*" >&2; exit 1; }
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-export_dir="" memory_dir="" report=""
+export_dir="" slice_dir="" memory_dir="" report=""
 while (($#)); do
   case "$1" in
     --export-dir) export_dir="${2:?}"; shift 2 ;;
+    --slice-export-dir) slice_dir="${2:?}"; shift 2 ;;
     --memory-export-dir) memory_dir="${2:?}"; shift 2 ;;
     --report) report="${2:?}"; shift 2 ;;
-    -h|--help) sed -n '2,16p' "${BASH_SOURCE[0]}"; exit 0 ;;
-    *) fail "unknown argument $1; usage: tools/mac/first_run.sh [--export-dir DIR] [--memory-export-dir DIR] [--report FILE]" ;;
+    -h|--help) sed -n '2,21p' "${BASH_SOURCE[0]}"; exit 0 ;;
+    *) fail "unknown argument $1; usage: tools/mac/first_run.sh [--export-dir DIR] [--slice-export-dir DIR] [--memory-export-dir DIR] [--report FILE]" ;;
   esac
 done
 [[ "$(uname -s)" == Darwin ]] || fail "this is the Mac's first run and needs macOS 15 with Core ML; this machine is $(uname -s)"
@@ -43,17 +50,29 @@ if [[ -z "${export_dir}" ]]; then
   log "exporting the demo pair into ${export_dir}"
   "${repo}/bazelw" run //:export -- --fused-target --dflash-drafter --output-dir "${export_dir}" >&2 \
     || fail "the demo export failed; export on Linux (./bazelw run //:export -- --fused-target --dflash-drafter) and pass --export-dir DIR"
+  if [[ -z "${slice_dir}" ]]; then
+    slice_dir="${work}/exported-slice"
+    log "exporting the demo pair with --kv-write slice into ${slice_dir}"
+    "${repo}/bazelw" run //:export -- --fused-target --dflash-drafter --kv-write slice --output-dir "${slice_dir}" >&2 \
+      || fail "the demo's slice export failed; export it on Linux with --kv-write slice and pass --slice-export-dir DIR"
+  fi
 fi
 [[ -f "${export_dir}/metadata.json" ]] || fail "${export_dir} has no metadata.json; pass the directory ./bazelw run //:export wrote"
+[[ -z "${slice_dir}" || -f "${slice_dir}/metadata.json" ]] || fail "${slice_dir} has no metadata.json; pass the directory ./bazelw run //:export -- --kv-write slice wrote"
 memory_dir="${memory_dir:-${export_dir}}"
 
 prompt_ids="1,40,41,42,43,44,45,46,47,48,49,50,51,52,53,54,55,56,57,58,59,60,61,62,63,64,65,66,67,68,69,70,71,72,73,74,75,76,77,78"
 cache="${work}/compiled-models"
 run() {  # run NAME ARGS...: swift-generate's JSON report into ${work}/NAME.json
   local name="$1"; shift
-  "${generate}" --export-dir "${export_dir}" --prompt-ids "${prompt_ids}" --max-new-tokens 64 \
+  run_on "${export_dir}" "${name}" "$@"
+}
+run_on() {  # run_on DIR NAME ARGS...: as run, on the export in DIR
+  local dir="$1" name="$2"; shift 2
+  "${generate}" --export-dir "${dir}" --prompt-ids "${prompt_ids}" --max-new-tokens 64 \
     --format json --no-compare "$@" > "${work}/${name}.json" 2> "${work}/${name}.err" \
-    || { echo "{\"error\": $(python3 -c 'import json,sys; print(json.dumps(open(sys.argv[1]).read().strip()))' "${work}/${name}.err")}" > "${work}/${name}.json"; }
+    || { local status=$?  # a crash (a signal) prints nothing: its status says what happened
+         echo "{\"error\": $(python3 -c 'import json,sys; print(json.dumps(f"exit status {sys.argv[2]}: " + open(sys.argv[1]).read().strip()))' "${work}/${name}.err" "${status}")}" > "${work}/${name}.json"; }
 }
 
 log "interpreter reference"
@@ -69,6 +88,16 @@ for k in 1 3 5 7; do
   run "draft-${k}-interpreter" --backend interpreter --num-draft-tokens "${k}"
 done
 run target-alone --backend coreml --compute-units all --model-cache "${cache}" --no-draft
+if [[ -n "${slice_dir}" ]]; then
+  for strategy in blend slice; do
+    dir="${export_dir}"; [[ "${strategy}" == slice ]] && dir="${slice_dir}"
+    log "KV write ${strategy}: the target alone on every compute unit"
+    run_on "${dir}" "kv-${strategy}-interpreter" --backend interpreter --no-draft
+    for units in cpu gpu ane all; do
+      run_on "${dir}" "kv-${strategy}-${units}" --backend coreml --compute-units "${units}" --model-cache "${cache}" --no-draft
+    done
+  done
+fi
 log "memory of the functions loaded side by side"
 for backend in interpreter coreml; do
   "${generate}" --export-dir "${memory_dir}" --memory-probe --backend "${backend}" --compute-units all \
@@ -113,6 +142,21 @@ for k in (1, 3, 5, 7):
 alone = load("target-alone")
 if "error" not in alone:
     print(f"| target alone | {alone['tokens_per_second']:.1f} | 1.00 | | |")
+print("\n**KV write strategies** (docs/kv-write.md; the target alone, so every call is `main`):\n")
+blend_ref = load("kv-blend-interpreter")
+if "error" in blend_ref and "No such file" in blend_ref["error"]:
+    print("not timed: pass --slice-export-dir DIR (the same pair exported with --kv-write slice).")
+else:
+    print("| strategy | compute units | runs | tokens equal blend's on the interpreter | ms per main |")
+    print("| --- | --- | --- | --- | --- |")
+    for strategy in ("blend", "slice"):
+        for units in ("interpreter", "cpu", "gpu", "ane", "all"):
+            r = load(f"kv-{strategy}-{units}")
+            if "error" in r:
+                print(f"| {strategy} | {units} | no: {r['error'][:200]} | | |")
+                continue
+            same = "yes" if r["tokens"] == blend_ref.get("tokens") else "no"
+            print(f"| {strategy} | {units} | yes | {same} | {r['functions'].get('main', {}).get('ms_per_call', 0):.2f} |")
 state = agree.get("cpu")
 print("\n**One state serving two functions** (the state `prefill`'s model makes, passed to `main`; "
       "`inject_kv`'s to `draft`): " + ("works: on cpuOnly the tokens equal the interpreter's, which they "
