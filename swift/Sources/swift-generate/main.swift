@@ -235,6 +235,21 @@ func memoryProbe(bundle: MuseflashBundle, backend: any InferenceBackend) throws 
 /// Before anything is opened: the process's own cost, apart from the bundle.
 let startupResidentBytes = peakResidentBytes()
 
+#if os(Linux)
+// glibc serves each large allocation with a fresh mmap and trims the heap after each large free,
+// so every interpreter temporary of a MB or more (a layer taken out of its cache, the attention
+// scores) costs page faults and zeroing, call after call. Keeping them in the heap costs no peak
+// memory (measured: the same peak RSS) and about a quarter of a `main` call at 4K
+// (docs/kv-write.md). Process-wide, so it is the CLI's choice, not the library's.
+// mallopt is in <malloc.h>, which Swift's Glibc module leaves out: looked up by name. Its
+// parameters' values are glibc's M_TRIM_THRESHOLD (-1) and M_MMAP_THRESHOLD (-3).
+if let symbol = dlsym(UnsafeMutableRawPointer(bitPattern: 0), "mallopt") {
+    let mallopt = unsafeBitCast(symbol, to: (@convention(c) (Int32, Int32) -> Int32).self)
+    _ = mallopt(-3, 256 << 20)
+    _ = mallopt(-1, 1 << 30)
+}
+#endif
+
 func report(_ result: GenerationResult, options: Options, backend: String, bundle: MuseflashBundle,
             text: String?, alone: GenerationResult?) -> [String: Any] {
     var functions: [String: Any] = [:]
