@@ -176,19 +176,6 @@ public final class MLModel: @unchecked Sendable {
     }
 }
 
-/// Calls `body(row-major index, element offset by strides)` for every element.
-func forEachOffset(shape: [Int], strides: [Int], _ body: (Int, Int) -> Void) {
-    let count = shape.reduce(1, *)
-    for index in 0..<count {
-        var rest = index, offset = 0
-        for axis in stride(from: shape.count - 1, through: 0, by: -1) {
-            offset += (rest % shape[axis]) * strides[axis]
-            rest /= shape[axis]
-        }
-        body(index, offset)
-    }
-}
-
 /// Copies `source` to `destination` (which must not exist), files' contents through symlinks:
 /// Bazel's runfiles are links to read-only sources, and a compiled model must stand alone.
 func copyResolvingLinks(_ source: URL, to destination: URL) throws {

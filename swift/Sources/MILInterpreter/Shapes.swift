@@ -310,3 +310,18 @@ func sliceIndices(start: Int?, stop: Int?, step: Int, size: Int) throws -> (firs
     let count = first > end ? (first - end - step - 1) / (-step) : 0
     return (first, count)
 }
+
+/// Calls `body(row-major index, element offset by strides)` for every element of an array of
+/// `shape` laid out with `strides`: how the Core ML backend and its stand-in walk an
+/// `MLMultiArray` whose rows may be padded.
+public func forEachOffset(shape: [Int], strides: [Int], _ body: (Int, Int) -> Void) {
+    let count = shape.reduce(1, *)
+    for index in 0..<count {
+        var rest = index, offset = 0
+        for axis in stride(from: shape.count - 1, through: 0, by: -1) {
+            offset += (rest % shape[axis]) * strides[axis]
+            rest /= shape[axis]
+        }
+        body(index, offset)
+    }
+}

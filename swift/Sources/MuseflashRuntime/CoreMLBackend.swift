@@ -259,19 +259,6 @@ final class CoreMLFunction: BackendFunction {
     }
 }
 
-/// Calls `body(row-major index, element offset by strides)` for every element.
-func forEachOffset(shape: [Int], strides: [Int], _ body: (Int, Int) -> Void) {
-    let count = shape.reduce(1, *)
-    for index in 0..<count {
-        var rest = index, offset = 0
-        for axis in stride(from: shape.count - 1, through: 0, by: -1) {
-            offset += (rest % shape[axis]) * strides[axis]
-            rest /= shape[axis]
-        }
-        body(index, offset)
-    }
-}
-
 func rowMajorStrides(_ shape: [Int]) -> [Int] {
     var strides = [Int](repeating: 1, count: shape.count)
     for axis in stride(from: shape.count - 2, through: 0, by: -1) { strides[axis] = strides[axis + 1] * shape[axis + 1] }
