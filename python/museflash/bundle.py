@@ -41,7 +41,7 @@ METADATA_FILE = "metadata.json"
 # Key of the user-defined spec metadata entry holding the same JSON text in every package.
 EMBEDDED_METADATA_KEY = "museflash.metadata"
 # `source.checkpoint` of an export of a built-in pair: "builtin:<name>". `demo` is the trained
-# pair under demo/ (tools/train_demo.py, with the DFlash v1 drafter), `demo-dflash2` the same
+# pair under demo/ (training/train_demo.py, with the DFlash v1 drafter), `demo-dflash2` the same
 # target with its trained DFlash2 drafter, `tiny` the random 0.8 MB pair the tests export,
 # `tiny-dflash2` the same target with a random DFlash2 drafter in z-lab's layout, and
 # `tiny-massive` / `tiny-dflash2-massive` those pairs with planted massive activations (residual

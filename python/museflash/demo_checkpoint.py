@@ -238,13 +238,13 @@ def _plant_mlp(mlp: nn.Module, units: list[int], *, gate: float, down: float) ->
     mlp.down_proj.weight[MASSIVE, units] = down
 
 
-# The trained demo pair (tools/train_demo.py, tools/train_demo_drafter.py), kept beside python/.
+# The trained demo pair (the museflash.training package), kept beside python/.
 TRAINED_DEMO_DIR = Path(__file__).resolve().parents[2] / "demo"
 
 
 # The trained pairs by built-in name: the drafter's directory under demo/ and the tool that
-# distils it from demo/target (DFlash v1: tools/train_demo_drafter.py; DFlash2:
-# tools/train_demo_dflash2.py).
+# distils it from demo/target (DFlash v1: training/train_demo_drafter.py; DFlash2:
+# training/train_demo_dflash2.py).
 TRAINED_DRAFTERS = {"demo": ("drafter", "//:train_demo_drafter"),
                     "demo-dflash2": ("drafter-dflash2", "//:train_demo_dflash2")}
 

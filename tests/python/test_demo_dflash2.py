@@ -24,7 +24,8 @@ from museflash.runtime.speculative import (
     eager_greedy_generate,
     speculative_generate,
 )
-from museflash.tools import train_demo_drafter as trainer
+from museflash.training import distil_corpus as distil
+from museflash.training import train_demo_drafter as trainer
 
 torch.set_num_threads(1)
 
@@ -65,9 +66,9 @@ def pair(tmp_path_factory):
         config["dflash_config"]["block_size"] = BLOCK
         (local / "config.json").write_text(json.dumps(config))
         (local / "model.safetensors").symlink_to(drafter_dir / "model.safetensors")
-        target, drafter = trainer.load_pair(target_dir, local)
+        target, drafter = distil.load_pair(target_dir, local)
         split = trainer.corpus_split(target_dir)
-    return target, drafter, trainer.document_prompts(split.held_out, PROMPTS, 32, seed=1)
+    return target, drafter, distil.document_prompts(split.held_out, PROMPTS, 32, seed=1)
 
 
 def _loop(target, drafter_class, drafter, prompt):

@@ -29,7 +29,7 @@ def export(tmp_path_factory):
 
 def _eager_nll(target_dir, documents, limit):
     """The same windows, scored by eager fp32 torch over each whole window at once."""
-    from museflash.tools.train_demo import IGNORE, evaluation_windows
+    from museflash.training.train_demo import IGNORE, evaluation_windows
 
     model = load_target(target_dir, dtype=torch.float32, max_context=64, max_query_len=64,
                         cache_dtype=torch.float32)

@@ -22,7 +22,7 @@ from museflash.runtime.speculative import (
     lookup_proposal,
     speculative_generate,
 )
-from museflash.tools import train_demo, train_demo_drafter
+from museflash.training import train_demo, train_demo_drafter
 
 torch.set_num_threads(1)
 

@@ -1,7 +1,7 @@
 """Greedy speculative decoding over an exported bundle is lossless.
 
 The module exports the demo target once, with a drafter fitted (a short self-distillation run
-of tools/train_demo_drafter on these prompts' own target continuations) so that drafts are
+of training/train_demo_drafter on these prompts' own target continuations) so that drafts are
 actually accepted, partly and fully, and the rollback paths of the loop are exercised. The
 untrained demo drafter accepts almost nothing, which would make "lossless" vacuous.
 """
@@ -27,7 +27,8 @@ from museflash.runtime.speculative import (
     load_exported_pair,
     speculative_generate,
 )
-from museflash.tools import train_demo_drafter as trainer
+from museflash.training import distil_corpus as distil
+from museflash.training import train_demo_drafter as trainer
 
 ct = pytest.importorskip("coremltools")
 
@@ -50,10 +51,10 @@ def bundle(tmp_path_factory):
     work = tmp_path_factory.mktemp("speculative")
     target_dir, drafter_dir = write_tiny_checkpoints(work / "demo")
     torch.manual_seed(0)
-    target, drafter = trainer.load_pair(target_dir, drafter_dir)
+    target, drafter = distil.load_pair(target_dir, drafter_dir)
     # Continuations fitted only up to position 30: the longer prompts run past what the drafter
     # memorised, so rejections follow full acceptances.
-    corpus = trainer.generate_corpus(target, _prompts(), FITTED_LENGTH)
+    corpus = distil.generate_corpus(target, _prompts(), FITTED_LENGTH)
     trainer.train(target, drafter, corpus, steps=150, seconds=None, batch=32, log=lambda _: None)
     fitted = trainer.write_drafter(target, drafter, drafter_dir, work / "fitted", block_size=4)
     out = work / "bundle"

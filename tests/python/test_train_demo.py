@@ -12,7 +12,7 @@ from museflash.bundle import LayerType
 from museflash.checkpoint.configs import check_configs
 from museflash.checkpoint.load import load_target
 from museflash.checkpoint.tokenizer import read_tokenizer
-from museflash.tools import train_demo as td
+from museflash.training import train_demo as td
 
 # --- Corpus ----------------------------------------------------------------------------------
 

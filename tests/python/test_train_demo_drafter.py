@@ -1,4 +1,4 @@
-"""tools/train_demo_drafter and tools/train_demo_dflash2 train through the models' own entry
+"""training/train_demo_drafter and training/train_demo_dflash2 train through the models' own entry
 points, batched: the batched drafting equals the drafter's inject_kv + draft block by block, in
 value and in gradient (and DFlash2's batched selector picks its `draft_tokens`), and both tools
 run end to end on a tiny trained target, writing a drafter checkpoint in the real layout that
@@ -19,8 +19,9 @@ from museflash.demo_checkpoint import (
     write_tiny_checkpoints,
 )
 from museflash.models.dflash2 import DFlash2Drafter
-from museflash.tools import train_demo_dflash2 as dflash2_trainer
-from museflash.tools import train_demo_drafter as trainer
+from museflash.training import distil_corpus as distil
+from museflash.training import train_demo_dflash2 as dflash2_trainer
+from museflash.training import train_demo_drafter as trainer
 
 # Small matrices: one thread is several times faster than two on a shared 2-core machine.
 torch.set_num_threads(1)
@@ -33,17 +34,17 @@ def pair(tmp_path_factory, request):
     drafter_config = dict(TINY_DRAFTER_CONFIG, num_key_value_heads=request.param)
     target_dir, drafter_dir = write_tiny_checkpoints(tmp_path_factory.mktemp("demo"),
                                                      drafter_config=drafter_config)
-    target, drafter = trainer.load_pair(target_dir, drafter_dir, max_context=64, max_query=16)
-    prompts = trainer.random_prompts(4, trainer.PROMPT_LENGTH, target.config.vocab_size,
+    target, drafter = distil.load_pair(target_dir, drafter_dir, max_context=64, max_query=16)
+    prompts = distil.random_prompts(4, trainer.PROMPT_LENGTH, target.config.vocab_size,
                                      drafter.config.mask_token_id, seed=3)
-    corpus = trainer.generate_corpus_batched(target, prompts, 40)
+    corpus = distil.generate_corpus_batched(target, prompts, 40)
     return target, drafter, corpus
 
 
 def test_batched_generation_equals_one_sequence_at_a_time(pair):
     target, drafter, corpus = pair
     prompts = corpus.tokens[:3, :trainer.PROMPT_LENGTH].tolist()
-    single = trainer.generate_corpus(target, prompts, 40)
+    single = distil.generate_corpus(target, prompts, 40)
     assert torch.equal(single.tokens, corpus.tokens[:3])
     assert torch.allclose(single.captured, corpus.captured[:3], rtol=1e-4, atol=1e-5)
     width = len(drafter.config.target_layer_ids) * target.config.hidden_size
@@ -74,7 +75,7 @@ def test_batched_drafting_has_the_entry_points_values_and_gradients(pair, block)
         with torch.autograd.graph.allow_mutation_on_saved_tensors():
             (features, ctx, ids, positions), _ = trainer._blocks(target, drafter, corpus, rows,
                                                                 anchors, block)
-            batched = trainer.draft_blocks(drafter, features, ctx, ids, positions)
+            batched = distil.draft_blocks(drafter, features, ctx, ids, positions)
             batched_grads = gradients((batched * weights).sum())
 
         with torch.autograd.graph.allow_mutation_on_saved_tensors():
@@ -142,17 +143,17 @@ def test_context_before_position_zero_is_hidden_as_at_run_time(pair):
     """Anchors right after a short prompt: the batched blocks inject placeholder features at
     negative positions, which must change nothing against injecting only the real ones."""
     target, drafter, _ = pair
-    prompts = trainer.random_prompts(3, 5, target.config.vocab_size,
+    prompts = distil.random_prompts(3, 5, target.config.vocab_size,
                                      drafter.config.mask_token_id, seed=4)
-    corpus = trainer.generate_corpus_batched(target, prompts, 24)
+    corpus = distil.generate_corpus_batched(target, prompts, 24)
     assert drafter.config.sliding_window - 4 > 5 + 2  # the third row still reaches below 0
     assert trainer.check_batched_drafting(target, drafter, corpus, block=4) < 1e-4
 
 
 def test_prompts_are_windows_of_the_documents():
     documents = [[1, *range(10, 30), 2], [1, 5, 2], [1, *range(40, 90), 2]]
-    prompts = trainer.document_prompts(documents, 50, 8, seed=0)
-    assert prompts == trainer.document_prompts(documents, 50, 8, seed=0)
+    prompts = distil.document_prompts(documents, 50, 8, seed=0)
+    assert prompts == distil.document_prompts(documents, 50, 8, seed=0)
     assert len(prompts) == 50 and all(len(p) == 8 for p in prompts)
     windows = {tuple(doc[i:i + 8]) for doc in documents for i in range(len(doc) - 7)}
     assert {tuple(p) for p in prompts} <= windows
@@ -163,10 +164,10 @@ def test_prompts_are_windows_of_the_documents():
 def dflash2_pair(tmp_path_factory):
     target_dir, drafter_dir = write_tiny_checkpoints(tmp_path_factory.mktemp("dflash2"),
                                                      drafter_config=TINY_DFLASH2_CONFIG)
-    target, drafter = trainer.load_pair(target_dir, drafter_dir, max_context=64, max_query=16)
-    prompts = trainer.random_prompts(4, 5, target.config.vocab_size,
+    target, drafter = distil.load_pair(target_dir, drafter_dir, max_context=64, max_query=16)
+    prompts = distil.random_prompts(4, 5, target.config.vocab_size,
                                      drafter.config.mask_token_id, seed=3)
-    return target, drafter, trainer.generate_corpus_batched(target, prompts, 40)
+    return target, drafter, distil.generate_corpus_batched(target, prompts, 40)
 
 
 @pytest.mark.parametrize("block", [4, 8])
@@ -190,7 +191,7 @@ def test_the_selector_loss_reaches_the_codebooks_through_true_predecessors(dflas
                                                         block)
     tokens = corpus.tokens.clone()
     tokens[rows[:, None], low[:, None] + torch.arange(1, block)] = logits.argmax(dim=-1)
-    labelled = trainer.Corpus(tokens, corpus.captured, corpus.starts)
+    labelled = distil.Corpus(tokens, corpus.captured, corpus.starts)
     selector = drafter.candidate_selector
     trained = [selector.predecessor_codebook, selector.successor_codebook]
     losses = {}
@@ -219,30 +220,30 @@ def test_the_selector_loss_reaches_the_codebooks_through_true_predecessors(dflas
 
 
 def test_line_prompts_are_bos_and_a_definition_line():
-    from museflash.tools.train_demo import load_tokenizer
+    from museflash.training.train_demo import load_tokenizer
 
     texts = ["import os\n\nclass Parser:\n    def feed(self, data):\n        pass\n",
              "x = 1  # def not_a_header\nasync def main():\n    await go()\n"]
-    assert trainer.definition_lines(texts) == ["class Parser:", "def feed(self, data):",
+    assert distil.definition_lines(texts) == ["class Parser:", "def feed(self, data):",
                                                "async def main():"]
     tokenizer = load_tokenizer(trainer.default_target_dir())
-    prompts = trainer.line_prompts(tokenizer, texts, 12, 4, bos=1, seed=0)
-    assert prompts == trainer.line_prompts(tokenizer, texts, 12, 4, bos=1, seed=0)
+    prompts = distil.line_prompts(tokenizer, texts, 12, 4, bos=1, seed=0)
+    assert prompts == distil.line_prompts(tokenizer, texts, 12, 4, bos=1, seed=0)
     assert len(prompts) == 12 and all(p[0] == 1 and 2 <= len(p) <= 4 for p in prompts)
     decoded = {tokenizer.decode(p[1:]) for p in prompts}
-    assert all(any(line.startswith(text) for line in trainer.definition_lines(texts))
+    assert all(any(line.startswith(text) for line in distil.definition_lines(texts))
                for text in decoded)
 
 
 def test_prompts_of_several_lengths_are_generated_per_length(pair):
     target, drafter, _ = pair
-    prompts = [p[:n] for p, n in zip(trainer.random_prompts(
+    prompts = [p[:n] for p, n in zip(distil.random_prompts(
         5, 9, target.config.vocab_size, drafter.config.mask_token_id, seed=5),
         (9, 4, 9, 6, 4), strict=True)]
-    corpus = trainer.generate_corpus_grouped(target, prompts, 20)
+    corpus = distil.generate_corpus_grouped(target, prompts, 20)
     by_length = sorted(prompts, key=len)
     assert corpus.starts.tolist() == [len(p) for p in by_length]
-    single = trainer.generate_corpus(target, by_length, 20)
+    single = distil.generate_corpus(target, by_length, 20)
     assert torch.equal(corpus.tokens, single.tokens)
     assert torch.allclose(corpus.captured, single.captured, rtol=1e-4, atol=1e-5)
 
@@ -256,12 +257,12 @@ def test_the_corpus_cache_is_read_only_with_the_same_key(pair, tmp_path):
         return corpus
 
     path = tmp_path / "corpus.pt"
-    first, seconds = trainer.cached_corpus(path, {"sequences": 4}, make, log=lambda _l: None)
-    again, recorded = trainer.cached_corpus(path, {"sequences": 4}, make, log=lambda _l: None)
+    first, seconds = distil.cached_corpus(path, {"sequences": 4}, make, log=lambda _l: None)
+    again, recorded = distil.cached_corpus(path, {"sequences": 4}, make, log=lambda _l: None)
     assert len(made) == 1 and recorded == seconds
     assert torch.equal(again.tokens, corpus.tokens) and torch.equal(again.starts, corpus.starts)
     assert torch.equal(again.captured, corpus.captured)
-    trainer.cached_corpus(path, {"sequences": 5}, make, log=lambda _l: None)
+    distil.cached_corpus(path, {"sequences": 5}, make, log=lambda _l: None)
     assert len(made) == 2
 
 
@@ -272,7 +273,7 @@ def test_the_corpus_cache_is_read_only_with_the_same_key(pair, tmp_path):
 def tiny_target(tmp_path_factory):
     """A tiny Muse Glimmer trained by //:train_demo's own run on a few small stdlib files (with
     its tokenizer), the way the committed demo target is made."""
-    from museflash.tools import train_demo as td
+    from museflash.training import train_demo as td
 
     root = td.stdlib_root()
     small = [p for p in td.corpus_paths(root) if (root / p).stat().st_size < 6_000]

@@ -5,7 +5,7 @@ candidate selector trained in the loop.
       [--train-steps N | --train-seconds S] [--layers 3] [--window 32] [--selector-rank 64]
 
 Writes DIR/drafter-dflash2 and DIR/train_demo_dflash2.json and prints held-out acceptance for
-K = 4, 8 and 16 (tools/train_demo_dflash2.py says how). Relative paths resolve against the
+K = 4, 8 and 16 (training/train_demo_dflash2.py says how). Relative paths resolve against the
 directory Bazel was run from.
 """
 
@@ -17,7 +17,7 @@ from absl import flags
 
 from museflash.cli.command import run_command
 from museflash.paths import resolve_user_path
-from museflash.tools import train_demo_dflash2 as trainer  # sets OMP_WAIT_POLICY before torch
+from museflash.training import train_demo_dflash2 as trainer  # sets OMP_WAIT_POLICY before torch
 
 flags.DEFINE_string("output-dir", None,
                     f"Writes DIR/{trainer.DRAFTER_DIR} and DIR/{trainer.REPORT_FILE}.")

@@ -5,7 +5,7 @@
       [--line-prompts 8192] [--corpus-cache FILE]
 
 Writes DIR/drafter and DIR/train_demo_drafter.json and prints held-out acceptance for K = 4, 8
-and 16 before and after training (tools/train_demo_drafter.py says how). Relative paths resolve
+and 16 before and after training (training/train_demo_drafter.py says how). Relative paths resolve
 against the directory Bazel was run from.
 """
 
@@ -18,7 +18,7 @@ from absl import flags
 
 from museflash.cli.command import run_command
 from museflash.paths import resolve_user_path
-from museflash.tools import train_demo_drafter as trainer
+from museflash.training import train_demo_drafter as trainer
 
 flags.DEFINE_string("output-dir", None, "Writes DIR/drafter and DIR/train_demo_drafter.json.")
 flags.DEFINE_string("target-dir", None,

@@ -3,7 +3,7 @@
   ./bazelw run //:train_demo -- --output-dir DIR [--minutes 26 | --steps N] [--seed 0]
 
 Writes DIR/target and DIR/train_demo.json and prints the held-out perplexity and bits per byte
-(tools/train_demo.py says how; docs/demo.md has the committed run). Relative paths resolve
+(training/train_demo.py says how; docs/demo.md has the committed run). Relative paths resolve
 against the directory Bazel was run from.
 """
 
@@ -16,7 +16,7 @@ from absl import flags
 
 from museflash.cli.command import run_command
 from museflash.paths import resolve_user_path
-from museflash.tools import train_demo  # sets OMP_WAIT_POLICY before anything loads torch
+from museflash.training import train_demo  # sets OMP_WAIT_POLICY before anything loads torch
 
 ARCH, SETTINGS = train_demo.Architecture(), train_demo.Settings(output_dir=Path("."))
 flags.DEFINE_string("output-dir", None, "Writes DIR/target and DIR/train_demo.json.")

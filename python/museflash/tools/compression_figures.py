@@ -70,7 +70,7 @@ def predicted_bytes(shapes: dict[str, tuple[int, ...]], schemes: dict[str, Schem
 def held_out_positions(model, inputs: torch.Tensor, targets: torch.Tensor,
                        batch: int = 16) -> torch.Tensor:
     """The model's argmax at every scored position (IGNORE targets dropped)."""
-    from museflash.tools.train_demo import IGNORE
+    from museflash.training.train_demo import IGNORE
 
     chosen = []
     with torch.no_grad():
@@ -85,7 +85,7 @@ def document_losses(model, documents: list[list[int]],
     """Per held-out document: (its scored targets' cross-entropy summed, in nats; their count),
     over the windows train_demo.evaluation_windows makes of it (summed over the documents,
     held_out_figures' loss). float64."""
-    from museflash.tools.train_demo import evaluation_windows, summed_loss
+    from museflash.training.train_demo import evaluation_windows, summed_loss
 
     losses = [summed_loss(model, *evaluation_windows([document], context))
               for document in documents]
@@ -132,7 +132,7 @@ def acceptance(target, drafter, prompts: list[list[int]], new_tokens: int,
 def quality(log=print, prompts: int = 8, prompt_tokens: int = 48,
             new_tokens: int = 48) -> dict[str, Any]:
     from museflash.tools.demo_figures import prompts_from
-    from museflash.tools.train_demo import (
+    from museflash.training.train_demo import (
         evaluation_windows,
         load_corpus,
         load_tokenizer,
@@ -144,7 +144,7 @@ def quality(log=print, prompts: int = 8, prompt_tokens: int = 48,
     with builtin_checkpoints("demo") as (target_dir, drafter_dir):
         tokenizer = load_tokenizer(target_dir)
         corpus = load_corpus()
-        from museflash.tools.train_demo import encode_files
+        from museflash.training.train_demo import encode_files
 
         documents = encode_files(tokenizer, corpus.held_out)
         nbytes = sum(len(f.text.encode("utf-8")) for f in corpus.held_out)

@@ -9,7 +9,7 @@ For every pair and every number of drafted tokens k it exports the pair with
 target-only bundle whose `main` takes one token, the fastest way to decode without a drafter.
 Exports land in --work-dir (a temporary directory by default); an export already there with the
 same settings is reused. Then, on prompts cut from the middle of the held-out files the demo
-pairs never saw (tools/train_demo.py's split of the Python standard library):
+pairs never saw (training/train_demo.py's split of the Python standard library):
 
 - the target's perplexity and bits per byte from its exported `main` logits;
 - per pair, temperature (0 and 0.7), k and lookup setting (0: every step drafts; n: a step
@@ -103,7 +103,7 @@ class Figures:
 
 def held_out_documents(tokenizer) -> tuple[list[list[int]], int]:
     """The held-out files as token lists (`<bos>` text `<eos>`), and how many there are."""
-    from museflash.tools.train_demo import encode_files, load_corpus
+    from museflash.training.train_demo import encode_files, load_corpus
 
     corpus = load_corpus()
     return encode_files(tokenizer, corpus.held_out), len(corpus.held_out)
@@ -116,7 +116,7 @@ def exported_perplexity(target: ExportedTarget, documents: list[list[int]], limi
     tokens (train_demo.evaluation_windows): every token after `<bos>` is scored once, and after
     the first window with at least limit // 2 tokens of its file before it, as the training run
     scored its held-out text. Stops after the file that reaches `max_tokens`."""
-    from museflash.tools.train_demo import IGNORE, evaluation_windows
+    from museflash.training.train_demo import IGNORE, evaluation_windows
 
     block = target.verify_length
     total, count, nbytes = 0.0, 0, 0

@@ -192,7 +192,7 @@ def tokenizers_under_test() -> dict[str, str]:
 
 def held_out_texts() -> tuple[list[tuple[str, str]], dict[str, Any]]:
     from museflash.demo_checkpoint import TRAINED_DEMO_DIR
-    from museflash.tools import train_demo
+    from museflash.training import train_demo
 
     corpus = train_demo.load_corpus()
     recorded = json.loads((TRAINED_DEMO_DIR / "train_demo.json").read_text())
@@ -271,7 +271,7 @@ def speed(swift_tokenize: Path, export_dir: Path, repeat: int) -> dict[str, Any]
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     from tokenizers import Tokenizer
 
-    from museflash.tools import train_demo
+    from museflash.training import train_demo
 
     corpus = train_demo.load_corpus()
     paths = [str(corpus.root / f.path) for f in corpus.held_out]

@@ -3,7 +3,7 @@
     ./bazelw run //:train_demo_dflash2 -- --output-dir DIR [--corpus-cache FILE]
         [--train-steps N | --train-seconds S] [--layers 3] [--window 32] [--selector-rank 64]
 
-The same distillation as //:train_demo_drafter (tools/train_demo_drafter.py: the same corpus
+The same distillation as //:train_demo_drafter (training/train_demo_drafter.py: the same corpus
 split, prompts and seed, so `--corpus-cache` can hand both tools one generated corpus; the same
 batched entry points, anchors and K = 4, 8, 16 cycle), for models/dflash2.py instead of DFlash
 v1: every layer's grouped dynamic convolutions, z-lab's window per query (the first query of a
@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import os
 
-# Idle OpenMP threads sleep instead of spinning (see tools/train_demo.py); read when torch is
+# Idle OpenMP threads sleep instead of spinning (see training/train_demo.py); read when torch is
 # first imported, so it only takes effect when a program imports this module before torch
 # (cli/train_demo_dflash2_main.py).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -57,7 +57,8 @@ from museflash.checkpoint.load import drafter_checkpoint_tensors
 from museflash.checkpoint.tensor_files import write_safetensors
 from museflash.models.dflash import ZLAB_ENCODER_KEYS, DFlashEncoder
 from museflash.models.dflash2 import DFlash2Config, DFlash2Drafter
-from museflash.tools import train_demo_drafter as v1
+from museflash.training import distil_corpus as distil
+from museflash.training import train_demo_drafter as v1
 
 DRAFTER_DIR = "drafter-dflash2"
 REPORT_FILE = "train_demo_dflash2.json"
@@ -140,14 +141,14 @@ def write_dflash2(target, drafter: DFlash2Drafter, source_dir: Path, out_dir: Pa
 # --- The selector, batched --------------------------------------------------------------------
 
 
-def block_outputs(target, drafter: DFlash2Drafter, corpus: v1.Corpus, rows: torch.Tensor,
+def block_outputs(target, drafter: DFlash2Drafter, corpus: distil.Corpus, rows: torch.Tensor,
                   anchors: torch.Tensor, block: int):
     """(hidden [B, K-1, H], logits [B, K-1, vocab], labels [B, K-1], predecessors [B, K-1]) of
     the drafted positions of blocks at `anchors` of `rows`: the drafter's own `_draft_hidden`
     and `_logits` (what `draft` runs before the selector), on v1's batched blocks (with the
     window per query's context). predecessors: the anchor, then the target's tokens."""
     inputs, labels = v1._blocks(target, drafter, corpus, rows, anchors, block)
-    hidden = v1.draft_blocks(drafter, *inputs, method="_draft_hidden")[:, 1:]
+    hidden = distil.draft_blocks(drafter, *inputs, method="_draft_hidden")[:, 1:]
     predecessors = torch.cat([inputs[2][:, :1], labels[:, :-1]], dim=1)
     return hidden, drafter._logits(hidden), labels, predecessors
 
@@ -191,7 +192,7 @@ def make_loss(selector_weight: float):
     return dflash2_loss
 
 
-def teacher_forced_acceptance(target, drafter: DFlash2Drafter, corpus: v1.Corpus, block: int,
+def teacher_forced_acceptance(target, drafter: DFlash2Drafter, corpus: distil.Corpus, block: int,
                               chunk: int = 256, stride: int = 1) -> dict[str, float]:
     """Mean accepted/(K-1) over every `stride`-th anchor of `corpus`, proposing the selector's
     choices ("selector": what the greedy loop accepts from each anchor, since up to its first
@@ -217,7 +218,7 @@ def teacher_forced_acceptance(target, drafter: DFlash2Drafter, corpus: v1.Corpus
             for name, hits in accepted.items()}
 
 
-def check_batched_dflash2(target, drafter: DFlash2Drafter, corpus: v1.Corpus, block: int = 4,
+def check_batched_dflash2(target, drafter: DFlash2Drafter, corpus: distil.Corpus, block: int = 4,
                           rows: int = 3) -> float:
     """The batched blocks against the drafter's own inject_kv + draft on each block alone:
     the logits agree (returns their max difference relative to their scale) and the batched
@@ -230,7 +231,7 @@ def check_batched_dflash2(target, drafter: DFlash2Drafter, corpus: v1.Corpus, bl
     with torch.no_grad():
         (features, ctx_pos, ids, block_pos), _ = v1._blocks(target, drafter, corpus, picked,
                                                             anchors, block)
-        hidden = v1.draft_blocks(drafter, features, ctx_pos, ids, block_pos,
+        hidden = distil.draft_blocks(drafter, features, ctx_pos, ids, block_pos,
                                  method="_draft_hidden")[:, 1:]
         logits = drafter._logits(hidden)
         for i in range(len(picked)):
@@ -286,7 +287,7 @@ def run(output_dir: Path, *, target_dir: Path | None = None, corpus_root: Path |
     with tempfile.TemporaryDirectory(prefix="museflash-train-dflash2-") as scratch:
         initial = write_initial_dflash2(target_dir, config, Path(scratch) / "initial", seed)
         # The drafter's ring in fp16, as in train_demo_drafter.run.
-        target, drafter = v1.load_pair(target_dir, initial, max_context=v1._roundup32(length),
+        target, drafter = distil.load_pair(target_dir, initial, max_context=v1._roundup32(length),
                                        max_query=max(prompt_length, window, *v1.EVAL_BLOCKS),
                                        drafter_cache_dtype=torch.float16)
         report["drafter_parameters"] = sum(
