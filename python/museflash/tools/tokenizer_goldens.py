@@ -159,7 +159,8 @@ def word_level_json() -> str:
 def layout_tokenizers() -> dict[str, str]:
     """The Qwen2- and Llama 3-layout fixtures' tokenizer.json text, their BPE trained on the
     first files of the demo corpus's training split."""
-    from museflash.tools import tokenizer_layouts, train_demo
+    from museflash.tools import tokenizer_layouts
+    from museflash.training import train_demo
 
     texts = [f.text for f in train_demo.load_corpus().train[:LAYOUT_TRAINING_FILES]]
     return {f"{name}_layout": text for name, text in tokenizer_layouts.layouts(texts).items()}
