@@ -174,11 +174,33 @@ class LayerType(Name):
     FULL_ATTENTION = "full_attention"
 
 
+# The target's states: one key/value pair per layer kind, [layers of that kind, kv_heads,
+# capacity, head_dim]. A target has the pair of each kind it has layers of, and only those: a
+# kind without layers has no states (never a state of zero layers, which Core ML cannot hold).
+# So a target whose layers are all full attention (Qwen3, Llama) has exactly globalKeyCache and
+# globalValueCache, and its `target.sliding_window` is 0. `target_states` is the rule; both
+# readers derive the expected names from `target.layer_types` the same way. Not a schema bump:
+# no field is added, removed or newly required, each state keeps its meaning, and every bundle
+# written before (both kinds present) has the same four states under the rule.
 TARGET_STATES = (StateName.GLOBAL_KEY_CACHE, StateName.GLOBAL_VALUE_CACHE,
                  StateName.SLIDING_KEY_CACHE, StateName.SLIDING_VALUE_CACHE)
+TARGET_STATES_BY_LAYER_TYPE = {
+    LayerType.FULL_ATTENTION: (StateName.GLOBAL_KEY_CACHE, StateName.GLOBAL_VALUE_CACHE),
+    LayerType.SLIDING_ATTENTION: (StateName.SLIDING_KEY_CACHE, StateName.SLIDING_VALUE_CACHE),
+}
+# Written as `target.sliding_window` by a target without sliding layers.
+NO_SLIDING_WINDOW = 0
 DRAFTER_STATES = (StateName.DRAFTER_KEY_CACHE, StateName.DRAFTER_VALUE_CACHE)
 RING_DRAFTER_STATES = (StateName.SLIDING_KEY_CACHE, StateName.SLIDING_VALUE_CACHE)
 INT32_OUTPUTS = frozenset({OutputName.LAST_INJECTED_POSITION, OutputName.DRAFT_TOKENS})
+
+
+def target_states(layer_types: list[str] | list[LayerType]) -> tuple[StateName, ...]:
+    """The target's states for these `layer_types`, in TARGET_STATES order: the pair of each
+    layer kind present (a target of full-attention layers only: the global pair)."""
+    present = {LayerType(t) for t in layer_types}
+    return tuple(name for kind, names in TARGET_STATES_BY_LAYER_TYPE.items()
+                 if kind in present for name in names)
 
 
 def _doc(text: str, **kwargs: Any) -> Any:
@@ -202,8 +224,9 @@ class TargetSettings:
     num_attention_heads: int
     num_key_value_heads: int
     head_dim: int
-    sliding_window: int
-    layer_types: list[LayerType] = _doc("one per layer")
+    sliding_window: int = _doc("window of the sliding layers; 0 when the target has none")
+    layer_types: list[LayerType] = _doc("one per layer; the target's states are the key/value "
+                                        "pair of each kind listed here, and only those")
     final_logit_softcapping: float | None = _doc("tanh soft cap of the logits, or null")
 
 

@@ -15,6 +15,7 @@ from museflash.bundle import (
     DrafterKind,
     FunctionName,
     KVWrite,
+    LayerType,
     Metadata,
     OutputName,
     StateKind,
@@ -195,3 +196,14 @@ def test_each_state_name_says_how_its_cache_is_addressed(examples):
                 other = (bundle.StateRole.VALUE if state.role == bundle.StateRole.KEY
                          else bundle.StateRole.KEY)
                 assert shapes[(state.kind, other)] == state.shape, where
+
+
+def test_target_states_are_the_pair_of_each_layer_kind_present():
+    full, sliding = LayerType.FULL_ATTENTION, LayerType.SLIDING_ATTENTION
+    assert bundle.target_states([full, full, full]) == (StateName.GLOBAL_KEY_CACHE,
+                                                        StateName.GLOBAL_VALUE_CACHE)
+    assert bundle.target_states([sliding, full, sliding]) == bundle.TARGET_STATES
+    assert bundle.target_states(["sliding_attention"]) == (StateName.SLIDING_KEY_CACHE,
+                                                           StateName.SLIDING_VALUE_CACHE)
+    with pytest.raises(ValueError):
+        bundle.target_states(["chunked_attention"])

@@ -12,7 +12,6 @@ import torch
 from museflash.bundle import (
     DRAFTER_STATES,
     RING_DRAFTER_STATES,
-    TARGET_STATES,
     AssetKind,
     AssetRole,
     DFlash2Settings,
@@ -26,6 +25,7 @@ from museflash.bundle import (
     SelectorDecoding,
     SpeculativeDecoding,
     StateName,
+    target_states,
 )
 from museflash.checkpoint.configs import CheckedConfigs, check_configs, drafter_kind, read_config
 from museflash.checkpoint.load import load_drafter, load_target
@@ -154,7 +154,8 @@ def plan_export(options: ExportOptions, target_dir: Path, drafter_dir: Path | No
                           f"{context}")
     max_query = max(options.prefill_length, decode_length, block)
     return ExportPlan(Path(target_dir), Path(drafter_dir) if drafter_dir else None, configs,
-                      spec, max_query, _asset_plans(options, spec, decode_length),
+                      spec, max_query,
+                      _asset_plans(options, spec, decode_length, configs.target.layer_types),
                       compression_plan(options, Path(target_dir),
                                        Path(drafter_dir) if drafter_dir else None),
                       context, kv_write_strategy(options, configs.target))
@@ -321,12 +322,12 @@ def _inject_function(block: int, width: int) -> FunctionPlan:
 
 
 def _asset_plans(options: ExportOptions, spec: SpeculativeDecoding | None,
-                   decode_length: int) -> list[AssetPlan]:
+                 decode_length: int, layer_types: list[str]) -> list[AssetPlan]:
     fused = options.fused_target
     target_outputs = [OutputName.LOGITS] + ([OutputName.DRAFTER_FEATURES] if fused else [])
     assets = [AssetPlan(
         AssetRole.TARGET, AssetKind.FUSED_TARGET if fused else AssetKind.TARGET, "target",
-        TARGET_STATES, FunctionName.MAIN, [
+        target_states(layer_types), FunctionName.MAIN, [
             _ids_function(FunctionName.MAIN, FunctionRole.DECODE, "forward", decode_length,
                           target_outputs),
             _ids_function(FunctionName.PREFILL, FunctionRole.PREFILL, "prefill",
