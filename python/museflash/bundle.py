@@ -326,8 +326,9 @@ class Source:
 class Tokenizer:
     """The target checkpoint's tokenizer, copied into the export (Hugging Face layout)."""
     files: list[str] = _doc("relative to the export directory; `tokenizer.json` first")
-    vocab_size: int = _doc("ids the tokenizer can produce, added tokens included; equals the "
-                           "bundle's vocab_size")
+    vocab_size: int = _doc("ids the tokenizer can produce, added tokens included: 0 to "
+                           "vocab_size - 1. At most the bundle's vocab_size; the embedding "
+                           "rows past it are padding no text encodes to")
     special_tokens: dict[str, int] = _doc("special token text -> id (the drafter's "
                                           "mask_token_id is one of them)")
 
