@@ -46,9 +46,11 @@ EMBEDDED_METADATA_KEY = "museflash.metadata"
 # `tiny-dflash2` the same target with a random DFlash2 drafter in z-lab's layout, and
 # `tiny-massive` / `tiny-dflash2-massive` those pairs with planted massive activations (residual
 # channels past 2^15 on their <bos> and delimiter tokens, as real LLMs carry: docs/fp16.md).
+# `tiny-qwen3` / `tiny-llama`: random Qwen3 and Llama 3.1 targets written by transformers'
+# save_pretrained, each with a z-lab-shaped DFlash drafter (hf_tiny_pairs.py).
 BUILTIN_PREFIX = "builtin:"
 BUILTIN_PAIRS = ("demo", "demo-dflash2", "tiny", "tiny-dflash2", "tiny-massive",
-                 "tiny-dflash2-massive")
+                 "tiny-dflash2-massive", "tiny-qwen3", "tiny-llama")
 
 
 def builtin_source(pair: str) -> str:

@@ -153,7 +153,8 @@ def bundle_metadata(plan: ExportPlan, modules: dict[str, torch.nn.Module], sourc
 def default_model_name(source: Source) -> str:
     pair = builtin_pair(source.checkpoint)
     if pair is not None:
-        return {"demo": "muse-glimmer-demo"}.get(pair, "muse-glimmer-tiny-demo")
+        return {"demo": "muse-glimmer-demo", "tiny-qwen3": "qwen3-tiny-random",
+                "tiny-llama": "llama-3.1-tiny-random"}.get(pair, "muse-glimmer-tiny-demo")
     return Path(source.checkpoint).name
 
 
