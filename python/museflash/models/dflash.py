@@ -294,10 +294,13 @@ class DFlashDrafter(nn.Module):
         self.final_logit_softcapping = final_logit_softcapping
         self.max_context = max_context
         self.max_query_len = max(max_query_len, config.block_size)
-        # A full-attention drafter sees every position the context holds: a ring whose window
-        # is the whole context (slot p holds position p for every p < max_context).
-        self.window = config.sliding_window if config.sliding_window is not None else max_context
-        self.ring_capacity = ring_capacity(self.window, self.max_query_len)
+        # A full-attention drafter sees every position the context holds: a ring as long as
+        # the context, which never wraps (slot p holds position p for every p < max_context).
+        if config.sliding_window is None:
+            self.window = self.ring_capacity = max_context
+        else:
+            self.window = config.sliding_window
+            self.ring_capacity = ring_capacity(self.window, self.max_query_len)
         self.cache_dtype = cache_dtype
         # Borrowed from the target: the same module objects, never copies.
         self.embed_tokens = embed_tokens
