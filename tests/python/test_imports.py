@@ -96,12 +96,14 @@ LAYERS = {
     "checkpoint": {"bundle", "models"},
     "hf_tiny_pairs": {"bundle", "checkpoint", "models"},
     "demo_checkpoint": {"bundle", "checkpoint", "models", "hf_tiny_pairs"},
-    "export": {"bundle", "checkpoint", "demo_checkpoint", "models"},
-    "runtime": {"bundle", "checkpoint", "demo_checkpoint", "models"},
-    "checks": {"bundle", "checkpoint", "demo_checkpoint", "models", "export", "runtime"},
-    "tools": {"bundle", "checkpoint", "demo_checkpoint", "models", "export", "runtime", "checks"},
-    "cli": {"bundle", "checkpoint", "demo_checkpoint", "models", "export", "runtime", "checks",
-            "tools"},
+    "export": {"bundle", "checkpoint", "demo_checkpoint", "hf_tiny_pairs", "models"},
+    "runtime": {"bundle", "checkpoint", "demo_checkpoint", "hf_tiny_pairs", "models"},
+    "checks": {"bundle", "checkpoint", "demo_checkpoint", "hf_tiny_pairs", "models", "export",
+               "runtime"},
+    "tools": {"bundle", "checkpoint", "demo_checkpoint", "hf_tiny_pairs", "models", "export",
+              "runtime", "checks"},
+    "cli": {"bundle", "checkpoint", "demo_checkpoint", "hf_tiny_pairs", "models", "export",
+            "runtime", "checks", "tools"},
 }
 
 
