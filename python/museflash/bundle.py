@@ -46,9 +46,11 @@ EMBEDDED_METADATA_KEY = "museflash.metadata"
 # `tiny-dflash2` the same target with a random DFlash2 drafter in z-lab's layout, and
 # `tiny-massive` / `tiny-dflash2-massive` those pairs with planted massive activations (residual
 # channels past 2^15 on their <bos> and delimiter tokens, as real LLMs carry: docs/fp16.md).
+# `tiny-qwen3` / `tiny-llama`: random Qwen3 and Llama 3.1 targets written by transformers'
+# save_pretrained, each with a z-lab-shaped DFlash drafter (hf_tiny_pairs.py).
 BUILTIN_PREFIX = "builtin:"
 BUILTIN_PAIRS = ("demo", "demo-dflash2", "tiny", "tiny-dflash2", "tiny-massive",
-                 "tiny-dflash2-massive")
+                 "tiny-dflash2-massive", "tiny-qwen3", "tiny-llama")
 
 
 def builtin_source(pair: str) -> str:
@@ -174,11 +176,33 @@ class LayerType(Name):
     FULL_ATTENTION = "full_attention"
 
 
+# The target's states: one key/value pair per layer kind, [layers of that kind, kv_heads,
+# capacity, head_dim]. A target has the pair of each kind it has layers of, and only those: a
+# kind without layers has no states (never a state of zero layers, which Core ML cannot hold).
+# So a target whose layers are all full attention (Qwen3, Llama) has exactly globalKeyCache and
+# globalValueCache, and its `target.sliding_window` is 0. `target_states` is the rule; both
+# readers derive the expected names from `target.layer_types` the same way. Not a schema bump:
+# no field is added, removed or newly required, each state keeps its meaning, and every bundle
+# written before (both kinds present) has the same four states under the rule.
 TARGET_STATES = (StateName.GLOBAL_KEY_CACHE, StateName.GLOBAL_VALUE_CACHE,
                  StateName.SLIDING_KEY_CACHE, StateName.SLIDING_VALUE_CACHE)
+TARGET_STATES_BY_LAYER_TYPE = {
+    LayerType.FULL_ATTENTION: (StateName.GLOBAL_KEY_CACHE, StateName.GLOBAL_VALUE_CACHE),
+    LayerType.SLIDING_ATTENTION: (StateName.SLIDING_KEY_CACHE, StateName.SLIDING_VALUE_CACHE),
+}
+# Written as `target.sliding_window` by a target without sliding layers.
+NO_SLIDING_WINDOW = 0
 DRAFTER_STATES = (StateName.DRAFTER_KEY_CACHE, StateName.DRAFTER_VALUE_CACHE)
 RING_DRAFTER_STATES = (StateName.SLIDING_KEY_CACHE, StateName.SLIDING_VALUE_CACHE)
 INT32_OUTPUTS = frozenset({OutputName.LAST_INJECTED_POSITION, OutputName.DRAFT_TOKENS})
+
+
+def target_states(layer_types: list[str] | list[LayerType]) -> tuple[StateName, ...]:
+    """The target's states for these `layer_types`, in TARGET_STATES order: the pair of each
+    layer kind present (a target of full-attention layers only: the global pair)."""
+    present = {LayerType(t) for t in layer_types}
+    return tuple(name for kind, names in TARGET_STATES_BY_LAYER_TYPE.items()
+                 if kind in present for name in names)
 
 
 def _doc(text: str, **kwargs: Any) -> Any:
@@ -202,8 +226,9 @@ class TargetSettings:
     num_attention_heads: int
     num_key_value_heads: int
     head_dim: int
-    sliding_window: int
-    layer_types: list[LayerType] = _doc("one per layer")
+    sliding_window: int = _doc("window of the sliding layers; 0 when the target has none")
+    layer_types: list[LayerType] = _doc("one per layer; the target's states are the key/value "
+                                        "pair of each kind listed here, and only those")
     final_logit_softcapping: float | None = _doc("tanh soft cap of the logits, or null")
 
 
@@ -303,8 +328,9 @@ class Source:
 class Tokenizer:
     """The target checkpoint's tokenizer, copied into the export (Hugging Face layout)."""
     files: list[str] = _doc("relative to the export directory; `tokenizer.json` first")
-    vocab_size: int = _doc("ids the tokenizer can produce, added tokens included; equals the "
-                           "bundle's vocab_size")
+    vocab_size: int = _doc("ids the tokenizer can produce, added tokens included: 0 to "
+                           "vocab_size - 1. At most the bundle's vocab_size; the embedding "
+                           "rows past it are padding no text encodes to")
     special_tokens: dict[str, int] = _doc("special token text -> id (the drafter's "
                                           "mask_token_id is one of them)")
 

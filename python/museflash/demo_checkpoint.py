@@ -22,9 +22,11 @@ from museflash.bundle import BUILTIN_PAIRS, METADATA_FILE, LayerType, Metadata, 
 from museflash.checkpoint.configs import DRAFTER_MODELS, drafter_architecture
 from museflash.checkpoint.load import drafter_checkpoint_tensors, target_checkpoint_tensors
 from museflash.checkpoint.tensor_files import CheckpointError, write_safetensors
+from museflash.hf_tiny_pairs import HF_TINY_PAIRS, write_hf_tiny_pair
 from museflash.models.dflash import ZLAB_ENCODER_KEYS, DFlashDrafter
 from museflash.models.dflash2 import DFlash2Drafter
 from museflash.models.muse_glimmer import MuseGlimmerConfig, MuseGlimmerWithDrafterFeatures
+from museflash.random_weights import randomize
 
 _S, _G = LayerType.SLIDING_ATTENTION.value, LayerType.FULL_ATTENTION.value
 
@@ -115,26 +117,6 @@ _VISION_SHAPES = {
     "model.vision_tower.patch_embedding.weight": (32, 48),
     "model.vision_tower.layers.0.mlp.fc1.weight": (64, 32),
 }
-
-
-def randomize(module: nn.Module, generator: torch.Generator) -> None:
-    """Deterministic values that keep activations O(1); norm weights are perturbed so a wrong
-    norm kind ((1 + w) vs w) changes the outputs."""
-    with torch.no_grad():
-        for name, param in module.named_parameters():
-            noise = torch.randn(param.shape, generator=generator)
-            if "norm" in name:
-                base = 0.0 if _is_unit_offset(module, name) else 1.0
-                param.copy_(base + 0.1 * noise)
-            elif param.dim() == 2 and "embed" not in name:
-                param.copy_(noise / math.sqrt(param.shape[1]))
-            else:
-                param.copy_(noise)
-
-
-def _is_unit_offset(module: nn.Module, param_name: str) -> bool:
-    owner = module.get_submodule(param_name.rpartition(".")[0])
-    return bool(getattr(owner, "unit_offset", False))
 
 
 def build_tiny_models(
@@ -259,9 +241,9 @@ TINY_PAIRS = {"tiny": (TINY_DRAFTER_CONFIG, False),
 @contextmanager
 def builtin_checkpoints(name: str) -> Iterator[tuple[Path, Path]]:
     """(target dir, drafter dir) of a built-in pair: `demo` and `demo-dflash2`, the trained
-    target committed under demo/ with its DFlash v1 or DFlash2 drafter, or one of TINY_PAIRS,
-    the random pairs written to a temporary directory (in the real layout, so
-    they go through the same loader)."""
+    target committed under demo/ with its DFlash v1 or DFlash2 drafter, or one of TINY_PAIRS
+    or HF_TINY_PAIRS (the Qwen3 and Llama ones: hf_tiny_pairs.py), the random pairs written to
+    a temporary directory (in the real layout, so they go through the same loader)."""
     if name in TRAINED_DRAFTERS:
         drafter_dir, tool = TRAINED_DRAFTERS[name]
         target, drafter = TRAINED_DEMO_DIR / "target", TRAINED_DEMO_DIR / drafter_dir
@@ -275,6 +257,9 @@ def builtin_checkpoints(name: str) -> Iterator[tuple[Path, Path]]:
         with tempfile.TemporaryDirectory(prefix=f"museflash-{name}-") as scratch:
             yield write_tiny_checkpoints(scratch, tokenizer=True, drafter_config=drafter_config,
                                          massive=massive)
+    elif name in HF_TINY_PAIRS:
+        with tempfile.TemporaryDirectory(prefix=f"museflash-{name}-") as scratch:
+            yield write_hf_tiny_pair(name, scratch)
     else:
         raise ValueError(f"no built-in pair {name!r}; choose one of {list(BUILTIN_PAIRS)}")
 

@@ -15,6 +15,7 @@ from museflash.bundle import (
     DrafterKind,
     FunctionName,
     KVWrite,
+    LayerType,
     Metadata,
     OutputName,
     StateKind,
@@ -50,7 +51,8 @@ def test_the_schema_states_the_compatibility_rules():
 def test_every_valid_example_conforms_decodes_and_round_trips(examples):
     assert {e["name"] for e in examples["valid"]} == {
         "dflash", "dflash_with_tokenizer", "dflash2", "ring", "fused_target_only",
-        "target_only", "target_only_4bit", "dflash_mixed_rules", "dflash_kv_slice"}
+        "target_only", "target_only_4bit", "dflash_mixed_rules", "dflash_kv_slice",
+        "dflash_global_only_target"}
     for example in examples["valid"]:
         raw = example["metadata"]
         assert schema_errors(raw) == [], example["name"]
@@ -178,8 +180,9 @@ def test_asset_and_function_lookups_say_what_exists(examples):
 
 def test_each_state_name_says_how_its_cache_is_addressed(examples):
     """The kind and role written for a state follow from its name: in every valid example a
-    global cache holds the whole context, a sliding one is a ring shorter than it, and every
-    key cache has a value cache of the same shape beside it."""
+    global cache holds the whole context, a sliding one is a ring shorter than it (but the
+    ring of a full-attention drafter, whose window is the whole context: exactly as long), and
+    every key cache has a value cache of the same shape beside it."""
     for example in examples["valid"]:
         metadata = Metadata.from_json(example["metadata"])
         for role, asset in metadata.assets.items():
@@ -190,8 +193,35 @@ def test_each_state_name_says_how_its_cache_is_addressed(examples):
                 assert (state.kind, state.role) == (state.name.kind, state.name.role), where
                 if state.kind == StateKind.GLOBAL_KV:
                     assert state.capacity == metadata.context_length, where
+                elif metadata.speculative_decoding and role == metadata.drafter_role and (
+                        metadata.speculative_decoding.drafter.sliding_window
+                        == metadata.context_length):
+                    assert state.capacity == metadata.context_length, where
                 else:
                     assert state.capacity < metadata.context_length, where
                 other = (bundle.StateRole.VALUE if state.role == bundle.StateRole.KEY
                          else bundle.StateRole.KEY)
                 assert shapes[(state.kind, other)] == state.shape, where
+
+
+def test_target_states_are_the_pair_of_each_layer_kind_present():
+    full, sliding = LayerType.FULL_ATTENTION, LayerType.SLIDING_ATTENTION
+    assert bundle.target_states([full, full, full]) == (StateName.GLOBAL_KEY_CACHE,
+                                                        StateName.GLOBAL_VALUE_CACHE)
+    assert bundle.target_states([sliding, full, sliding]) == bundle.TARGET_STATES
+    assert bundle.target_states(["sliding_attention"]) == (StateName.SLIDING_KEY_CACHE,
+                                                           StateName.SLIDING_VALUE_CACHE)
+    with pytest.raises(ValueError):
+        bundle.target_states(["chunked_attention"])
+
+
+def test_the_global_only_example_has_only_the_global_state_pair(examples):
+    by_name = {e["name"]: Metadata.from_json(e["metadata"]) for e in examples["valid"]}
+    example = by_name["dflash_global_only_target"]
+    assert set(example.target.layer_types) == {LayerType.FULL_ATTENTION}
+    assert example.target.sliding_window == bundle.NO_SLIDING_WINDOW
+    assert [s.name for s in example.asset(AssetRole.TARGET).states] == [
+        StateName.GLOBAL_KEY_CACHE, StateName.GLOBAL_VALUE_CACHE]
+    for metadata in by_name.values():  # every example follows the rule
+        assert tuple(s.name for s in metadata.asset(AssetRole.TARGET).states) == \
+            bundle.target_states(metadata.target.layer_types)

@@ -44,13 +44,21 @@ def test_a_checkpoint_without_tokenizer_has_none(tmp_path):
     assert check_configs(target, drafter).tokenizer is None
 
 
-def test_a_tokenizer_of_another_size_is_refused(tmp_path, checkpoints):
-    write_word_tokenizer(tmp_path, VOCAB - 12, {"<mask>": 7})
+def test_a_tokenizer_larger_than_the_vocabulary_is_refused(tmp_path, checkpoints):
+    write_word_tokenizer(tmp_path, VOCAB + 12, {"<mask>": 7})
     with pytest.raises(CheckpointError) as error:
         read_tokenizer(tmp_path, VOCAB)
     # Both sizes are named, so the user sees which side is off.
-    assert str(VOCAB - 12) in str(error.value) and str(VOCAB) in str(error.value)
+    assert str(VOCAB + 12) in str(error.value) and str(VOCAB) in str(error.value)
     assert "vocab_size" in str(error.value)
+
+
+def test_a_tokenizer_smaller_than_the_vocabulary_leaves_padding_rows(tmp_path):
+    """Real checkpoints have more embedding rows than tokens (Qwen3: 151936 for 151669)."""
+    write_word_tokenizer(tmp_path, VOCAB - 12, {"<mask>": 7})
+    described = read_tokenizer(tmp_path, VOCAB, 7)
+    assert described.vocab_size == VOCAB - 12
+    assert described.special_tokens == {"<mask>": 7}
 
 
 def test_a_mask_token_that_is_not_special_is_refused(tmp_path):

@@ -3,7 +3,8 @@
 `check_configs` is the one validation pass over a target (and drafter) checkpoint, done before
 any weight is read; the loaders and the export call it. Every problem is a CheckpointError
 naming the file, the key and both values:
-- the target's config parses (models/muse_glimmer.py's MuseGlimmerConfig);
+- the target's config names an architecture implemented here (models/families.py: Muse
+  Glimmer, Qwen3, Llama) and parses into that family's config;
 - the drafter's `architectures` names a family implemented here (DRAFTER_ARCHITECTURES: DFlash
   v1 in models/dflash.py, DFlash2 in models/dflash2.py), its config parses, and the settings
   it states are ones that implementation honours;
@@ -31,6 +32,8 @@ from museflash.models.dflash import (
     first_present,
 )
 from museflash.models.dflash2 import DFlash2Config, DFlash2Drafter
+from museflash.models.families import UnknownArchitectureError, target_family
+from museflash.models.hf_config import rope_parameters
 from museflash.models.muse_glimmer import MuseGlimmerConfig
 
 
@@ -55,9 +58,15 @@ def _parse_config(directory: Path, parse, raw: dict[str, Any] | None = None
 
 
 def read_target_config(target_dir: Path) -> MuseGlimmerConfig:
-    """The target's config, parsed and with its token ids checked."""
+    """The target's config, parsed by the family it names (models/families.py) and with its
+    token ids checked."""
     target_dir = Path(target_dir)
-    raw, config = _parse_config(target_dir, MuseGlimmerConfig.from_dict)
+    raw = read_config(target_dir)
+    try:
+        family = target_family(raw)
+    except UnknownArchitectureError as error:
+        raise CheckpointError(f"{target_dir / CONFIG_FILE}: {error}") from error
+    raw, config = _parse_config(target_dir, family.config_class.from_dict, raw)
     _check_token_ids(target_dir / CONFIG_FILE, raw, TOKEN_ID_KEYS, config.vocab_size)
     return config
 
@@ -131,11 +140,20 @@ def check_drafter_architecture(path: Path, raw: dict[str, Any], kind: DrafterKin
         raise CheckpointError(
             f"{path}: selector_top_k {top_k} exceeds the target vocabulary "
             f"{target_cfg.vocab_size}; the selector keeps at most every token")
-    kinds = sorted(set(raw.get("layer_types") or []) - {LayerType.SLIDING_ATTENTION.value})
-    if kinds:
+    kinds = sorted(set(raw.get("layer_types") or []))
+    if len(kinds) > 1 or not set(kinds) <= {t.value for t in LayerType}:
         raise CheckpointError(
-            f"{path}: layer_types include {kinds}; the {kind} drafter here has sliding "
-            "attention in every layer")
+            f"{path}: layer_types include {kinds}; the {kind} drafter here has the same "
+            f"attention in every layer, {LayerType.SLIDING_ATTENTION} or "
+            f"{LayerType.FULL_ATTENTION}")
+    try:
+        where, rope = rope_parameters(raw)
+    except ValueError as error:
+        raise CheckpointError(f"{path}: {error}") from error
+    if rope["rope_type"] != "default":
+        raise CheckpointError(
+            f"{path}: {where}.rope_type {rope['rope_type']!r} is not supported for the drafter "
+            "(it implements plain RoPE, 'default'); export a drafter without rope scaling")
     stated = settings.get("num_target_layers")
     if stated is not None and int(stated) != target_cfg.num_hidden_layers:
         raise CheckpointError(
@@ -187,7 +205,11 @@ def _check_encoder_width(
     drafter_reader: SafetensorsReader, drafter_cfg: DFlashConfig, target_cfg: MuseGlimmerConfig
 ) -> None:
     key = encoder_key(drafter_reader, "encoder.fc.weight")
-    if key != "encoder.fc.weight" and not drafter_cfg.window_per_query:
+    # z-lab's reference drafts causally when is_causal says so, and by default in sliding
+    # layers only (a full-attention drafter is bidirectional unless it states otherwise).
+    stated = drafter_cfg.raw.get("is_causal")
+    causal = bool(stated) if stated is not None else drafter_cfg.sliding_window is not None
+    if key != "encoder.fc.weight" and causal:
         raise CheckpointError(
             f"{drafter_reader.description}: z-lab's weight layout (fc, hidden_norm) without "
             "`is_causal: false` in config.json: z-lab's reference then drafts causally, which "

@@ -47,14 +47,8 @@ from museflash.models.dflash import (
     drafter_checkpoint_key,
     encoder_key,
 )
-from museflash.models.muse_glimmer import (
-    TARGET_IGNORED_PREFIXES,
-    TARGET_PREFIX,
-    TARGET_UNPREFIXED,
-    MuseGlimmerForCausalLM,
-    MuseGlimmerWithDrafterFeatures,
-    target_checkpoint_key,
-)
+from museflash.models.families import TargetFamily, family_of
+from museflash.models.muse_glimmer import MuseGlimmerForCausalLM
 
 
 class StandIns(Protocol):
@@ -85,23 +79,25 @@ def load_target(
     dtype = resolve_dtype(dtype)
     checked = check_configs(target_dir, Path(drafter_dir) if drafter_dir else None)
     config = checked.target
+    family = family_of(config)
     reader = SafetensorsReader(target_dir)
     cache_kwargs = dict(max_context=max_context, max_query_len=max_query_len,
                         cache_dtype=cache_dtype)
     drafter_reader = None
     with torch.device("meta"):
         if drafter_dir is None:
-            model = MuseGlimmerForCausalLM(config, **cache_kwargs)
+            model = family.model_class(config, **cache_kwargs)
         else:
             drafter_reader = SafetensorsReader(drafter_dir)
-            model = MuseGlimmerWithDrafterFeatures(config, checked.drafter, **cache_kwargs)
+            model = family.fused_class(config, checked.drafter, **cache_kwargs)
     entries = []
     for name, _ in _own_parameters(model):
         if name.startswith(ENCODER_PREFIX):
             entries.append((name, encoder_key(drafter_reader, name), drafter_reader))
         else:
-            entries.append((name, target_checkpoint_key(name), reader))
-    _check_unexpected_target_keys(reader, {key for _, key, r in entries if r is reader})
+            entries.append((name, family.checkpoint_key(name), reader))
+    _check_unexpected_target_keys(reader, {key for _, key, r in entries if r is reader},
+                                  family)
     _load_parameters(model, entries, dtype, placeholders, compressed)
     _build_rotary_tables(model, dtype)
     reader.close()
@@ -227,12 +223,13 @@ def _build_rotary_tables(model: nn.Module, dtype: torch.dtype) -> None:
             module.build(dtype)
 
 
-def _check_unexpected_target_keys(reader: SafetensorsReader, expected: set[str]) -> None:
+def _check_unexpected_target_keys(reader: SafetensorsReader, expected: set[str],
+                                  family: TargetFamily) -> None:
     unexpected = sorted(
         key
         for key in reader.keys()
-        if key not in expected and not key.startswith(TARGET_IGNORED_PREFIXES)
-        and (key.startswith(TARGET_PREFIX) or key.startswith(TARGET_UNPREFIXED))
+        if key not in expected and not key.startswith(family.ignored_prefixes)
+        and (key.startswith(family.prefix) or key.startswith(family.unprefixed))
     )
     if unexpected:
         raise CheckpointError(
@@ -245,8 +242,9 @@ def _check_unexpected_target_keys(reader: SafetensorsReader, expected: set[str])
 
 
 def target_checkpoint_tensors(model: MuseGlimmerForCausalLM) -> dict[str, torch.Tensor]:
+    key = family_of(model.config).checkpoint_key
     return {
-        target_checkpoint_key(name): param
+        key(name): param
         for name, param in _own_parameters(model, skip=(ENCODER_PREFIX,))
     }
 

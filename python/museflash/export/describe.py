@@ -12,6 +12,7 @@ from museflash import __version__
 from museflash.bundle import (
     COMPUTE_PRECISION,
     EMBEDDED_METADATA_KEY,
+    NO_SLIDING_WINDOW,
     PACKAGE_SPEC,
     SCHEMA_VERSION,
     STATE_DTYPE,
@@ -71,7 +72,8 @@ def target_settings(cfg: MuseGlimmerConfig) -> TargetSettings:
         num_attention_heads=cfg.num_attention_heads,
         num_key_value_heads=cfg.num_key_value_heads,
         head_dim=cfg.head_dim,
-        sliding_window=cfg.sliding_window,
+        sliding_window=(cfg.sliding_window if LayerType.SLIDING_ATTENTION in cfg.layer_types
+                        else NO_SLIDING_WINDOW),
         layer_types=[LayerType(t) for t in cfg.layer_types],
         final_logit_softcapping=cfg.final_logit_softcapping,
     )
@@ -151,7 +153,8 @@ def bundle_metadata(plan: ExportPlan, modules: dict[str, torch.nn.Module], sourc
 def default_model_name(source: Source) -> str:
     pair = builtin_pair(source.checkpoint)
     if pair is not None:
-        return {"demo": "muse-glimmer-demo"}.get(pair, "muse-glimmer-tiny-demo")
+        return {"demo": "muse-glimmer-demo", "tiny-qwen3": "qwen3-tiny-random",
+                "tiny-llama": "llama-3.1-tiny-random"}.get(pair, "muse-glimmer-tiny-demo")
     return Path(source.checkpoint).name
 
 

@@ -12,7 +12,6 @@ import torch
 from museflash.bundle import (
     DRAFTER_STATES,
     RING_DRAFTER_STATES,
-    TARGET_STATES,
     AssetKind,
     AssetRole,
     DFlash2Settings,
@@ -26,6 +25,7 @@ from museflash.bundle import (
     SelectorDecoding,
     SpeculativeDecoding,
     StateName,
+    target_states,
 )
 from museflash.checkpoint.configs import CheckedConfigs, check_configs, drafter_kind, read_config
 from museflash.checkpoint.load import load_drafter, load_target
@@ -43,7 +43,8 @@ from museflash.export.progress import Progress
 from museflash.models.base import set_norm_form
 from museflash.models.dflash import ENCODER_PREFIX, ZLAB_ENCODER_KEYS, DFlashConfig
 from museflash.models.dflash2 import DFlash2Config
-from museflash.models.muse_glimmer import TARGET_IGNORED_PREFIXES, MuseGlimmerConfig
+from museflash.models.families import TARGET_FAMILIES, family_of
+from museflash.models.muse_glimmer import MuseGlimmerConfig
 
 # Core ML has no bfloat16: weights are converted to fp16 once, while loading.
 TRACE_DTYPE = torch.float16
@@ -131,6 +132,7 @@ def plan_export(options: ExportOptions, target_dir: Path, drafter_dir: Path | No
     """The export's one validation pass over the checkpoints (`checkpoint.configs.check_configs`:
     configs, drafter against target, token ids, encoder width), then the plan."""
     configs = check_configs(target_dir, drafter_dir if options.wants_drafter else None)
+    context = context_length(options, Path(target_dir))
     spec = None
     if options.dflash_drafter or options.with_drafter:
         kind = DrafterKind.RING if options.with_drafter else DrafterKind.DFLASH
@@ -140,7 +142,7 @@ def plan_export(options: ExportOptions, target_dir: Path, drafter_dir: Path | No
                                   "has no ring form; export it with --dflash-drafter")
             kind = DrafterKind.DFLASH2
         spec = speculative_decoding(configs.drafter_raw, configs.drafter, kind,
-                                    options.num_draft_tokens)
+                                    options.num_draft_tokens, context)
     block = spec.block_size if spec else 1
     decode_length = options.decode_length or block
     if options.dflash_drafter and decode_length != block:
@@ -148,13 +150,13 @@ def plan_export(options: ExportOptions, target_dir: Path, drafter_dir: Path | No
             f"--decode-length {decode_length} differs from the drafter's block of {block}; "
             "one main call verifies one block, so drop --decode-length (set the block with "
             "--num-draft-tokens)")
-    context = context_length(options, Path(target_dir))
     if decode_length > context:
         raise ExportError(f"decode length {decode_length} exceeds --max-context-length "
                           f"{context}")
     max_query = max(options.prefill_length, decode_length, block)
     return ExportPlan(Path(target_dir), Path(drafter_dir) if drafter_dir else None, configs,
-                      spec, max_query, _asset_plans(options, spec, decode_length),
+                      spec, max_query,
+                      _asset_plans(options, spec, decode_length, configs.target.layer_types),
                       compression_plan(options, Path(target_dir),
                                        Path(drafter_dir) if drafter_dir else None),
                       context, kv_write_strategy(options, configs.target))
@@ -164,6 +166,12 @@ def kv_write_strategy(options: ExportOptions, target: MuseGlimmerConfig) -> KVWr
     """--kv-write, checked against the target: `slice` writes the global layers by position,
     so a target without global layers has nothing it could apply to."""
     strategy = KVWrite(options.kv_write)  # the value itself: options.check_flag_rules
+    family = family_of(target)
+    if strategy not in family.kv_writes:
+        raise ExportError(
+            f"--kv-write {strategy} is not implemented for {family.name} targets yet (they "
+            f"write their caches with {', '.join(map(str, family.kv_writes))}); use --kv-write "
+            f"{KVWrite.BLEND}")
     if strategy == KVWrite.SLICE and not target.global_layer_ids:
         raise ExportError(
             f"--kv-write {strategy}: this target has no global (full-attention) layers, only "
@@ -201,8 +209,8 @@ def exported_weight_shapes(options: ExportOptions, target_dir: Path,
     headers): the target's text decoder, and of the drafter checkpoint the encoder (fused
     target) and the drafter's own layers (with a drafter)."""
     reader = SafetensorsReader(target_dir)
-    shapes = {key: reader.shape(key) for key in reader.keys()
-              if not key.startswith(TARGET_IGNORED_PREFIXES)}
+    ignored = tuple(p for family in TARGET_FAMILIES for p in family.ignored_prefixes)
+    shapes = {key: reader.shape(key) for key in reader.keys() if not key.startswith(ignored)}
     if drafter_dir is not None and options.wants_drafter:
         reader = SafetensorsReader(drafter_dir)
         whole = options.dflash_drafter or options.with_drafter
@@ -243,6 +251,7 @@ def speculative_decoding(
     drafter_cfg: DFlashConfig,
     kind: DrafterKind,
     num_draft_tokens: int | None,
+    context_length: int | None = None,
 ) -> SpeculativeDecoding:
     """Structural values come from the drafter's config (DFlashConfig reads them explicitly,
     flat or under dflash_config); runtime knobs from the command line override them.
@@ -251,7 +260,9 @@ def speculative_decoding(
     DEFAULT_NUM_DRAFT_TOKENS, or the config's block_size - 1 when that is smaller):
     `inject_kv`, `draft` and the target's `main` all take k + 1 tokens, so a short draft is
     verified by a short `main` call, not by a block_size one. k is at most the config's
-    block_size - 1, the longest block the drafter was trained for."""
+    block_size - 1, the longest block the drafter was trained for. A full-attention drafter
+    (no sliding_window) is written with the window `context_length`, the whole context its ring
+    spans (models/dflash.py DFlashDrafter.window)."""
     trained_block = drafter_cfg.block_size
     hidden = drafter_raw.get("drafter_hidden_size", drafter_cfg.hidden_size)
     draft_tokens = (num_draft_tokens if num_draft_tokens is not None
@@ -281,7 +292,8 @@ def speculative_decoding(
             num_attention_heads=drafter_cfg.num_attention_heads,
             num_key_value_heads=drafter_cfg.num_key_value_heads,
             head_dim=drafter_cfg.head_dim,
-            sliding_window=drafter_cfg.sliding_window,
+            sliding_window=(drafter_cfg.sliding_window if drafter_cfg.sliding_window is not None
+                            else context_length),
         ),
         dflash2=_dflash2_settings(drafter_cfg) if kind == DrafterKind.DFLASH2 else None,
     )
@@ -321,12 +333,12 @@ def _inject_function(block: int, width: int) -> FunctionPlan:
 
 
 def _asset_plans(options: ExportOptions, spec: SpeculativeDecoding | None,
-                   decode_length: int) -> list[AssetPlan]:
+                 decode_length: int, layer_types: list[str]) -> list[AssetPlan]:
     fused = options.fused_target
     target_outputs = [OutputName.LOGITS] + ([OutputName.DRAFTER_FEATURES] if fused else [])
     assets = [AssetPlan(
         AssetRole.TARGET, AssetKind.FUSED_TARGET if fused else AssetKind.TARGET, "target",
-        TARGET_STATES, FunctionName.MAIN, [
+        target_states(layer_types), FunctionName.MAIN, [
             _ids_function(FunctionName.MAIN, FunctionRole.DECODE, "forward", decode_length,
                           target_outputs),
             _ids_function(FunctionName.PREFILL, FunctionRole.PREFILL, "prefill",

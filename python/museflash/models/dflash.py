@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from museflash.bundle import StateName
+from museflash.bundle import LayerType, StateName
 from museflash.models.base import (
     RMSNorm,
     RotaryTables,
@@ -62,7 +62,10 @@ class DFlashConfig:
     block_size: int
     mask_token_id: int
     target_layer_ids: list[int]
-    sliding_window: int
+    # None: full attention over everything injected (z-lab's drafters for Qwen3 and Llama,
+    # whose layer_types are full_attention): the ring then spans the whole context
+    # (DFlashDrafter.window).
+    sliding_window: int | None
     rope_theta: float
     rms_norm_eps: float = 1e-6
     # How `draft` applies the sliding window (docs/positions.md): one window per block, ending
@@ -98,12 +101,15 @@ class DFlashConfig:
             "num_attention_heads",
             "num_key_value_heads",
             "intermediate_size",
-            "sliding_window",
         ):
             values[name] = config.get(name)
         missing = sorted(name for name, value in values.items() if value is None)
+        full = full_attention(config)
+        window = config.get("sliding_window")
+        if window is None and not full:
+            missing.append("sliding_window")
         if missing:
-            raise ValueError(f"drafter config is missing {missing}")
+            raise ValueError(f"drafter config is missing {sorted(missing)}")
         head_dim = config.get("head_dim") or values["hidden_size"] // values["num_attention_heads"]
         return cls(
             hidden_size=int(values["hidden_size"]),
@@ -115,12 +121,22 @@ class DFlashConfig:
             block_size=int(values["block_size"]),
             mask_token_id=int(values["mask_token_id"]),
             target_layer_ids=[int(i) for i in values["target_layer_ids"]],
-            sliding_window=int(values["sliding_window"]),
+            sliding_window=None if full else int(window),
             rope_theta=float(values["rope_theta"]),
             rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
             window_per_query=config.get("is_causal") is False,
             raw=dict(config),
         )
+
+
+def full_attention(config: dict[str, Any]) -> bool:
+    """Whether a drafter config asks for full attention in every layer: `layer_types` all
+    full_attention, or no layer_types and no sliding_window (z-lab's default layer type). Without
+    layer_types a stated sliding_window means a sliding drafter (the Meta assistant layout)."""
+    layer_types = config.get("layer_types")
+    if layer_types:
+        return set(layer_types) == {LayerType.FULL_ATTENTION.value}
+    return config.get("sliding_window") is None
 
 
 # --- Checkpoint keys -------------------------------------------------------------------------
@@ -278,7 +294,13 @@ class DFlashDrafter(nn.Module):
         self.final_logit_softcapping = final_logit_softcapping
         self.max_context = max_context
         self.max_query_len = max(max_query_len, config.block_size)
-        self.ring_capacity = ring_capacity(config.sliding_window, self.max_query_len)
+        # A full-attention drafter sees every position the context holds: a ring as long as
+        # the context, which never wraps (slot p holds position p for every p < max_context).
+        if config.sliding_window is None:
+            self.window = self.ring_capacity = max_context
+        else:
+            self.window = config.sliding_window
+            self.ring_capacity = ring_capacity(self.window, self.max_query_len)
         self.cache_dtype = cache_dtype
         # Borrowed from the target: the same module objects, never copies.
         self.embed_tokens = embed_tokens
@@ -364,7 +386,7 @@ class DFlashDrafter(nn.Module):
         positions = positions.reshape(-1)
         self._check_length(positions.shape[0])
         window_mask = query_window_mask if self.config.window_per_query else block_window_mask
-        mask = window_mask(positions, self.ring_capacity, self.config.sliding_window)
+        mask = window_mask(positions, self.ring_capacity, self.window)
         return self._hidden(input_ids, positions, mask)
 
     def draft(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -373,7 +395,7 @@ class DFlashDrafter(nn.Module):
     def decode(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         positions = positions.reshape(-1)
         self._check_length(positions.shape[0])
-        mask = sliding_causal_mask(positions, self.ring_capacity, self.config.sliding_window)
+        mask = sliding_causal_mask(positions, self.ring_capacity, self.window)
         return self._logits(self._hidden(input_ids, positions, mask))
 
     def forward(self, first: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

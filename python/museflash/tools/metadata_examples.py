@@ -32,13 +32,16 @@ from museflash.bundle import (
 )
 
 # name -> export flags, and the demo pair it exports: "plain", "with_tokenizer" (the target
-# checkpoint has a tokenizer) or "dflash2" (the drafter is a DFlash2 in z-lab's layout)
+# checkpoint has a tokenizer), "dflash2" (the drafter is a DFlash2 in z-lab's layout) or "qwen3"
+# (the tiny Qwen3 pair: a target of global layers only, so only the global state pair, and a
+# full-attention drafter; hf_tiny_pairs.py)
 EXPORT_KINDS: dict[str, tuple[dict[str, Any], str]] = {
     "dflash": ({"fused_target": True, "dflash_drafter": True}, "plain"),
     "dflash_kv_slice": ({"fused_target": True, "dflash_drafter": True, "kv_write": "slice"},
                         "plain"),
     "dflash_with_tokenizer": ({"fused_target": True, "dflash_drafter": True}, "with_tokenizer"),
     "dflash2": ({"fused_target": True, "dflash_drafter": True}, "dflash2"),
+    "dflash_global_only_target": ({"fused_target": True, "dflash_drafter": True}, "qwen3"),
     "ring": ({"with_drafter": True}, "plain"),
     "fused_target_only": ({"fused_target": True}, "plain"),
     "target_only": ({}, "plain"),
@@ -57,6 +60,7 @@ def exported_metadata() -> dict[str, Metadata]:
     from museflash.export.placeholders import PlaceholderWeights
     from museflash.export.plan import load_modules, plan_export
     from museflash.export.progress import Progress
+    from museflash.hf_tiny_pairs import write_hf_tiny_pair
 
     examples = {}
     with tempfile.TemporaryDirectory(prefix="museflash-examples-") as scratch:
@@ -69,6 +73,7 @@ def exported_metadata() -> dict[str, Metadata]:
                              ["text_config"]["vocab_size"],
                              {"<mask>": config["mask_token_id"]})
         write_tiny_checkpoints(Path(scratch) / "dflash2", drafter_config=TINY_DFLASH2_CONFIG)
+        write_hf_tiny_pair("tiny-qwen3", Path(scratch) / "qwen3")
         for name, (flags, pair) in EXPORT_KINDS.items():
             options = ExportOptions(output_dir=Path(scratch) / name, **flags)
             root = Path(scratch) / pair

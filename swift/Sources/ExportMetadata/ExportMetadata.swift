@@ -545,6 +545,15 @@ extension ExportMetadata {
         }
     }
 
+    /// The target's states for `layerTypes` (python/museflash/bundle.py `target_states`): the
+    /// key/value pair of each layer kind present, global first, and no state for a kind without
+    /// layers. A target of full-attention layers only has globalKeyCache and globalValueCache.
+    public static func targetStateNames(layerTypes: [LayerType]) -> [StateName] {
+        let present = Set(layerTypes)
+        return (present.contains(.fullAttention) ? [StateName.globalKeyCache, .globalValueCache] : [])
+            + (present.contains(.slidingAttention) ? [StateName.slidingKeyCache, .slidingValueCache] : [])
+    }
+
     public enum StateKind: String, Codable, Sendable, CaseIterable, ContractName {
         /// Absolute position `p` in slot `p`.
         case globalKV = "global_kv"

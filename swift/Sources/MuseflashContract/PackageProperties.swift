@@ -53,6 +53,14 @@ extension LoadedBundle {
                 problems.add("metadata.json has no speculative_decoding.drafter to check the states against")
             }
 
+            if role == .target {
+                // A pair per layer kind the target has, and none for a kind it lacks.
+                let expected = ExportMetadata.targetStateNames(layerTypes: metadata.target.layerTypes).map(\.rawValue)
+                let listed = entries.map(\.name.rawValue)
+                problems.require(listed.sorted() == expected.sorted(),
+                                 "metadata lists target states \(listed) but target.layer_types call for \(expected) "
+                                 + "(the key/value pair of each layer kind present)")
+            }
             for entry in entries {
                 checkEntry(entry, against: expectations, problems: &problems)
             }

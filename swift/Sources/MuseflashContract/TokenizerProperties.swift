@@ -72,15 +72,16 @@ extension LoadedBundle {
         }
     }
 
-    /// tokenizer.json's ids (model.vocab and added_tokens) are exactly 0..<n, and n equals
-    /// both vocab_size and tokenizer.vocab_size.
+    /// tokenizer.json's ids (model.vocab and added_tokens) are exactly 0..<n, n equals
+    /// tokenizer.vocab_size and is at most vocab_size (embedding rows past the tokenizer are
+    /// padding no text encodes to: Qwen3 has more rows than tokens).
     func tokenizerVocabSize(_ settings: TokenizerSettings, _ file: Result<TokenizerFile, Error>) -> PropertyResult {
         evaluate("tokenizer.vocab_size") {
             let name = tokenizerFileName
             let vocab = metadata.vocabSize
             var problems = Problems()
-            problems.require(settings.vocabSize == vocab,
-                             "tokenizer.vocab_size \(settings.vocabSize) differs from vocab_size \(vocab)")
+            problems.require(settings.vocabSize <= vocab,
+                             "tokenizer.vocab_size \(settings.vocabSize) exceeds vocab_size \(vocab)")
             switch file {
             case .failure(let error):
                 problems.add("not checked against \(name): \(error) (see tokenizer.files)")
@@ -89,12 +90,13 @@ extension LoadedBundle {
                 case .notContiguous(let reason):
                     problems.add("\(name): \(reason)")
                 case .contiguous(let count):
-                    problems.require(count == vocab, "\(name) has \(count) ids but vocab_size is \(vocab)")
+                    problems.require(count <= vocab, "\(name) has \(count) ids but vocab_size is \(vocab)")
                     problems.require(count == settings.vocabSize,
                                      "\(name) has \(count) ids but tokenizer.vocab_size is \(settings.vocabSize)")
                 }
             }
-            return try problems.verdict("\(name) has ids 0..\(vocab - 1): \(vocab) = vocab_size = tokenizer.vocab_size")
+            return try problems.verdict("\(name) has ids 0..\(settings.vocabSize - 1) = tokenizer.vocab_size, "
+                                        + "vocab_size \(vocab)")
         }
     }
 

@@ -13,8 +13,10 @@ extension MuseflashBundle {
         let tokenizer = try Tokenizer(directory: url)
         let metadataPath = url.appendingPathComponent(BundleContract.metadataFileName).path
         let tokenizerPath = url.appendingPathComponent(BundleContract.tokenizerFileName).path
-        for (key, size) in [("vocab_size", metadata.vocabSize), ("tokenizer.vocab_size", listed.vocabSize)]
-        where size != tokenizer.vocabularySize {
+        // Embedding rows past the tokenizer are padding (vocab_size may exceed its ids).
+        if listed.vocabSize != tokenizer.vocabularySize || metadata.vocabSize < tokenizer.vocabularySize {
+            let (key, size) = listed.vocabSize != tokenizer.vocabularySize
+                ? ("tokenizer.vocab_size", listed.vocabSize) : ("vocab_size", metadata.vocabSize)
             throw RuntimeError.badOption(reason: "\(tokenizerPath) has \(tokenizer.vocabularySize) token ids but \(metadataPath) \(key) is \(size); the tokenizer does not belong to this export, re-export it")
         }
         return tokenizer

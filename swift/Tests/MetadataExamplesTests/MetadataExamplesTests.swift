@@ -182,6 +182,9 @@ final class MetadataExamplesTests: XCTestCase {
                 XCTAssertTrue(Set(group.packages.keys).isSubset(of: owners),
                               "\(example.name): compression.groups[\(index)].packages \(group.packages.keys) are not all owners \(owners)")
             }
+            XCTAssertEqual(metadata.assets[.target]?.states.map(\.name),
+                           ExportMetadata.targetStateNames(layerTypes: metadata.target.layerTypes),
+                           "\(example.name): the target's states are the pair of each layer kind it has")
             for asset in metadata.assets.values {
                 for state in asset.states {
                     XCTAssertEqual(state.kind, state.name.kind, "\(example.name): state \(state.name)")
@@ -189,6 +192,15 @@ final class MetadataExamplesTests: XCTestCase {
                 }
             }
         }
+    }
+
+    /// A target of full-attention layers only (the tiny Qwen3 pair) has the global pair alone.
+    func testTheGlobalOnlyTargetExampleHasOnlyTheGlobalPair() throws {
+        let example = try XCTUnwrap(try examples().valid.first { $0.name == "dflash_global_only_target" })
+        let metadata = try ExportMetadata.decode(from: try text(of: example), path: example.name)
+        XCTAssertEqual(Set(metadata.target.layerTypes), [.fullAttention])
+        XCTAssertEqual(metadata.target.slidingWindow, 0)
+        XCTAssertEqual(metadata.assets[.target]?.states.map(\.name), [.globalKeyCache, .globalValueCache])
     }
 
     /// Keys a reader does not know are ignored at every level.

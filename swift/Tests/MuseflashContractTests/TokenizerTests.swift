@@ -43,7 +43,7 @@ final class TokenizerTests: XCTestCase {
     func testExportWithTokenizerPassesEveryProperty() throws {
         let report = try assertFailing([], try export(), saying: [
             "tokenizer.files": "tokenizer.json (WordLevel, 64 ids), tokenizer_config.json",
-            "tokenizer.vocab_size": "64 = vocab_size = tokenizer.vocab_size",
+            "tokenizer.vocab_size": "tokenizer.json has ids 0..63 = tokenizer.vocab_size, vocab_size 64",
             "tokenizer.mask_token": "mask_token_id 63 is the special token \"<mask>\"",
         ])
         XCTAssertTrue(report.allHold)
@@ -178,11 +178,25 @@ final class TokenizerTests: XCTestCase {
                           saying: ["tokenizer.vocab_size": "tokenizer.json has 63 ids but tokenizer.vocab_size is 64"])
     }
 
+    /// Embedding rows past the tokenizer are padding (Qwen3: 151936 rows, 151669 tokens).
+    func testTokenizerWithFewerIDsThanTheVocabularyPasses() throws {
+        var smaller = SyntheticExport.defaultTokenizer
+        smaller.vocab["w62"] = nil
+        smaller.addedTokens = [Token(id: 62, content: "<mask>")]
+        var export = try export(smaller)
+        export.setMetadata(["speculative_decoding", "mask_token_id"], to: 62)
+        export.setMetadata(["tokenizer", "vocab_size"], to: 63)
+        export.setMetadata(["tokenizer", "special_tokens"], to: ["<mask>": 62])
+        try assertFailing([], export, saying: [
+            "tokenizer.vocab_size": "tokenizer.json has ids 0..62 = tokenizer.vocab_size, vocab_size 64",
+        ])
+    }
+
     func testMetadataTokenizerVocabSizeDifferingFailsVocabSize() throws {
         var export = try export()
         export.setMetadata(["tokenizer", "vocab_size"], to: 65)
         try assertFailing(["tokenizer.vocab_size"], export, saying: [
-            "tokenizer.vocab_size": "tokenizer.vocab_size 65 differs from vocab_size 64",
+            "tokenizer.vocab_size": "tokenizer.vocab_size 65 exceeds vocab_size 64",
         ])
     }
 

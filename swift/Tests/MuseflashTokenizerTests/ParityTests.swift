@@ -6,7 +6,7 @@ import Foundation
 /// side writes in the same build (//python:tokenizer_goldens, python/museflash/tools/tokenizer_goldens.py):
 /// every held-out file of the demo corpus, hand-made hard cases and seeded random strings, for the
 /// demo tokenizer, variants of it, the tiny WordLevel tokenizer, and fixtures in the tokenizer.json
-/// layouts of Qwen2/Qwen3 and Llama 3 (python/museflash/tools/tokenizer_layouts.py). MUSEFLASH_TOKENIZER_GOLDENS
+/// layouts of Qwen2/Qwen3 and Llama 3 (python/museflash/tokenizer_layouts.py). MUSEFLASH_TOKENIZER_GOLDENS
 /// names the file; missing it is a failure, not a skip. SwiftPM: `bazel build //python:tokenizer_goldens`,
 /// then `MUSEFLASH_TOKENIZER_GOLDENS=$PWD/../bazel-bin/python/tokenizer_goldens.json swift test --filter MuseflashTokenizerTests`.
 final class ParityTests: XCTestCase {
