@@ -1,4 +1,4 @@
-"""The tiny Qwen3 and Llama 3.1 bundles (//tests/integration:qwen3_bundle, :llama_bundle):
+"""The tiny Qwen3 and Llama 3.1 bundles (//tests/runtime:qwen3_bundle, :llama_bundle):
 the contract in both languages, and //:verify's parity, lossless loop and copying steps."""
 
 import json
@@ -13,7 +13,7 @@ from museflash.checks.verify import VerifyOptions, run_verify
 from museflash.runtime.package_check import check_packages
 
 BUNDLES = [Path(p) for p in os.environ.get(
-    "MUSEFLASH_BUNDLES", "tests/integration/qwen3_bundle,tests/integration/llama_bundle"
+    "MUSEFLASH_BUNDLES", "tests/runtime/qwen3_bundle,tests/runtime/llama_bundle"
 ).split(",")]
 CHECKER = Path(os.environ.get("MUSEFLASH_CHECK_CONTRACT", "swift/check-contract"))
 
