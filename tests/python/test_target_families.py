@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 import torch
 
+from museflash.bundle import KVWrite
 from museflash.checkpoint.configs import check_configs, read_target_config
 from museflash.checkpoint.load import load_drafter, load_target
 from museflash.checkpoint.tensor_files import CheckpointError
-from museflash.export.options import ExportError, ExportOptions
+from museflash.export.options import ExportOptions
 from museflash.export.pipeline import export_bundle
 from museflash.export.progress import Progress
 from museflash.hf_tiny_pairs import HF_TINY_PAIRS, write_hf_tiny_pair, zlab_target_layer_ids
@@ -169,8 +170,23 @@ def test_a_llama_config_with_an_unknown_rope_scaling_type_is_refused_by_name(tmp
     assert not (tmp_path / "bundle").exists()
 
 
-def test_kv_write_slice_is_refused_for_a_family_that_only_blends(tmp_path):
-    target, drafter = write_hf_tiny_pair("tiny-qwen3", tmp_path / "pair")
-    with pytest.raises(ExportError, match="--kv-write slice is not implemented for Qwen3"):
-        _export(tmp_path, target, drafter, kv_write="slice")
-    assert not (tmp_path / "bundle").exists()
+def test_either_kv_write_decodes_identically_on_both_families(pair):
+    """--kv-write slice on a global-only target: chunks that roll back (a verify block rewritten
+    from an earlier position, as after a rejection) give the blend's logits, drafter features
+    and caches, bit for bit."""
+    name, target, drafter = pair
+    ids = torch.randint(0, 300, (1, 40), generator=torch.Generator().manual_seed(1))
+    results = {}
+    for strategy in KVWrite:
+        model = load_target(target, drafter, max_context=64, max_query_len=16)
+        model.kv_write = strategy
+        outputs = []
+        with torch.no_grad():
+            for start in (0, 8, 16, 12, 20, 19):
+                positions = torch.arange(start, start + 8, dtype=torch.int32)
+                outputs += list(model(ids[:, start:start + 8], positions))
+        results[strategy] = outputs + [model.globalKeyCache.clone(),
+                                       model.globalValueCache.clone()]
+    assert results[KVWrite.BLEND][-1].any()  # the caches were written
+    for blend, sliced in zip(results[KVWrite.BLEND], results[KVWrite.SLICE], strict=True):
+        assert torch.equal(blend, sliced), name

@@ -30,7 +30,7 @@ class TargetFamily:
     prefix: str  # checkpoint keys of the decoder start with this
     unprefixed: tuple[str, ...]  # ... or with one of these
     ignored_prefixes: tuple[str, ...]  # keys of modules the export does not use
-    # bundle.KVWrite strategies its model implements (models/muse_glimmer.py has both).
+    # bundle.KVWrite strategies its model implements.
     kv_writes: tuple[KVWrite, ...]
     # Other model_type spellings of the family (a flat Muse Glimmer config is its text part's).
     model_type_aliases: tuple[str, ...] = ()
@@ -46,11 +46,11 @@ MUSE_GLIMMER = TargetFamily(
 QWEN3 = TargetFamily(
     "Qwen3", qwen3.MODEL_TYPE, qwen3.ARCHITECTURE, qwen3.Qwen3Config, qwen3.Qwen3ForCausalLM,
     qwen3.Qwen3WithDrafterFeatures, qwen3.target_checkpoint_key, qwen3.TARGET_PREFIX,
-    qwen3.TARGET_UNPREFIXED, (), (KVWrite.BLEND,))
+    qwen3.TARGET_UNPREFIXED, (), (KVWrite.BLEND, KVWrite.SLICE))
 LLAMA = TargetFamily(
     "Llama", llama.MODEL_TYPE, llama.ARCHITECTURE, llama.LlamaConfig, llama.LlamaForCausalLM,
     llama.LlamaWithDrafterFeatures, llama.target_checkpoint_key, llama.TARGET_PREFIX,
-    llama.TARGET_UNPREFIXED, (), (KVWrite.BLEND,))
+    llama.TARGET_UNPREFIXED, (), (KVWrite.BLEND, KVWrite.SLICE))
 TARGET_FAMILIES = (MUSE_GLIMMER, QWEN3, LLAMA)
 
 

@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from museflash.bundle import LayerType, StateName
+from museflash.bundle import KVWrite, LayerType, StateName
 from museflash.models.base import (
     RMSNorm,
     RotaryTables,
@@ -31,7 +31,7 @@ from museflash.models.base import (
     attend,
     global_causal_mask,
     read_cache,
-    write_cache_slots,
+    write_cache,
 )
 from museflash.models.dflash import DFlashConfig, DFlashEncoder
 from museflash.models.hf_config import (
@@ -231,12 +231,14 @@ class LlamaAttention(nn.Module):
         cache_layer: int,
         slots: torch.Tensor,
         mask: torch.Tensor,
+        kv_write: KVWrite = KVWrite.BLEND,
     ) -> torch.Tensor:
-        """x [1, T, hidden]; rope: (cos, sin) [T, head_dim]; slots: the absolute positions."""
+        """x [1, T, hidden]; rope: (cos, sin) [T, head_dim]; slots: the absolute positions;
+        `kv_write`: how the new keys and values enter the cache (base.write_cache)."""
         length = x.shape[1]
         q, k, v = self._qkv(x[0], rope)
-        write_cache_slots(key_cache, cache_layer, slots, k)
-        write_cache_slots(value_cache, cache_layer, slots, v)
+        write_cache(key_cache, cache_layer, slots, k, kv_write)
+        write_cache(value_cache, cache_layer, slots, v, kv_write)
         keys = read_cache(key_cache, cache_layer, q.dtype)
         values = read_cache(value_cache, cache_layer, q.dtype)
         out = attend(q, keys, values, mask, 1.0 / math.sqrt(self.head_dim))
@@ -317,6 +319,7 @@ class LlamaForCausalLM(nn.Module):
                                    scale_inv_freq=config.rope_scaling)
         self.cache_dtype = cache_dtype
         self.residual_scale = 1.0  # scale_residual
+        self.kv_write = KVWrite.BLEND  # how the caches are written (export/plan.py sets it)
         self.reset_caches()
 
     def reset_caches(self) -> None:
@@ -374,7 +377,7 @@ class LlamaForCausalLM(nn.Module):
         caches = (self.globalKeyCache, self.globalValueCache)
         captured: dict[int, torch.Tensor] = {}
         for layer_id, layer in enumerate(self.layers):
-            x = layer(x, rope, *caches, layer_id, positions, mask)
+            x = layer(x, rope, *caches, layer_id, positions, mask, self.kv_write)
             if layer_id in capture_layers:
                 captured[layer_id] = x
         return x, [captured[i] for i in capture_layers]
