@@ -43,7 +43,7 @@ from museflash.export.progress import Progress
 from museflash.models.base import set_norm_form
 from museflash.models.dflash import ENCODER_PREFIX, ZLAB_ENCODER_KEYS, DFlashConfig
 from museflash.models.dflash2 import DFlash2Config
-from museflash.models.families import TARGET_FAMILIES, family_of
+from museflash.models.families import TARGET_FAMILIES
 from museflash.models.muse_glimmer import MuseGlimmerConfig
 
 # Core ML has no bfloat16: weights are converted to fp16 once, while loading.
@@ -166,12 +166,6 @@ def kv_write_strategy(options: ExportOptions, target: MuseGlimmerConfig) -> KVWr
     """--kv-write, checked against the target: `slice` writes the global layers by position,
     so a target without global layers has nothing it could apply to."""
     strategy = KVWrite(options.kv_write)  # the value itself: options.check_flag_rules
-    family = family_of(target)
-    if strategy not in family.kv_writes:
-        raise ExportError(
-            f"--kv-write {strategy} is not implemented for {family.name} targets yet (they "
-            f"write their caches with {', '.join(map(str, family.kv_writes))}); use --kv-write "
-            f"{KVWrite.BLEND}")
     if strategy == KVWrite.SLICE and not target.global_layer_ids:
         raise ExportError(
             f"--kv-write {strategy}: this target has no global (full-attention) layers, only "

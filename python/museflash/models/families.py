@@ -14,7 +14,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from museflash.bundle import KVWrite
 from museflash.models import llama, muse_glimmer, qwen3
 
 
@@ -30,8 +29,6 @@ class TargetFamily:
     prefix: str  # checkpoint keys of the decoder start with this
     unprefixed: tuple[str, ...]  # ... or with one of these
     ignored_prefixes: tuple[str, ...]  # keys of modules the export does not use
-    # bundle.KVWrite strategies its model implements.
-    kv_writes: tuple[KVWrite, ...]
     # Other model_type spellings of the family (a flat Muse Glimmer config is its text part's).
     model_type_aliases: tuple[str, ...] = ()
 
@@ -41,16 +38,15 @@ MUSE_GLIMMER = TargetFamily(
     muse_glimmer.MuseGlimmerConfig, muse_glimmer.MuseGlimmerForCausalLM,
     muse_glimmer.MuseGlimmerWithDrafterFeatures, muse_glimmer.target_checkpoint_key,
     muse_glimmer.TARGET_PREFIX, muse_glimmer.TARGET_UNPREFIXED,
-    muse_glimmer.TARGET_IGNORED_PREFIXES, (KVWrite.BLEND, KVWrite.SLICE),
-    ("muse_glimmer_text",))
+    muse_glimmer.TARGET_IGNORED_PREFIXES, ("muse_glimmer_text",))
 QWEN3 = TargetFamily(
     "Qwen3", qwen3.MODEL_TYPE, qwen3.ARCHITECTURE, qwen3.Qwen3Config, qwen3.Qwen3ForCausalLM,
     qwen3.Qwen3WithDrafterFeatures, qwen3.target_checkpoint_key, qwen3.TARGET_PREFIX,
-    qwen3.TARGET_UNPREFIXED, (), (KVWrite.BLEND, KVWrite.SLICE))
+    qwen3.TARGET_UNPREFIXED, ())
 LLAMA = TargetFamily(
     "Llama", llama.MODEL_TYPE, llama.ARCHITECTURE, llama.LlamaConfig, llama.LlamaForCausalLM,
     llama.LlamaWithDrafterFeatures, llama.target_checkpoint_key, llama.TARGET_PREFIX,
-    llama.TARGET_UNPREFIXED, (), (KVWrite.BLEND, KVWrite.SLICE))
+    llama.TARGET_UNPREFIXED, ())
 TARGET_FAMILIES = (MUSE_GLIMMER, QWEN3, LLAMA)
 
 

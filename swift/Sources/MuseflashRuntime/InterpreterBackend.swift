@@ -16,7 +16,7 @@ public final class InterpreterBackend: InferenceBackend {
     /// Per function name, the seconds its calls have spent in each op type while profiled.
     public var opSeconds: [String: [String: Double]] {
         var result: [String: [String: Double]] = [:]
-        for function in loaded where function.profiling {
+        for function in loaded {
             result[function.name, default: [:]].merge(function.opSeconds, uniquingKeysWith: +)
         }
         return result
