@@ -47,8 +47,8 @@ TRAINING_TEXT = [
     "import json\nfrom pathlib import Path\n\nprint(json.dumps({'hello': 'world'}))\n",
 ]
 
-_GEOMETRY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=TARGET_LAYERS,
-                 num_attention_heads=4, num_key_value_heads=2, head_dim=16, hidden_act="silu",
+_GEOMETRY = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=TARGET_LAYERS,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=64, hidden_act="silu",
                  attention_bias=False)
 
 # Per family: tokenizer layout, transformers config keywords (reduced width, otherwise the
@@ -91,9 +91,10 @@ def zlab_target_layer_ids(target_layers: int, drafter_layers: int) -> list[int]:
             for i in range(drafter_layers)]
 
 
-def zlab_drafter_config(target: dict[str, Any], mask_token_id: int,
-                        rope_theta: float) -> dict[str, Any]:
-    """A drafter config.json in the shape z-lab publishes, for the target config `target`."""
+def zlab_drafter_config(target: dict[str, Any], mask_token_id: int, rope_theta: float,
+                        layers: int = DRAFTER_LAYERS) -> dict[str, Any]:
+    """A drafter config.json in the shape z-lab publishes, of `layers` layers, for the target
+    config `target`."""
     return {
         "architectures": ["DFlashDraftModel"],
         "model_type": "qwen3",
@@ -102,18 +103,17 @@ def zlab_drafter_config(target: dict[str, Any], mask_token_id: int,
         "block_size": 16,
         "dflash_config": {
             "mask_token_id": mask_token_id,
-            "target_layer_ids": zlab_target_layer_ids(target["num_hidden_layers"],
-                                                      DRAFTER_LAYERS),
+            "target_layer_ids": zlab_target_layer_ids(target["num_hidden_layers"], layers),
         },
         "dtype": "bfloat16",
         "head_dim": target["head_dim"],
         "hidden_act": "silu",
         "hidden_size": target["hidden_size"],
         "intermediate_size": target["intermediate_size"],
-        "layer_types": [LayerType.FULL_ATTENTION.value] * DRAFTER_LAYERS,
+        "layer_types": [LayerType.FULL_ATTENTION.value] * layers,
         "max_position_embeddings": target["max_position_embeddings"],
         "num_attention_heads": target["num_attention_heads"],
-        "num_hidden_layers": DRAFTER_LAYERS,
+        "num_hidden_layers": layers,
         "num_key_value_heads": target["num_key_value_heads"],
         "num_target_layers": target["num_hidden_layers"],
         "rms_norm_eps": 1e-6,

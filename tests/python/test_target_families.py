@@ -87,6 +87,26 @@ def test_the_zlab_shaped_drafter_loads_as_full_attention(pair):
     assert block_drafter.window == block_drafter.ring_capacity == 64
 
 
+@pytest.mark.parametrize("use_sliding_window, full", [(False, True), (True, False), (None, False)])
+def test_a_window_without_layer_types_slides_only_if_use_sliding_window_allows(
+        pair, tmp_path, use_sliding_window, full):
+    """transformers' Qwen3 config (z-lab's drafter is one) derives its layer types from
+    use_sliding_window and ignores a stated window it does not use; absent, the window slides
+    (the Meta assistant layout)."""
+    _, target, drafter = pair
+
+    def edit(config):
+        del config["layer_types"]
+        config["sliding_window"] = 32
+        config["is_causal"] = False  # what z-lab's layout needs to slide at all
+        config.pop("use_sliding_window")
+        if use_sliding_window is not None:
+            config["use_sliding_window"] = use_sliding_window
+
+    edited = _edited_copy(drafter, tmp_path / "drafter", edit)
+    assert check_configs(target, edited).drafter.sliding_window == (None if full else 32)
+
+
 def test_a_full_attention_drafter_reads_the_first_injected_position(pair):
     """Changing what was injected at position 0 changes a block drafted at positions 40..55:
     a sliding window shorter than 40 would hide it."""
@@ -137,7 +157,7 @@ def _export(tmp_path, target, drafter, **flags):
 
 
 @pytest.mark.parametrize("key, value, named", [
-    ("hidden_size", 96, ("hidden_size", "96", "64")),
+    ("hidden_size", 96, ("hidden_size", "96", "256")),
     ("target_layer_ids", [1, 9], ("target_layer_ids", "[1, 9]", "num_hidden_layers 6")),
 ])
 def test_a_drafter_that_does_not_fit_the_target_is_refused_naming_both_values(

@@ -131,12 +131,14 @@ class DFlashConfig:
 
 def full_attention(config: dict[str, Any]) -> bool:
     """Whether a drafter config asks for full attention in every layer: `layer_types` all
-    full_attention, or no layer_types and no sliding_window (z-lab's default layer type). Without
-    layer_types a stated sliding_window means a sliding drafter (the Meta assistant layout)."""
+    full_attention; or, without layer_types, `use_sliding_window` false or no sliding_window
+    (transformers' Qwen3 config, which z-lab's drafter is, derives its layer types so and
+    ignores a window it does not use). Otherwise a stated sliding_window means a sliding drafter
+    (the Meta assistant layout)."""
     layer_types = config.get("layer_types")
     if layer_types:
         return set(layer_types) == {LayerType.FULL_ATTENTION.value}
-    return config.get("sliding_window") is None
+    return config.get("use_sliding_window") is False or config.get("sliding_window") is None
 
 
 # --- Checkpoint keys -------------------------------------------------------------------------

@@ -27,6 +27,13 @@ import torch
 from museflash.bundle import PACKAGE_SPEC, PACKAGE_WEIGHT_FILE, AssetRole, LayerType
 from museflash.demo_checkpoint import TINY_DRAFTER_CONFIG, TINY_TARGET_CONFIG
 from museflash.export.progress import tree_bytes
+from museflash.tools.family_geometry import (
+    EXPORT_CONTEXT,
+    FAMILY_GEOMETRIES,
+    STATE_CONTEXTS,
+    state_bytes,
+    write_family_checkpoints,
+)
 
 PATHS = ("naive", "streaming")
 # The streaming export with a compression preset: path -> preset.
@@ -58,7 +65,11 @@ PACKAGES = (AssetRole.TARGET.package,)
 #              of 128, 8 KV heads: the public drafter config's, whose hidden size the target
 #              shares), about 0.93 GB of fp16 each; size sets the depth. The vocabulary stays
 #              8192, so the rows measure the layers, which are what the 30B is made of.
-GEOMETRIES = ("scaled", "muse-30b")
+#   qwen3-4b, qwen3-8b, llama3.1-8b
+#              the published models at their real geometry in transformers' layout, with
+#              z-lab-shaped drafters (tools/family_geometry.py); size is ignored, exported at a
+#              context of 4096, and the report adds the states' bytes at 4K and 32K.
+GEOMETRIES = ("scaled", "muse-30b", *FAMILY_GEOMETRIES)
 MUSE_30B_LAYER = {"hidden": 6656, "intermediate": 19968, "heads": 32, "kv_heads": 8}
 
 
@@ -174,15 +185,16 @@ def write_synthetic_checkpoints(directory: Path, weight_bytes: float, seed: int 
 # --- One export per process ------------------------------------------------------------------
 
 
-def _export_options(checkpoints: Path, output: Path):
+def _export_options(checkpoints: Path, output: Path, context: int | None = None):
     from museflash.export.options import ExportOptions
 
+    args = dict(EXPORT_ARGS, **({"max_context_length": context} if context else {}))
     return ExportOptions(output_dir=output, overwrite=True, fused_target=True,
                          dflash_drafter=True, checkpoint=checkpoints / "target",
-                         drafter_checkpoint=checkpoints / "drafter", **EXPORT_ARGS)
+                         drafter_checkpoint=checkpoints / "drafter", **args)
 
 
-def naive_export(checkpoints: Path, output: Path) -> None:
+def naive_export(checkpoints: Path, output: Path, context: int | None = None) -> None:
     """What one writes without care: the whole model in memory (fp16, the dtype the export
     converts), one plain ct.convert per function, save_multifunction to merge. Same plan
     (functions, inputs, states) as the export, so the two outputs can be compared exactly."""
@@ -192,7 +204,7 @@ def naive_export(checkpoints: Path, output: Path) -> None:
     from museflash.export.plan import load_modules, plan_export
     from museflash.export.progress import Progress
 
-    options = _export_options(checkpoints, output)
+    options = _export_options(checkpoints, output, context)
     plan = plan_export(options, options.checkpoint, options.drafter_checkpoint)
     modules = load_modules(options, plan, Progress(echo=lambda _line: None), None)
     output.mkdir(parents=True, exist_ok=True)
@@ -217,11 +229,12 @@ def naive_export(checkpoints: Path, output: Path) -> None:
                 shutil.rmtree(output / f"{function.name}.part.mlpackage")
 
 
-def streaming_export(checkpoints: Path, output: Path, compression: str | None = None) -> None:
+def streaming_export(checkpoints: Path, output: Path, compression: str | None = None,
+                     context: int | None = None) -> None:
     from museflash.export.pipeline import export_bundle
     from museflash.export.progress import Progress
 
-    options = _export_options(checkpoints, output)
+    options = _export_options(checkpoints, output, context)
     options.compression = compression
     export_bundle(options, Progress(echo=lambda _line: None))
 
@@ -328,10 +341,12 @@ def checkpoint_weight_bytes(checkpoints: Path) -> int:
     return total
 
 
-def run_one(path: str, checkpoints: Path, output: Path) -> tuple[float, int, int]:
-    """(wall seconds, peak RSS, peak anonymous RSS) of one export in a fresh process."""
+def run_one(path: str, checkpoints: Path, output: Path,
+            context: int | None = None) -> tuple[float, int, int]:
+    """(wall seconds, peak RSS, peak anonymous RSS) of one export in a fresh process;
+    `context`: its --max-context-length (default EXPORT_ARGS')."""
     command = [sys.executable, "-m", "museflash.tools.benchmark", path, str(checkpoints),
-               str(output)]
+               str(output)] + ([str(context)] if context else [])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     # Output goes to files, not pipes: nothing reads a pipe while the child runs, and
     # coremltools' progress bars alone can fill one and stall the child.
@@ -516,12 +531,22 @@ def run_benchmark(sizes_gb: list[float], output_dir: Path, work_dir: Path | None
     copies: list[tuple[float, int, float, str]] = []
     skipped: list[str] = []
     checked = False
-    for size in sizes_gb:
+    family = geometry in FAMILY_GEOMETRIES
+    context = EXPORT_CONTEXT if family else None
+    states: list[dict[str, Any]] = []
+    for size in [0.0] if family else sizes_gb:
         checkpoints = work / f"checkpoints-{size:g}gb"
         shutil.rmtree(checkpoints, ignore_errors=True)
-        write_synthetic_checkpoints(checkpoints, size * GB, geometry=geometry)
+        if family:
+            write_family_checkpoints(geometry, checkpoints)
+        else:
+            write_synthetic_checkpoints(checkpoints, size * GB, geometry=geometry)
         weight_bytes = checkpoint_weight_bytes(checkpoints)
-        text = json.loads((checkpoints / "target" / "config.json").read_text())["text_config"]
+        if family:
+            size = round(weight_bytes / GB, 2)
+            states = _family_states(checkpoints, echo)
+        text = json.loads((checkpoints / "target" / "config.json").read_text())
+        text = text.get("text_config", text)
         outputs = {}
         copies.append(_measured_copy(size, checkpoints, work, "before", echo))
         for path in paths:
@@ -534,7 +559,9 @@ def run_benchmark(sizes_gb: list[float], output_dir: Path, work_dir: Path | None
                 continue
             out = work / f"export-{size:g}gb-{path}"
             shutil.rmtree(out, ignore_errors=True)
-            wall, peak, anon = run_one(path, checkpoints, out)
+            wall, peak, anon = run_one(path, checkpoints, out, context)
+            if family:
+                _check_spec_states(out, states, echo)
             record = Record(path, size, weight_bytes, text["num_hidden_layers"],
                             text["hidden_size"], round(wall, 2), peak, anon,
                             sum(tree_bytes(out / p) for p in PACKAGES), baseline,
@@ -561,11 +588,44 @@ def run_benchmark(sizes_gb: list[float], output_dir: Path, work_dir: Path | None
             shutil.rmtree(out, ignore_errors=True)
         copies.append(_measured_copy(size, checkpoints, work, "after", echo))
         shutil.rmtree(checkpoints, ignore_errors=True)
-        write_results(records, output_dir, copies, skipped)
+        write_results(records, output_dir, copies, skipped, states)
     if work_dir is None:
         shutil.rmtree(work, ignore_errors=True)
     echo(format_table(records, copies, skipped))
     return records
+
+
+def _family_states(checkpoints: Path, echo) -> list[dict[str, Any]]:
+    """Per context of STATE_CONTEXTS, the bytes of each state the pair's bundle declares."""
+    rows = []
+    for context in STATE_CONTEXTS:
+        each = state_bytes(checkpoints / "target", checkpoints / "drafter", context)
+        target = sum(v for k, v in each.items() if k.startswith("target."))
+        rows.append({"path": "states", "context": context, "target_bytes": target,
+                     "drafter_bytes": sum(each.values()) - target, "states": each})
+        echo(f"[benchmark] states at context {context}: target {target / 1e9:.3f} GB, "
+             f"drafter {rows[-1]['drafter_bytes'] / 1e9:.3f} GB")
+    return rows
+
+
+def _check_spec_states(bundle: Path, states: list[dict[str, Any]], echo) -> None:
+    """The exported package declares exactly the states `state_bytes` counts at its context."""
+    from coremltools.proto import Model_pb2
+
+    spec = Model_pb2.Model()
+    spec.ParseFromString((bundle / PACKAGES[0] / PACKAGE_SPEC).read_bytes())
+    declared = {}
+    for function in spec.description.functions:
+        for state in function.state:
+            shape = state.type.stateType.arrayType.shape
+            declared[state.name] = 2 * math.prod(shape)
+    expected = next(r for r in states if r["context"] == EXPORT_CONTEXT)["states"]
+    counted = {k.split(".", 1)[1]: v for k, v in expected.items()}
+    if declared != counted:
+        raise RuntimeError(f"{bundle}: the package declares states {declared}, the modules "
+                           f"counted {counted}")
+    echo(f"[benchmark] package states at {EXPORT_CONTEXT} equal the count: "
+         f"{sum(declared.values()) / 1e9:.3f} GB")
 
 
 def _measured_copy(size: float, checkpoints: Path, work: Path, when: str,
@@ -585,12 +645,14 @@ def _processes(path: str) -> int:
 
 def write_results(records: list[Record], output_dir: Path,
                   copies: list[tuple[float, int, float, str]] | None = None,
-                  skipped: list[str] | None = None) -> None:
+                  skipped: list[str] | None = None,
+                  states: list[dict[str, Any]] | None = None) -> None:
     rows = [dict(asdict(r), mb_per_s=round(r.mb_per_s, 2)) for r in records]
     rows += [{"path": "file copy", "size_gb": size, "bytes": copied, "wall_s": round(seconds, 2),
               "mb_per_s": round(copied / 1e6 / seconds, 2), "when": when}
              for size, copied, seconds, when in copies or []]
     rows += [{"path": "skipped", "note": note} for note in skipped or []]
+    rows += states or []
     (output_dir / "benchmark.json").write_text(json.dumps(rows, indent=2) + "\n")
     plot(records, output_dir / "benchmark.png")
 
@@ -683,14 +745,15 @@ def _child_main(argv: list[str]) -> None:
     run_one passes them (a process protocol, not a command line)."""
     import logging
 
-    path, checkpoints, output = argv
+    path, checkpoints, output, *context = argv
     if path not in ALL_PATHS:
         raise SystemExit(f"benchmark: no export path {path!r}; choose from {list(ALL_PATHS)}")
     logging.getLogger("coremltools").setLevel(logging.ERROR)
+    context = int(context[0]) if context else None
     if path == "naive":
-        naive_export(Path(checkpoints), Path(output))
+        naive_export(Path(checkpoints), Path(output), context)
     else:
-        streaming_export(Path(checkpoints), Path(output), COMPRESSED_PATHS.get(path))
+        streaming_export(Path(checkpoints), Path(output), COMPRESSED_PATHS.get(path), context)
     print(CHILD_PEAK_PREFIX + str(_status_kib(os.getpid(), "VmHWM") * 1024), flush=True)
 
 
