@@ -72,8 +72,7 @@ final class CoreMLStrictnessTests: XCTestCase {
                     continue
                 }
                 for (x, y) in zip(got.floats, want.floats()) where x.bitPattern != y.bitPattern {
-                    // The tolerance of RuntimeGoldenTests.compare.
-                    if !(x.isFinite && y.isFinite) || abs(x - y) > Float(1.0 / 128) * abs(y) + Float(1.0 / 1024) { return true }
+                    if goldens.fp16Excess(x, y) > 0 { return true }
                 }
             }
         }
@@ -154,7 +153,7 @@ final class CoreMLStrictnessTests: XCTestCase {
     // MARK: Loading compiled models
 
     func testTheStandInRefusesAnUncompiledPackage() throws {
-        let package = try goldens.bundle().modelURL(of: .target)
+        let package = try goldens.bundle().packageURL(of: .target)
         let configuration = MLModelConfiguration()
         configuration.functionName = "main"
         XCTAssertThrowsError(try MLModel(contentsOf: package, configuration: configuration))

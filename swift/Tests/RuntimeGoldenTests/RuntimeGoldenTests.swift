@@ -253,6 +253,13 @@ final class RuntimeGoldenTests: XCTestCase {
         XCTAssertEqual(checked, ["main", "prefill", "inject_kv", "draft"], "parity records cover every function")
     }
 
+    /// How far `x` lies beyond the fp16 tolerance around `y` (<= 0: within it):
+    /// |x - y| <= 2^-7 * |y| + 2^-10; infinite when either is not finite.
+    static func fp16Excess(_ x: Float, _ y: Float) -> Float {
+        guard x.isFinite && y.isFinite else { return .infinity }
+        return abs(x - y) - (Float(1.0 / 128) * abs(y) + Float(1.0 / 1024))
+    }
+
     func compare(_ got: Tensor, _ want: Tensor, _ what: String) throws {
         XCTAssertEqual(got.shape, want.shape, what)
         if want.type.isInteger {
@@ -265,9 +272,7 @@ final class RuntimeGoldenTests: XCTestCase {
         var worst: Float = 0
         for (x, y) in zip(a, b) {
             if x.bitPattern == y.bitPattern { identical += 1; continue }
-            let excess = abs(x - y) - (Float(1.0 / 128) * abs(y) + Float(1.0 / 1024))
-            worst = max(worst, excess)
-            if !(x.isFinite && y.isFinite) { worst = .infinity }
+            worst = max(worst, Self.fp16Excess(x, y))
         }
         XCTAssertLessThanOrEqual(worst, 0, "\(what): an element beyond the fp16 tolerance")
         XCTAssertGreaterThanOrEqual(Double(identical), 0.99 * Double(b.count), "\(what): \(identical) of \(b.count) bit-identical")
