@@ -13,7 +13,7 @@
 # Check the result with:  pip install --require-hashes -r requirements_lock.txt  (also with --no-deps).
 set -euo pipefail
 
-TOP=(torch==2.13.0 coremltools==9.0 numpy numba safetensors absl-py pytest ruff matplotlib jsonschema tokenizers transformers)
+TOP=(torch==2.13.0 coremltools==9.0 numpy numba safetensors absl-py pytest ruff matplotlib jsonschema tokenizers transformers gguf accelerate)
 PY=${PYTHON:-python3.11}
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 LOCK=$ROOT/requirements_lock.txt

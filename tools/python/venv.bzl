@@ -1,4 +1,5 @@
-"""A Python toolchain made from a virtual environment built from the hash-locked requirements.
+"""A Python toolchain made from a virtual environment built from the hash-locked requirements
+(and a second lock of packages installed without their declared dependencies).
 
 The repository rule reads the lock through its label, so editing the lock re-creates the
 environment and nothing else does. The venv is created without system site-packages, and the
@@ -27,11 +28,22 @@ def _find_python(rctx):
         "Fix: install Python %s (Debian: apt-get install -y python3 python3-venv) and put it on PATH." % _PYTHON_VERSION,
     )
 
+def _pip_install(rctx, venv_python, lock, extra = []):
+    """pip install --require-hashes -r `lock` (plus `extra` flags) into the venv."""
+    return rctx.execute(
+        [venv_python, "-s", "-m", "pip", "install"] + extra +
+        ["--require-hashes", "--no-input", "--disable-pip-version-check", "-r", str(lock)],
+        timeout = 3600,
+        quiet = True,
+    )
+
 def _python_venv_impl(rctx):
     lock = rctx.path(rctx.attr.lock)
+    nodeps_lock = rctx.path(rctx.attr.nodeps_lock)
 
-    # Reading the lock makes its content part of this repository's identity.
+    # Reading the locks makes their content part of this repository's identity.
     rctx.read(rctx.attr.lock)
+    rctx.read(rctx.attr.nodeps_lock)
     python = _find_python(rctx)
 
     created = rctx.execute([python, "-m", "venv", "--clear", "venv"], quiet = True)
@@ -42,22 +54,7 @@ def _python_venv_impl(rctx):
         )
     venv_python = str(rctx.path("venv/bin/python3"))
     rctx.report_progress("installing the locked Python packages (first time only; torch is large)")
-    installed = rctx.execute(
-        [
-            venv_python,
-            "-s",
-            "-m",
-            "pip",
-            "install",
-            "--require-hashes",
-            "--no-input",
-            "--disable-pip-version-check",
-            "-r",
-            str(lock),
-        ],
-        timeout = 3600,
-        quiet = True,
-    )
+    installed = _pip_install(rctx, venv_python, lock)
     if installed.return_code != 0:
         text = installed.stderr + installed.stdout
         if "DO NOT MATCH THE HASHES" in text or "Hashes are required" in text:
@@ -70,6 +67,16 @@ def _python_venv_impl(rctx):
         _fail(
             "pip could not install requirements_lock.txt into the project's virtual environment. " +
             "Fix: make PyPI reachable for pip (or a mirror through pip's own configuration), then run the command again.",
+            installed,
+        )
+
+    # Packages wanted for their files only: their declared dependencies stay out.
+    rctx.report_progress("installing the packages of the no-dependencies lock")
+    installed = _pip_install(rctx, venv_python, nodeps_lock, ["--no-deps"])
+    if installed.return_code != 0:
+        _fail(
+            "pip could not install %s into the project's virtual environment. " % rctx.attr.nodeps_lock.name +
+            "Fix: make PyPI reachable for pip, or correct the --hash line if the file was edited.",
             installed,
         )
 
@@ -105,6 +112,11 @@ python_venv = repository_rule(
     implementation = _python_venv_impl,
     attrs = {
         "lock": attr.label(mandatory = True, allow_single_file = True),
+        "nodeps_lock": attr.label(
+            mandatory = True,
+            allow_single_file = True,
+            doc = "Hash-locked packages installed with --no-deps after `lock` (wanted for their files).",
+        ),
     },
     doc = "Creates a virtual environment from a hash-locked requirements file and exposes it as a Python toolchain.",
 )
