@@ -17,6 +17,7 @@ naming the file, the key and both values:
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,9 +43,35 @@ def read_config(directory: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise CheckpointError(f"{path}: config file not found")
     try:
-        return json.loads(path.read_text())
+        raw = json.loads(path.read_text())
     except json.JSONDecodeError as error:
         raise CheckpointError(f"{path}: not valid JSON ({error})") from error
+    check_numbers(path, raw)
+    return raw
+
+
+# Fields that must be positive where a config states them (a norm's eps under a square root,
+# a soft cap that divides the logits); the check applies at any depth (text_config, ...).
+_POSITIVE_FIELDS = ("rms_norm_eps", "post_norm_eps", "layer_norm_eps", "final_logit_softcapping",
+                    "attn_logit_softcapping")
+
+
+def check_numbers(path: Path, raw: Any, where: str = "") -> None:
+    """Every number in a config is finite (JSON parsers accept NaN and Infinity, and a NaN eps
+    or scale turns the whole graph NaN), and the _POSITIVE_FIELDS stated are above 0."""
+    items = raw.items() if isinstance(raw, dict) else enumerate(raw) if isinstance(
+        raw, list) else ()
+    for key, value in items:
+        name = f"{where}.{key}" if where else str(key)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise CheckpointError(f"{path}: {name} is {value}; a config number must be finite "
+                                  "(fix or re-download config.json)")
+        if (key in _POSITIVE_FIELDS and isinstance(value, (int, float))
+                and not isinstance(value, bool) and value <= 0):
+            raise CheckpointError(
+                f"{path}: {name} is {value}; it must be above 0 (null turns a soft cap off)")
+        if isinstance(value, (dict, list)):
+            check_numbers(path, value, name)
 
 
 def _parse_config(directory: Path, parse, raw: dict[str, Any] | None = None
@@ -122,6 +149,12 @@ def check_drafter_architecture(path: Path, raw: dict[str, Any], kind: DrafterKin
             raise CheckpointError(
                 f"{path}: {name} {value} is not supported yet (the {kind} drafter here "
                 f"scales by {neutral:g}); export a drafter without it")
+    block = settings.get("block_size")
+    if block is not None and (isinstance(block, bool) or not isinstance(block, int)
+                              or block < 2):
+        raise CheckpointError(
+            f"{path}: block_size {block!r} must be a whole number of at least 2 (the anchor "
+            "and at least one drafted token); z-lab's drafters use 16")
     softcap = settings.get("final_logit_softcapping")
     if kind == DrafterKind.DFLASH and softcap is not None and (
             target_cfg.final_logit_softcapping is None
