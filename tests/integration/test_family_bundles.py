@@ -1,5 +1,7 @@
-"""The tiny Qwen3 and Llama 3.1 bundles (//tests/runtime:qwen3_bundle, :llama_bundle):
-the contract in both languages, and //:verify's parity, lossless loop and copying steps."""
+"""The tiny Qwen3 and Llama 3.1 bundles (//tests/runtime:qwen3_bundle, :llama_bundle), and
+the real SmolLM2 pair (:smollm2_bundle, :smollm2_compressed_bundle; MUSEFLASH_BUNDLES names
+them): the contract in both languages, and //:verify's parity, lossless loop (also on a chat
+prompt, where the bundle has a template) and copying steps."""
 
 import json
 import os
@@ -16,6 +18,9 @@ BUNDLES = [Path(p) for p in os.environ.get(
     "MUSEFLASH_BUNDLES", "tests/runtime/qwen3_bundle,tests/runtime/llama_bundle"
 ).split(",")]
 CHECKER = Path(os.environ.get("MUSEFLASH_CHECK_CONTRACT", "swift/check-contract"))
+# Tokens each of verify's decoding runs generates (the real pair's bundles take fewer: the numpy
+# interpreter runs a 135M-parameter call in seconds).
+NEW_TOKENS = int(os.environ.get("MUSEFLASH_VERIFY_NEW_TOKENS", "24"))
 
 
 @pytest.fixture(params=BUNDLES, ids=lambda p: p.name)
@@ -50,10 +55,14 @@ def test_python_package_check_and_swift_check_contract_pass(bundle):
 
 def test_verify_passes_parity_the_lossless_loop_and_copying(bundle):
     lines = []
-    assert run_verify(VerifyOptions(export_dir=bundle, echo=lines.append)) == 0, "\n".join(lines)
+    options = VerifyOptions(export_dir=bundle, new_tokens=NEW_TOKENS, echo=lines.append)
+    assert run_verify(options) == 0, "\n".join(lines)
     text = "\n".join(lines)
     assert "lossless: speculative == target-only greedy" in text
     assert "steps copied from the context" in text
+    if (bundle / "tokenizer_config.json").is_file() and "chat_template" in json.loads(
+            (bundle / "tokenizer_config.json").read_text()):
+        assert "chat template prompt" in text
 
 
 def test_the_tokenizer_leaves_padding_rows_only_where_the_family_does(bundle):

@@ -25,6 +25,7 @@ import torch
 
 from museflash.bundle import (
     METADATA_FILE,
+    TOKENIZER_FILE,
     AssetKind,
     AssetRole,
     BundleError,
@@ -36,6 +37,7 @@ from museflash.bundle import (
     OutputName,
     StateKind,
 )
+from museflash.checkpoint.chat_template import read_chat_template, render_chat
 from museflash.checkpoint.configs import read_config
 from museflash.checkpoint.load import load_drafter, load_target
 from museflash.checkpoint.tensor_files import CheckpointError, checkpoint_shapes
@@ -385,6 +387,25 @@ def deterministic_prompt(length: int, vocab: int, avoid: int,
     return tokens.tolist()
 
 
+# The conversation verify renders with an export's own chat template, when it has one: the
+# shape of prompt an instruct model sees (no <bos> unless the template writes one).
+CHAT_PROBE = [{"role": "user", "content": "Write a Python function that reverses a string."}]
+
+
+def chat_prompt(export_dir: Path) -> list[int] | None:
+    """CHAT_PROBE rendered with the export's chat template (tokenizer_config.json) and encoded
+    by its tokenizer.json, generation prompt added; None without a template."""
+    from tokenizers import Tokenizer
+
+    found = read_chat_template(export_dir)
+    if found is None or not (export_dir / TOKENIZER_FILE).is_file():
+        return None
+    template, special = found
+    text = render_chat(template, CHAT_PROBE, special_tokens=special)
+    return Tokenizer.from_file(str(export_dir / TOKENIZER_FILE)).encode(
+        text, add_special_tokens=False).ids
+
+
 @dataclass
 class DecodeCheck:
     ok: bool
@@ -431,8 +452,22 @@ def check_decoding(export_dir: Path, metadata: Metadata, target_dir: Path, promp
         f"eager fp32 greedy (informational): first {agree}/{new_tokens} tokens agree with the "
         "export",
     ]
-    return DecodeCheck(lossless and copying_lossless, lines, speculative.acceptance_rate,
-                       speculative.tokens_per_target_call)
+    chat = chat_prompt(export_dir)
+    chat_lossless = True
+    if chat is not None and len(chat) + new_tokens + spec.block_size <= context:
+        chat_speculative = speculative_generate(target, drafter, chat, new_tokens,
+                                                mask_token_id=spec.mask_token_id,
+                                                num_draft_tokens=spec.num_draft_tokens,
+                                                context_length=context, lookup_min_match=0)
+        chat_plain = greedy_generate(target, chat, new_tokens, context_length=context)
+        chat_lossless = chat_speculative.tokens == chat_plain.tokens
+        lines.append(
+            f"chat template prompt ({len(chat)} tokens): speculative "
+            f"{'==' if chat_lossless else '!='} target-only greedy "
+            f"({_common_prefix(chat_speculative.tokens, chat_plain.tokens)}/{new_tokens} "
+            f"tokens agree; {chat_speculative.summary()})")
+    return DecodeCheck(lossless and copying_lossless and chat_lossless, lines,
+                       speculative.acceptance_rate, speculative.tokens_per_target_call)
 
 
 def compression_quality(metadata: Metadata, target_dir: Path, stored_target: torch.nn.Module,
