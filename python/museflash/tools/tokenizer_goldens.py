@@ -185,6 +185,11 @@ def tokenizers_under_test() -> dict[str, str]:
         "demo_prefix_space": variant(demo, set_pre("add_prefix_space", True)),
         "demo_no_regex": variant(demo, set_pre("use_regex", False)),
         "demo_ignore_merges": variant(demo, lambda d: d["model"].update(ignore_merges=True)),
+        # SmolLM2's layout (a GGUF "smollm" pre-tokenizer, checkpoint/gguf.py): digits alone.
+        "demo_digits": variant(demo, lambda d: d.__setitem__("pre_tokenizer", {
+            "type": "Sequence", "pretokenizers": [
+                {"type": "Digits", "individual_digits": True},
+                {**d["pre_tokenizer"], "add_prefix_space": False}]})),
         "demo_added_tokens": with_added_tokens(demo),
         "word_level": word_level_json(),
         **layout_tokenizers(),

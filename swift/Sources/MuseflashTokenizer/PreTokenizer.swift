@@ -13,6 +13,11 @@ enum PreTokenizer: Equatable {
     /// `\p{N}` the general categories, `(?i:...)` Unicode case folding, which lets U+017F stand for
     /// s). The pattern matches at every position, so the pieces are its matches.
     case splitThenByteLevel(digitsPerPiece: Int)
+    /// Sequence[Digits(individual_digits=true), ByteLevel(add_prefix_space=false)], as SmolLM2
+    /// writes it (llama.cpp's "smollm" pre-tokenizer): every number scalar (general category N,
+    /// Rust's `char::is_numeric`) is a piece of its own, and the text between them is split as
+    /// ByteLevel splits it (GPT-2's pattern with `useRegex`).
+    case digitsThenByteLevel(useRegex: Bool)
 
     static let llama3Pattern = #"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"#
     static let qwen2Pattern = #"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"#
@@ -38,6 +43,20 @@ enum PreTokenizer: Equatable {
             }
         case .whitespace:
             Self.whitespaceSplit(bytes, range, into: &pieces)
+        case .digitsThenByteLevel(let useRegex):
+            let text = PreTokenizer.byteLevel(addPrefixSpace: false, useRegex: useRegex)
+            var start = range.lowerBound
+            var index = start
+            while index < range.upperBound {
+                let (kind, length) = Self.gpt2Class(bytes, at: index)
+                if kind == .number {
+                    text.split(bytes, start..<index, into: &pieces)
+                    pieces.append(index..<index + length)
+                    start = index + length
+                }
+                index += length
+            }
+            text.split(bytes, start..<range.upperBound, into: &pieces)
         }
     }
 

@@ -133,10 +133,11 @@ struct TokenizerJSON {
             case ("ByteLevel", let object?):
                 preTokenizer = try readByteLevel(object)
             case ("Sequence", let object?):
-                preTokenizer = try readSplitSequence(object)
+                preTokenizer = try readSequence(object)
             default:
                 throw unsupported("pre_tokenizer", "\(name.map { "\"\($0)\"" } ?? "null") with a BPE model (only ByteLevel, "
-                                  + "or Sequence[Split, ByteLevel] as Qwen2 and Llama 3 write it, for byte-level BPE)")
+                                  + "Sequence[Split, ByteLevel] as Qwen2 and Llama 3 write it, or Sequence[Digits, ByteLevel] "
+                                  + "as SmolLM2 does, for byte-level BPE)")
             }
             let bpe = try readBPE(model, vocabulary: vocabulary)
             return Specification(kind: .byteLevelBPE, model: .bpe(bpe), normalizer: normalizer, preTokenizer: preTokenizer,
@@ -169,9 +170,9 @@ struct TokenizerJSON {
                           useRegex: try bool(object, "use_regex", in: "pre_tokenizer", default: true))
     }
 
-    /// Sequence[Split(Qwen2's or Llama 3's pattern, Isolated, invert false),
-    /// ByteLevel(add_prefix_space false, use_regex false)]: the only Split pre-tokenizers read.
-    private func readSplitSequence(_ object: [String: Any]) throws -> PreTokenizer {
+    /// The Sequence pre-tokenizers read: [Split, ByteLevel] (Qwen2, Llama 3) and [Digits,
+    /// ByteLevel] (SmolLM2).
+    private func readSequence(_ object: [String: Any]) throws -> PreTokenizer {
         try onlyKeys(object, ["type", "pretokenizers"], in: "pre_tokenizer")
         guard let list = object["pretokenizers"] as? [Any] else {
             throw malformed("pre_tokenizer.pretokenizers", "is not an array")
@@ -181,9 +182,33 @@ struct TokenizerJSON {
             guard let step = try self.object(item, key) else { throw malformed(key, "is null") }
             return try typeName(step, key)
         }
-        guard types == ["Split", "ByteLevel"], let split = list[0] as? [String: Any], let byteLevel = list[1] as? [String: Any] else {
-            throw unsupported("pre_tokenizer", "Sequence of \(types) (only [Split, ByteLevel], as Qwen2 and Llama 3 write it)")
+        guard types.count == 2, types[1] == "ByteLevel", let first = list[0] as? [String: Any],
+              let byteLevel = list[1] as? [String: Any], ["Split", "Digits"].contains(types[0]) else {
+            throw unsupported("pre_tokenizer", "Sequence of \(types) (only [Split, ByteLevel], as Qwen2 and Llama 3 write it, "
+                              + "or [Digits, ByteLevel], as SmolLM2 does)")
         }
+        return types[0] == "Split" ? try readSplitSequence(first, byteLevel) : try readDigitsSequence(first, byteLevel)
+    }
+
+    /// Sequence[Digits(individual_digits true), ByteLevel(add_prefix_space false)].
+    private func readDigitsSequence(_ digits: [String: Any], _ byteLevel: [String: Any]) throws -> PreTokenizer {
+        let key = "pre_tokenizer.pretokenizers[0]"
+        try onlyKeys(digits, ["type", "individual_digits"], in: key)
+        guard try bool(digits, "individual_digits", in: key, default: false) else {
+            throw unsupported("\(key).individual_digits", "false (only true: one piece per digit)")
+        }
+        let byteKey = "pre_tokenizer.pretokenizers[1]"
+        try onlyKeys(byteLevel, ["type", "add_prefix_space", "trim_offsets", "use_regex"], in: byteKey)
+        _ = try bool(byteLevel, "trim_offsets", in: byteKey, default: true)  // offsets only
+        if try bool(byteLevel, "add_prefix_space", in: byteKey, default: true) {
+            throw unsupported("\(byteKey).add_prefix_space", "true (after Digits, only false)")
+        }
+        return .digitsThenByteLevel(useRegex: try bool(byteLevel, "use_regex", in: byteKey, default: true))
+    }
+
+    /// Sequence[Split(Qwen2's or Llama 3's pattern, Isolated, invert false),
+    /// ByteLevel(add_prefix_space false, use_regex false)]: the only Split pre-tokenizers read.
+    private func readSplitSequence(_ split: [String: Any], _ byteLevel: [String: Any]) throws -> PreTokenizer {
         let key = "pre_tokenizer.pretokenizers[0]"
         try onlyKeys(split, ["type", "pattern", "behavior", "invert"], in: key)
         guard let pattern = try self.object(split["pattern"], "\(key).pattern") else { throw malformed("\(key).pattern", "is missing") }

@@ -96,7 +96,7 @@ final class ParityTests: XCTestCase {
 
     func testGoldensCoverWhatTheyShould() throws {
         let (goldens, tokenizers) = try goldens()
-        XCTAssertEqual(Set(tokenizers.keys), ["demo", "demo_prefix_space", "demo_no_regex", "demo_ignore_merges",
+        XCTAssertEqual(Set(tokenizers.keys), ["demo", "demo_prefix_space", "demo_no_regex", "demo_ignore_merges", "demo_digits",
                                               "demo_added_tokens", "word_level", "qwen2_layout", "llama3_layout"])
         let heldOut = goldens.cases.filter { $0.tokenizer == "demo" && $0.name.hasPrefix("held_out/") }
         XCTAssertEqual(heldOut.count, goldens.heldOut.files)
