@@ -148,10 +148,12 @@ class _Method(nn.Module):
 
 
 def fresh_caches(module: nn.Module, names: tuple[str, ...], batch: int) -> dict[str, torch.Tensor]:
-    """Zeroed caches for `batch` sequences, keyed for functional_call on a `_Method`."""
-    return {f"module.{name}": torch.zeros((batch, *getattr(module, name).shape),
-                                          dtype=getattr(module, name).dtype)
-            for name in names}
+    """Zeroed caches for `batch` sequences, keyed for functional_call on a `_Method`: those of
+    `names` the module has (a target without sliding layers has no sliding ring)."""
+    buffers = dict(module.named_buffers())
+    return {f"module.{name}": torch.zeros((batch, *buffers[name].shape),
+                                          dtype=buffers[name].dtype)
+            for name in names if name in buffers}
 
 
 def batched_hidden_states(target, caches: dict[str, torch.Tensor], ids: torch.Tensor,

@@ -129,10 +129,16 @@ def check_batched_drafting(target, drafter, corpus: Corpus, block: int = 4,
     return worst
 
 
-def context_length(config, block: int) -> int:
+def context_length(config, block: int, sequence_length: int | None = None) -> int:
     """Injected positions a block of K sees before its anchor: the window - K before it when
     the window is the block's (DFlash v1, none when K fills it), the window - 1 its first
-    query reaches with z-lab's window per query (|q - k| < window; DFlash2)."""
+    query reaches with z-lab's window per query (|q - k| < window; DFlash2), and every earlier
+    position of a `sequence_length` row for a full-attention drafter (no window)."""
+    if config.sliding_window is None:
+        if sequence_length is None:
+            raise ValueError("a full-attention drafter sees every earlier position: give the "
+                             "sequence length")
+        return sequence_length - block
     if config.window_per_query:
         return config.sliding_window - 1
     return max(0, config.sliding_window - block)
@@ -146,7 +152,7 @@ def _blocks(target, drafter, corpus: Corpus, rows: torch.Tensor, anchors: torch.
     hides those slots (a slot written with position p < 0 reads back as p, not >= 0), so such
     a block sees only the real positions, as at run time, and their (placeholder) features get
     no gradient."""
-    ctx = context_length(drafter.config, block)
+    ctx = context_length(drafter.config, block, corpus.tokens.shape[1])
     ctx_pos = anchors[:, None] + torch.arange(-ctx, 0)
     block_pos = anchors[:, None] + torch.arange(block)
     features = target.encoder([corpus.captured[rows[:, None], ctx_pos.clamp(min=0)]

@@ -1,0 +1,65 @@
+"""The SmolLM2 drafter's recipe without training it (training/train_smollm2_drafter.py,
+training/chat_prompts.py): the prompts figures are measured on never train, the held-out
+prompts come from the held-out files only, the length grouping keeps the largest groups, and
+the drafter config is z-lab's full-attention shape for the real target."""
+
+import json
+
+from museflash.checkpoint.gguf import GGUFCheckpoint, write_hf_checkpoint
+from museflash.demo_checkpoint import smollm2_gguf
+from museflash.training import chat_prompts
+from museflash.training.train_demo import load_corpus
+from museflash.training.train_smollm2_drafter import (
+    MASK_TOKEN,
+    chat_ids,
+    drafter_config,
+    fewest_lengths,
+)
+
+
+def test_no_evaluation_prompt_is_a_training_prompt():
+    training = chat_prompts.training_prompts(10**6, seed=0)
+    assert len(training) > 4000
+    assert not set(training) & set(chat_prompts.EVAL_PROMPTS)
+    assert training[:50] == chat_prompts.training_prompts(10**6, seed=0)[:50]
+    assert training[:50] != chat_prompts.training_prompts(10**6, seed=1)[:50]
+
+
+def test_held_out_prompts_come_from_held_out_files_only():
+    corpus = load_corpus()
+    train = set(chat_prompts.function_prompts(corpus.train))
+    held = set(chat_prompts.held_out_prompts(10**6, seed=1))
+    assert held and held <= set(chat_prompts.function_prompts(corpus.held_out))
+    assert held - train  # the held-out files' own functions
+
+
+def test_fewest_lengths_takes_the_largest_groups_first():
+    prompts = [[1] * 3] * 5 + [[2] * 4] * 2 + [[3] * 5] * 7
+    picked = fewest_lengths(prompts, 10, per_length=6)
+    assert [len(p) for p in picked] == [5] * 6 + [3] * 4
+    assert fewest_lengths(prompts, 100, per_length=100) == sorted(
+        prompts, key=lambda p: {5: 0, 3: 1, 4: 2}[len(p)])
+
+
+def test_the_drafter_config_is_zlab_shaped_for_the_real_target(tmp_path):
+    target = write_hf_checkpoint(GGUFCheckpoint(smollm2_gguf()), tmp_path / "target")
+    config = drafter_config(target, layers=2)
+    assert config["architectures"] == ["DFlashDraftModel"]
+    assert config["layer_types"] == ["full_attention"] * 2 and not config["use_sliding_window"]
+    assert config["dflash_config"]["target_layer_ids"] == [1, 7, 14, 21, 27]
+    vocab = json.loads((target / "tokenizer.json").read_text())["model"]["vocab"]
+    assert config["dflash_config"]["mask_token_id"] == vocab[MASK_TOKEN]
+    ids = chat_ids(target, ["Hi"])[0]
+    assert ids[-3:] == [vocab["<|im_start|>"], vocab["assistant"], vocab["Ċ"]]
+    assert vocab[MASK_TOKEN] not in ids
+
+
+def test_a_full_attention_drafter_sees_every_earlier_position():
+    from types import SimpleNamespace
+
+    from museflash.training.train_demo_drafter import context_length
+
+    full = SimpleNamespace(sliding_window=None, window_per_query=False)
+    assert context_length(full, 8, 160) == 152
+    windowed = SimpleNamespace(sliding_window=32, window_per_query=False)
+    assert context_length(windowed, 8, 160) == context_length(windowed, 8) == 24
