@@ -31,6 +31,7 @@ COMMANDS = {
     "train_demo_dflash2_main": "--selector-rank:",
     "train_demo_drafter_main": "--target-layer-ids:",
     "train_demo_main": "--kv-heads:",
+    "train_smollm2_drafter_main": "--corpus-cache:",
     "traffic_main": "--geometry-context:",
     "verify_main": "--export-dir:",
 }

@@ -49,8 +49,13 @@ def test_the_drafter_config_is_zlab_shaped_for_the_real_target(tmp_path):
     assert config["dflash_config"]["target_layer_ids"] == [1, 7, 14, 21, 27]
     vocab = json.loads((target / "tokenizer.json").read_text())["model"]["vocab"]
     assert config["dflash_config"]["mask_token_id"] == vocab[MASK_TOKEN]
+    from tokenizers import Tokenizer
+
     ids = chat_ids(target, ["Hi"])[0]
-    assert ids[-3:] == [vocab["<|im_start|>"], vocab["assistant"], vocab["Ċ"]]
+    text = Tokenizer.from_file(str(target / "tokenizer.json")).decode(
+        ids, skip_special_tokens=False)
+    assert text.endswith("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
+    assert ids.count(vocab["<|im_start|>"]) == 3  # the default system turn, user, assistant
     assert vocab[MASK_TOKEN] not in ids
 
 
