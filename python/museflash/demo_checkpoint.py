@@ -20,6 +20,7 @@ from torch import nn
 
 from museflash.bundle import BUILTIN_PAIRS, METADATA_FILE, LayerType, Metadata, builtin_pair
 from museflash.checkpoint.configs import DRAFTER_MODELS, drafter_architecture
+from museflash.checkpoint.gguf import is_gguf, staged_checkpoint
 from museflash.checkpoint.load import drafter_checkpoint_tensors, target_checkpoint_tensors
 from museflash.checkpoint.tensor_files import CheckpointError, write_safetensors
 from museflash.hf_tiny_pairs import HF_TINY_PAIRS, write_hf_tiny_pair
@@ -278,8 +279,6 @@ def builtin_checkpoints(name: str) -> Iterator[tuple[Path, Path]]:
                                   f"//:train_demo and {tool}")
         yield target, drafter
     elif name == "smollm2":
-        from museflash.checkpoint.gguf import staged_checkpoint
-
         if not (SMOLLM2_DRAFTER_DIR / "config.json").is_file():
             raise CheckpointError(f"the SmolLM2 drafter is missing from {SMOLLM2_DRAFTER_DIR}; "
                                   "restore it from git or rebuild it with "
@@ -338,10 +337,7 @@ def checkpoint_dirs(metadata: Metadata, checkpoint: Path | None,
                     except (ValueError, CheckpointError) as error:
                         raise SourceError(f"{key} {value}: {error}") from error
                 resolved[key] = builtin[name][0 if key == "checkpoint" else 1]
-            elif key == "checkpoint" and Path(value).suffix.lower() == ".gguf" and Path(
-                    value).is_file():
-                from museflash.checkpoint.gguf import staged_checkpoint
-
+            elif key == "checkpoint" and is_gguf(value) and Path(value).is_file():
                 resolved[key] = stack.enter_context(staged_checkpoint(value))
             elif not Path(value).is_dir():
                 given = checkpoint if key == "checkpoint" else drafter_checkpoint

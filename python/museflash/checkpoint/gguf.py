@@ -92,6 +92,7 @@ def unpermute_rows(weight: np.ndarray, heads: int) -> np.ndarray:
 @dataclass(frozen=True)
 class GGUFTensorInfo:
     gguf_name: str
+    index: int  # in the file's tensor list
     key: str  # transformers' checkpoint key
     quant_type: str
     shape: tuple[int, ...]  # transformers' (row-major) order
@@ -201,7 +202,7 @@ class GGUFCheckpoint:
 
     def _tensor_infos(self) -> list[GGUFTensorInfo]:
         infos = []
-        for tensor in self._reader.tensors:
+        for index, tensor in enumerate(self._reader.tensors):
             quant = tensor.tensor_type.name
             key = self._hf_key(tensor.name)
             if quant not in QUANT_TYPES:
@@ -209,7 +210,7 @@ class GGUFCheckpoint:
                     f"{self.path}: tensor {tensor.name!r} is quantized as {quant}, which "
                     f"museflash does not dequantize (it reads {', '.join(QUANT_TYPES)}); "
                     "re-quantize the model to one of those with llama.cpp's llama-quantize")
-            infos.append(GGUFTensorInfo(tensor.name, key, quant,
+            infos.append(GGUFTensorInfo(tensor.name, index, key, quant,
                                         tuple(int(d) for d in reversed(tensor.shape))))
         return infos
 
@@ -246,7 +247,7 @@ class GGUFCheckpoint:
     def tensor(self, info: GGUFTensorInfo) -> np.ndarray:
         """One tensor, dequantized to float32 in transformers' layout (Llama's q/k rows
         un-permuted)."""
-        raw = next(t for t in self._reader.tensors if t.name == info.gguf_name)
+        raw = self._reader.tensors[info.index]
         values = self._gguf.quants.dequantize(raw.data, raw.tensor_type)
         values = np.asarray(values, dtype=np.float32).reshape(info.shape)
         if self.architecture == "llama":
@@ -389,9 +390,4 @@ def staged_checkpoint(path: str | Path) -> Iterator[Path]:
             # Name the user's file, not the temporary folder it was read into.
             message = str(error).replace(f"{staged / CONFIG_FILE}", f"{path} (its config)")
             raise type(error)(message.replace(str(staged), str(path))) from error
-
-
-def config_of(path: str | Path) -> dict[str, Any]:
-    """The config.json a GGUF file maps to (metadata only: no tensor is read)."""
-    return GGUFCheckpoint(path).config
 

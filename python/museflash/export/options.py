@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from museflash.bundle import BUILTIN_PAIRS, KVWrite
+from museflash.checkpoint.gguf import is_gguf
 from museflash.compression import PRESETS
 
 DEFAULT_CONTEXT_LENGTH = 512
@@ -99,7 +100,7 @@ def check_flag_rules(options: ExportOptions) -> None:
             raise ExportError(f"--{name.replace('_', '-')} must be at least 1")
     if options.max_context_length is not None:
         check_context_length(options.max_context_length, options.prefill_length)
-    if options.checkpoint is not None and Path(options.checkpoint).suffix.lower() == ".gguf":
+    if is_gguf(options.checkpoint):
         if not Path(options.checkpoint).is_file():
             raise ExportError(f"--checkpoint {options.checkpoint}: GGUF file not found")
     elif options.checkpoint is not None and not Path(options.checkpoint).is_dir():
