@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from museflash.checkpoint.chat_template import TOKENIZER_CONFIG_FILE
 from museflash.checkpoint.tensor_files import CONFIG_FILE, CheckpointError, write_safetensors
 
 GGUF_SUFFIX = ".gguf"
@@ -39,7 +40,6 @@ GGUF_SUFFIX = ".gguf"
 QUANT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K",
                "Q6_K")
 ARCHITECTURES = {"llama": ("llama", "LlamaForCausalLM"), "qwen3": ("qwen3", "Qwen3ForCausalLM")}
-TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 GENERATION_CONFIG_FILE = "generation_config.json"
 SHARD_BYTES = 1 << 30
 
