@@ -209,6 +209,38 @@ def plant_massive_activations(target: MuseGlimmerWithDrafterFeatures,
                     conv.kernel_projection.weight[:, [MARKER, MASSIVE]] = 0.0
 
 
+# A massive channel on every token, muted by the final norm (write_tiny_checkpoints(
+# massive="muted")): the class where fp16 loses the small channels rather than overflowing.
+# Every token's embedding holds EMBEDDING_PEAK in MARKER and the other channels are shrunk by
+# MUTED_SMALL, as are the post norms' weights off MASSIVE, so the residual's ordinary channels
+# stay near 1e-3 to 1e-2. The planted units grow MASSIVE by about 8 * MUTED_POST_NORM_PEAK per
+# layer: about 4e4 after the last of the 8. The final norm mutes MASSIVE and MARKER (weight 0)
+# and lifts the others by MUTED_FINAL_GAIN, as real models' final norms mute their massive
+# channels: the logits are made of the small channels alone.
+MUTED_POST_NORM_PEAK = 625.0
+MUTED_SMALL = 0.002
+MUTED_FINAL_GAIN = 300.0
+
+
+def plant_muted_massive_channel(target: MuseGlimmerWithDrafterFeatures) -> None:
+    """Plants the class described above into a randomly initialised tiny target."""
+    units = list(range(PLANTED_UNITS))
+    with torch.no_grad():
+        embedding = target.embed_tokens.weight
+        embedding.mul_(MUTED_SMALL)
+        embedding[:, MARKER] = EMBEDDING_PEAK
+        for depth, layer in enumerate(target.layers):
+            _plant_mlp(layer.mlp, units, gate=2.0, down=1.0)
+            for norm in (layer.post_attention_layernorm, layer.post_feedforward_layernorm):
+                norm.weight.copy_((1.0 + norm.weight) * MUTED_SMALL - 1.0)  # (1 + w) kind
+                norm.weight[MARKER] = -1.0
+            layer.post_feedforward_layernorm.weight[MASSIVE] = MUTED_POST_NORM_PEAK - 1.0
+            grown = math.hypot(8.0, depth * 8.0 * MUTED_POST_NORM_PEAK) / 8.0
+            layer.pre_feedforward_layernorm.weight[MARKER] = grown - 1.0
+        target.norm.weight.fill_(MUTED_FINAL_GAIN - 1.0)
+        target.norm.weight[[MARKER, MASSIVE]] = -1.0
+
+
 def _plant_mlp(mlp: nn.Module, units: list[int], *, gate: float, down: float) -> None:
     """Units that read only MARKER (gate = up, so silu(g) * g >= 0) and write only MASSIVE;
     no unit reads MASSIVE."""
@@ -257,11 +289,13 @@ def smollm2_gguf() -> Path:
     return path
 
 
-# The random pairs by built-in name: (drafter config, planted massive activations).
+# The random pairs by built-in name: (drafter config, planted massive activations: False,
+# True for plant_massive_activations, "muted" for plant_muted_massive_channel).
 TINY_PAIRS = {"tiny": (TINY_DRAFTER_CONFIG, False),
               "tiny-dflash2": (TINY_DFLASH2_CONFIG, False),
               "tiny-massive": (TINY_DRAFTER_CONFIG, True),
-              "tiny-dflash2-massive": (TINY_DFLASH2_CONFIG, True)}
+              "tiny-dflash2-massive": (TINY_DFLASH2_CONFIG, True),
+              "tiny-muted": (TINY_DRAFTER_CONFIG, "muted")}
 
 
 @contextmanager
@@ -376,20 +410,23 @@ def write_tiny_checkpoints(
     target_config: dict[str, Any] | None = None,
     drafter_config: dict[str, Any] | None = None,
     tokenizer: bool = False,
-    massive: bool = False,
+    massive: bool | str = False,
 ) -> tuple[Path, Path]:
     """Writes out_dir/target and out_dir/drafter; returns both paths. With `tokenizer`, the
     target also gets a word-level tokenizer.json whose ids are the vocabulary (`w<id>`, the
     drafter's mask token special), so text tools work on the random pair. With `massive`, the
-    pair carries planted massive activations (plant_massive_activations) and the target names
-    its first planted token `<bos>` (config and tokenizer)."""
+    pair carries planted massive activations (plant_massive_activations; "muted" for
+    plant_muted_massive_channel) and the target names its first planted token `<bos>` (config
+    and tokenizer)."""
     out_dir = Path(out_dir)
     target_config = copy.deepcopy(target_config or TINY_TARGET_CONFIG)
     drafter_config = copy.deepcopy(drafter_config or TINY_DRAFTER_CONFIG)
     if massive:
         target_config["bos_token_id"] = PLANTED_TOKENS[0]
     target, drafter = build_tiny_models(seed, target_config, drafter_config)
-    if massive:
+    if massive == "muted":
+        plant_muted_massive_channel(target)
+    elif massive:
         plant_massive_activations(target, drafter)
     generator = torch.Generator().manual_seed(seed + 1)
     target_tensors = target_checkpoint_tensors(target)

@@ -31,7 +31,9 @@ class RMSNorm(nn.Module):
 
     The default form (bundle.NormForm.MAX_ABS) divides the row by m = max(max|x|, 1) before
     squaring it and eps by m^2, so every intermediate of the fp16 graph stays below
-    max(1, dim) and the result equals x * rsqrt(mean(x^2) + eps) in exact arithmetic
+    max(1, dim); the row's factor rsqrt(mean((x/m)^2) + eps/m^2) / m then multiplies x
+    itself, so small channels beside a massive one keep fp16's full precision. The result
+    equals x * rsqrt(mean(x^2) + eps) in exact arithmetic
     (coremltools#2821 is what goes wrong when eps is not rescaled with the data). PLAIN is
     that plain form, whose x^2 overflows fp16 above |x| = 256: kept for the figures and the
     tests that show the old graph failing (docs/fp16.md).
@@ -66,7 +68,12 @@ class RMSNorm(nn.Module):
             # eps / peak^2 as (sqrt(eps) / peak)^2: peak^2 itself would overflow fp16.
             root = math.sqrt(self.eps) / peak
             floor = root * root
-            normed = scaled * torch.rsqrt(scaled.pow(2).mean(dim=-1, keepdim=True) + floor)
+            # The row's factor, 1 / rms(x), is applied to x itself, not to `scaled`: beside a
+            # massive channel the small channels of x / peak fall into fp16's subnormals,
+            # where they keep a few bits, and a large norm weight multiplies that loss.
+            # |x| * factor <= sqrt(dim) (or 1 / sqrt(eps)), so the product stays bounded.
+            factor = torch.rsqrt(scaled.pow(2).mean(dim=-1, keepdim=True) + floor) / peak
+            normed = x32 * factor
         if self.weight is not None:
             scale = self.weight.float()
             normed = normed * (1.0 + scale if self.unit_offset else scale)

@@ -2,10 +2,13 @@
 an fp16 ML program, then run by the numpy interpreter on rows an fp16 norm must survive.
 
 Per candidate: ops per norm in the saved program, ms per call at the given width, whether
-every intermediate stayed finite, and the largest error against float64 on each kind of row.
+every intermediate stayed finite, and the largest error against float64 on each kind of row
+(on the "1e-2 beside 4e4" rows, of the channels beside the massive one, against their own
+largest value).
 The candidates:
 - plain: x * rsqrt(mean(x^2) + eps), today's graph (x^2 overflows above |x| = 256);
-- max_abs: the row divided by max(max|x|, 1) first, eps by its square (the default);
+- max_abs: the row divided by max(max|x|, 1) to find 1 / rms, eps by its square, and x
+  itself multiplied by that factor (the default);
 - l2_floor: x / max(reduce_l2_norm(x / sqrt(d)), sqrt(eps)), one reduction, eps as a floor;
 - layer_norm_pair: layer_norm over [x, -x] (mean 0, variance mean(x^2)), Anemll's form.
 The interpreter computes each op in fp32 or better and stores fp16, so it shows what each
@@ -60,16 +63,25 @@ def candidate(name: str, dim: int) -> nn.Module:
     return {"l2_floor": _L2Floor, "layer_norm_pair": _LayerNormPair}[name](dim)
 
 
+MASSIVE_CHANNEL = 3
+# The kind whose error is measured on the channels beside the massive one, against their own
+# largest value: what a final norm that mutes the massive channel passes on (docs/fp16.md).
+BESIDE_MASSIVE = "1e-2 beside 4e4"
+
+
 def hard_rows(dim: int, rows: int, seed: int = 0) -> dict[str, np.ndarray]:
     """fp16 rows [1, rows, dim] by kind: ordinary, one massive channel (the audit's kind),
-    dense large values, fp16's largest value, and tiny values (where eps matters)."""
+    channels of 1e-2 beside one of 4e4, dense large values, fp16's largest value, and
+    tiny values (where eps matters)."""
     rng = np.random.default_rng(seed)
     base = rng.standard_normal((1, rows, dim))
     massive = base.copy()
-    massive[..., 3] = np.linspace(300.0, 65504.0, rows)
+    massive[..., MASSIVE_CHANNEL] = np.linspace(300.0, 65504.0, rows)
+    beside = base * 1e-2
+    beside[..., MASSIVE_CHANNEL] = 4e4
     largest = 65504.0 * np.sign(rng.standard_normal((1, rows, dim)))
-    return {"ordinary": base, "massive channel": massive, "dense 3e3": base * 3000.0,
-            "all 65504": largest, "tiny 1e-4": base * 1e-4}
+    return {"ordinary": base, "massive channel": massive, BESIDE_MASSIVE: beside,
+            "dense 3e3": base * 3000.0, "all 65504": largest, "tiny 1e-4": base * 1e-4}
 
 
 def convert(module: nn.Module, dim: int, rows: int, directory: Path):
@@ -108,8 +120,11 @@ def measure(name: str, dim: int, rows: int, repeats: int) -> dict:
         except NonFiniteError:
             errors[kind] = None
             continue
-        errors[kind] = float(np.max(np.abs(out.astype(np.float64) - expected))
-                             / np.max(np.abs(expected)))
+        error = np.abs(out.astype(np.float64) - expected)
+        if kind == BESIDE_MASSIVE:
+            kept = np.arange(dim) != MASSIVE_CHANNEL
+            error, expected = error[..., kept], expected[..., kept]
+        errors[kind] = float(np.max(error) / np.max(np.abs(expected)))
     x = hard_rows(dim, rows)["ordinary"].astype(np.float16)
     times = []
     for _ in range(repeats):
