@@ -4,7 +4,8 @@ Real LLMs carry massive activations (a few residual channels in the hundreds to 
 thousands on `<bos>`, the first token and delimiters), and the bundle computes in fp16, whose
 largest value is 65,504. The audit runs the target, and the drafter on the target's features,
 over calibration sequences led by `<bos>`; records per layer the peak |x| of the residual
-stream, of every norm's input and of every projection's input and output; and chooses for each
+stream, of every norm's input and of every projection's input and output, and of the logits
+(final norm and lm_head, before any soft-cap); and chooses for each
 stream the power-of-two scale that brings its peak under RESIDUAL_LIMIT (the models'
 `scale_residual`; logits and features are unchanged but for rounding). It then runs again with
 those scales and refuses, naming the layer, the module and the peak, when anything still
@@ -40,6 +41,9 @@ RESIDUAL_LIMIT = 2.0 ** 14  # a residual peak above this gets scaled down
 SAFE_LIMIT = 2.0 ** 15  # nothing audited may stay above this: half of fp16's range
 MAX_SCALE_EXPONENT = 10  # below 2^-10 the stream's ordinary values would lose fp16 precision
 CALIBRATION_TOKENS = 48
+# At most this many --calibration-prompts lines are audited (64 x 48 tokens, one batch): the
+# audit's memory is bounded whatever the file's size.
+MAX_CALIBRATION_PROMPTS = 64
 PEAK_TOKENS = 4  # tokens with the largest residual peaks: recorded, and drafted from
 # Built-in calibration text: code, prose, digits, punctuation and blank lines, the kinds of
 # token real models' massive activations sit on; each line is one sequence after <bos>.
@@ -59,21 +63,38 @@ class GraphNumerics:
     drafter_residual_scale: float = 1.0
 
 
-def read_calibration_prompts(path: Path) -> list[str]:
-    """The prompts of --calibration-prompts FILE, one per non-empty line."""
+def read_calibration_prompts(path: Path) -> tuple[list[str], int]:
+    """The first MAX_CALIBRATION_PROMPTS prompts of --calibration-prompts FILE (one per
+    non-empty line) and how many the file holds. The file is read a line at a time, so its
+    size does not matter; the audit runs the prompts kept, each cut to CALIBRATION_TOKENS."""
     path = Path(path)
     if not path.is_file():
         raise ExportError(f"--calibration-prompts {path}: no such file; give a UTF-8 text file "
                           "with one prompt per line")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as error:
-        raise ExportError(f"--calibration-prompts {path} is not UTF-8 text (byte "
-                          f"{error.start}); save it as UTF-8, one prompt per line") from error
-    prompts = [line for line in text.splitlines() if line.strip()]
+    prompts: list[str] = []
+    total = offset = 0
+    with path.open("rb") as lines:
+        for raw in lines:
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise ExportError(f"--calibration-prompts {path} is not UTF-8 text (byte "
+                                  f"{offset + error.start}); save it as UTF-8, one prompt per "
+                                  "line") from error
+            offset += len(raw)
+            if line.strip():
+                total += 1
+                if len(prompts) < MAX_CALIBRATION_PROMPTS:
+                    prompts.append(line.rstrip("\r\n"))
     if not prompts:
         raise ExportError(f"--calibration-prompts {path} has no prompts; give one per line")
-    return prompts
+    return prompts, total
+
+
+def calibration_name(path: Path, kept: int, total: int) -> str:
+    """What `fp16_range.calibration` and the console line say was audited."""
+    name = Path(path).name
+    return name if kept == total else f"{name} (first {kept} of {total} prompts)"
 
 
 def bos_token_id(target_dir: Path, config: dict) -> int | None:
@@ -107,8 +128,15 @@ def calibration_sequences(target_dir: Path, bos: int | None, vocab_size: int,
     if tokenizer_file.is_file():
         from tokenizers import Tokenizer
 
-        tokenizer = Tokenizer.from_file(str(tokenizer_file))
-        bodies = [tokenizer.encode(text, add_special_tokens=False).ids for text in texts]
+        try:
+            tokenizer = Tokenizer.from_file(str(tokenizer_file))
+            bodies = [tokenizer.encode(text, add_special_tokens=False).ids for text in texts]
+        except Exception as error:  # the tokenizers library raises bare Exception
+            detail = " ".join(str(error).split())
+            raise ExportError(
+                f"{tokenizer_file}: the fp16 audit could not tokenize its calibration text "
+                f"({detail}); fix the tokenizer file (a word-level or BPE model needs its "
+                "unk_token in its vocabulary) or remove it from the checkpoint") from error
         empty = [text for text, ids in zip(texts, bodies, strict=True) if not ids]
         if empty:
             raise ExportError(f"calibration prompt {empty[0]!r} has no tokens; give text")
@@ -121,6 +149,12 @@ def calibration_sequences(target_dir: Path, bos: int | None, vocab_size: int,
     sequences = [lead + (body * (length // len(body) + 1))[:length] for body in bodies]
     sequences.append(lead + [i % vocab_size for i in range(length)])
     return [[int(i) % vocab_size for i in sequence] for sequence in sequences]
+
+
+def _larger(a: float, b: float) -> float:
+    """max(a, b), except that NaN wins: max(0.0, nan) is 0.0, which would record a
+    non-finite activation as a peak of 0."""
+    return b if math.isnan(b) or b > a else a
 
 
 class _Peaks:
@@ -144,7 +178,7 @@ class _Peaks:
 
     @staticmethod
     def note(table: dict[str, float], name: str, value: torch.Tensor) -> None:
-        table[name] = max(table.get(name, 0.0), float(value.detach().abs().max()))
+        table[name] = _larger(table.get(name, 0.0), float(value.detach().abs().max()))
 
     def close(self) -> None:
         for handle in self.handles:
@@ -195,11 +229,13 @@ def _real_weights(module: nn.Module, placeholders: PlaceholderWeights) -> Iterat
 
 @dataclass
 class _Run:
-    """One pass of the audit: the hooks' peaks and the residual peaks it saw."""
+    """One pass of the audit: the hooks' peaks, the residual peaks it saw and the target's
+    logits (lm_head's output, and after the output multiplier, before any soft-cap)."""
     peaks: _Peaks
     target_residual: list[float] = field(default_factory=list)
     drafter_residual: list[float] = field(default_factory=list)
     token_peaks: dict[int, float] = field(default_factory=dict)
+    logits: float = 0.0
 
 
 def _peak(table: dict[str, float], prefix: str, kinds: tuple[type, ...] | None = None,
@@ -219,6 +255,11 @@ class RangeAudit:
         self.target = load_target(target_dir, drafter_dir if fused else None,
                                   dtype=torch.float32, max_context=context, max_query_len=block,
                                   placeholders=self.placeholders)
+        head_row = self.placeholders.row_of(self.target.output_weight())
+        # lm_head's weight (or the embedding it is tied to), read a slice of rows at a time.
+        self.head_location = (self.placeholders.by_row[head_row] if head_row is not None
+                              else None)
+        self.head_weight = None if head_row is not None else self.target.output_weight()
         embed_row = self.placeholders.row_of(self.target.embed_tokens.weight)
         if embed_row is not None:
             self.target.embed_tokens = _RowEmbedding(self.placeholders.by_row[embed_row],
@@ -256,6 +297,7 @@ class RangeAudit:
                 inside = run.peaks.inputs.get(
                     f"target.layers.{layer_id}.pre_feedforward_layernorm", 0.0)
                 run.target_residual.append(max(float(out.abs().max()), inside))
+            run.logits = self._logits_peak(captured[-1])
             last = captured[-1].abs().amax(dim=-1)
             for token, value in zip(ids.reshape(-1).tolist(), last.reshape(-1).tolist(),
                                     strict=True):
@@ -271,6 +313,26 @@ class RangeAudit:
         finally:
             run.peaks.close()
         return run
+
+    def _logits_peak(self, hidden: torch.Tensor, rows: int = 8192) -> float:
+        """Peak |logits| of the final norm and lm_head over `hidden` (the last layer's
+        output), before the soft-cap: lm_head's own output and, where the family has one,
+        after the output multiplier. lm_head is read `rows` vocabulary rows at a time."""
+        target = self.target
+        with _real_weights(target.norm, self.placeholders):
+            normed = target.norm(hidden).reshape(-1, hidden.shape[-1])
+        multiplier = float(getattr(target.config, "output_multiplier", 1.0) or 1.0)
+        vocab = target.config.vocab_size
+        peak = 0.0
+        for start in range(0, vocab, rows):
+            stop = min(start + rows, vocab)
+            if self.head_location is not None:
+                weight = self.head_location.read_rows(start, stop, torch.float32)
+            else:
+                weight = self.head_weight[start:stop].float()
+            out = float((normed @ weight.T).abs().max())
+            peak = _larger(peak, _larger(out, out * abs(multiplier)))
+        return peak
 
     def _draft(self, run: _Run, ids: torch.Tensor, features: torch.Tensor,
                anchors: list[int]) -> None:
@@ -338,7 +400,20 @@ def _first_over(run: _Run, limit: float) -> tuple[str, float] | None:
         for layer, value in enumerate(residual):
             if not value <= limit:
                 return f"{root}.layers.{layer} residual", value
+    if not run.logits <= limit:
+        return "the target's logits (lm_head output, before any soft-cap)", run.logits
     return None
+
+
+def _refuse_nonfinite(run: _Run) -> None:
+    """NaN or inf anywhere in the fp32 run is the checkpoint's own fault: no fp16 graph
+    can fix it, and a recorded peak of NaN would mean nothing."""
+    over = _first_over(run, math.inf)
+    if over is not None and not math.isfinite(over[1]):
+        name, value = over
+        raise ExportError(f"fp16 range: {name} is {value} in fp32 eager on the calibration "
+                          "sequences, before any fp16; the checkpoint itself is broken: check "
+                          "its weights and its config's eps and scale fields")
 
 
 def audit_checkpoint(target_dir: Path, drafter_dir: Path | None, *, fused: bool,
@@ -352,6 +427,7 @@ def audit_checkpoint(target_dir: Path, drafter_dir: Path | None, *, fused: bool,
     audit = RangeAudit(target_dir, drafter_dir, fused=fused, with_drafter=with_drafter,
                        context=context, block=block)
     first = audit.run(sequences)
+    _refuse_nonfinite(first)
     target_scale = drafter_scale = 1.0
     if scale:
         target_scale = residual_scale(max(first.target_residual), "the target's residual")
@@ -371,7 +447,7 @@ def audit_checkpoint(target_dir: Path, drafter_dir: Path | None, *, fused: bool,
             "can hold with margin; no residual scale can fix a projection this large, so this "
             "checkpoint cannot be exported in fp16")
     everything = [*checked.peaks.inputs.values(), *checked.peaks.outputs.values(),
-                  *checked.target_residual, *checked.drafter_residual]
+                  *checked.target_residual, *checked.drafter_residual, checked.logits]
     ranked = sorted(first.token_peaks, key=lambda t: -first.token_peaks[t])
     record = Fp16Range(
         norm=norm,

@@ -41,6 +41,7 @@ from museflash.export.describe import bundle_metadata, embed_metadata
 from museflash.export.fp16_range import (
     GraphNumerics,
     audit_checkpoint,
+    calibration_name,
     read_calibration_prompts,
     summary,
 )
@@ -129,8 +130,10 @@ def audit(run: ExportRun) -> None:
     peaks go into metadata.json, the residual scales into every process's modules, and a
     checkpoint that cannot fit fp16 is refused here."""
     options, plan = run.options, run.plan
-    prompts = (read_calibration_prompts(options.calibration_prompts)
-               if options.calibration_prompts is not None else None)
+    prompts, calibration = None, "builtin"
+    if options.calibration_prompts is not None:
+        prompts, total = read_calibration_prompts(options.calibration_prompts)
+        calibration = calibration_name(options.calibration_prompts, len(prompts), total)
     config = read_config(plan.target_dir)
     with run.progress.stage("audit", "fp16 range") as info:
         run.fp16_range, run.numerics = audit_checkpoint(
@@ -138,7 +141,7 @@ def audit(run: ExportRun) -> None:
             with_drafter=options.dflash_drafter, context=plan.context_length,
             block=plan.spec.block_size if plan.spec else 1,
             vocab_size=plan.configs.target.vocab_size, config=config, prompts=prompts,
-            calibration=(Path(options.calibration_prompts).name if prompts else "builtin"),
+            calibration=calibration,
             norm=NormForm.PLAIN if options.legacy_fp16 else NormForm.MAX_ABS,
             scale=not options.legacy_fp16)
         info["summary"] = summary(run.fp16_range)
