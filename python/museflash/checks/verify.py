@@ -41,6 +41,7 @@ from museflash.checkpoint.chat_template import read_chat_template, render_chat
 from museflash.checkpoint.configs import read_config
 from museflash.checkpoint.load import load_drafter, load_target
 from museflash.checkpoint.tensor_files import CheckpointError, checkpoint_shapes
+from museflash.checks.norm_form import graph_norm_form
 from museflash.checks.parity import (
     Discrepancy,
     ParityReport,
@@ -188,11 +189,24 @@ def _check_geometry(name: str, module: torch.nn.Module, interpreter: Interpreter
                 "config.json does not describe this export")
 
 
+def _check_norm_form(name: str, metadata: Metadata, function) -> None:
+    """metadata.json's fp16_range.norm against the form the graph's norms are written in."""
+    if metadata.fp16_range is None:
+        return
+    recorded = NormForm(metadata.fp16_range.norm).value
+    found = graph_norm_form(function)
+    if found != recorded:
+        raise VerifyInputError(f"metadata.json fp16_range.norm is {recorded!r} but {name}'s "
+                               f"graph writes its norms in the {found!r} form; the record "
+                               "does not describe this bundle: re-export it")
+
+
 def check_target(export_dir: Path, metadata: Metadata, target, function: FunctionName,
                  entry: str, seed: int) -> CheckResult:
     asset = metadata.asset(AssetRole.TARGET)
     interpreter = Interpreter(load_program(export_dir / asset.path, function), function)
     _check_geometry(f"target.{function}", target, interpreter)
+    _check_norm_form(f"target.{function}", metadata, interpreter.function)
     length = asset.function(function).query_length
     states = _random_states(interpreter, seed)
     sync_states(target, states)
