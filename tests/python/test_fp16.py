@@ -50,6 +50,7 @@ def exports(tmp_path_factory):
     return {name: _export(root / name, builtin, **options) for name, builtin, options in (
         ("massive", "tiny-massive", {}),
         ("massive-dflash2", "tiny-dflash2-massive", {}),
+        ("muted", "tiny-muted", {}),
         ("massive-old", "tiny-massive", {"legacy_fp16": True}),
     )}
 
@@ -61,10 +62,14 @@ def test_max_abs_norm_is_finite_and_accurate_in_fp16_where_the_plain_one_overflo
                for name in ("plain", "max_abs", "layer_norm_pair")}
     plain, safe = figures["plain"]["errors"], figures["max_abs"]["errors"]
     assert [kind for kind, error in plain.items() if error is None] == [
-        "massive channel", "dense 3e3", "all 65504"]
+        "massive channel", "1e-2 beside 4e4", "dense 3e3", "all 65504"]
     assert all(error is not None and error < 4 * 2.0 ** -11 for kind, error in safe.items()
-               if kind != "tiny 1e-4")  # tiny rows: their fp16 inputs are already rounded
-    assert safe["tiny 1e-4"] < 1e-2
+               if kind not in ("tiny 1e-4", "1e-2 beside 4e4"))
+    assert safe["tiny 1e-4"] < 1e-2  # tiny rows: their fp16 inputs are already rounded
+    # Channels of 1e-2 beside one of 4e4: divided by the peak first they were subnormals of a
+    # few bits (error 3.8e-2); the factor applied to x itself leaves only the output's own
+    # range (about 2e-6 here, itself subnormal: 4.8e-3).
+    assert safe["1e-2 beside 4e4"] < 1e-2
     assert figures["max_abs"]["ops"] > figures["plain"]["ops"]
     assert None not in figures["layer_norm_pair"]["errors"].values()
 
@@ -121,13 +126,79 @@ def test_unplanted_checkpoint_needs_no_scale(tmp_path):
     assert max(p.residual for p in record.target_layers) < 2 ** 14
 
 
+def test_muted_pair_carries_a_massive_channel_on_every_token(tmp_path):
+    """tiny-muted's class: no overflow to scale away beyond 2^-2, a channel near 4e4 on the
+    calibration's every sequence, and a final norm that mutes it."""
+    record = _audit(tmp_path, massive="muted")
+    assert 3e4 < max(p.residual for p in record.target_layers) < 65504
+    assert record.target_residual_scale == 0.25
+    from museflash.checkpoint.load import load_target
+    target = load_target(tmp_path / "pair" / "target", dtype=torch.float32, max_context=64,
+                         max_query_len=8)
+    weight = target.norm.weight.float() + (1.0 if target.norm.unit_offset else 0.0)
+    assert weight[demo_checkpoint.MASSIVE] == 0
+    assert weight.max() >= demo_checkpoint.MUTED_FINAL_GAIN
+
+
+def _scale_tensor(checkpoint: Path, key: str, factor: float) -> None:
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    for shard in checkpoint.glob("*.safetensors"):
+        with safe_open(str(shard), "pt") as f:
+            if key not in f.keys():
+                continue
+            tensors, metadata = {k: f.get_tensor(k) for k in f.keys()}, f.metadata()
+        tensors[key] = tensors[key] * factor
+        save_file(tensors, str(shard), metadata=metadata)
+        return
+    raise AssertionError(f"{key} not in {checkpoint}")
+
+
+def test_logits_beyond_fp16_are_refused_by_the_audit_and_nothing_written(tmp_path):
+    """The only overflow is lm_head's output: before the audit ran the final norm and lm_head,
+    this exported with a recorded peak of a few units, and Core ML's logits would be inf."""
+    target, drafter = demo_checkpoint.write_tiny_checkpoints(tmp_path / "pair", tokenizer=True)
+    record = _audit(tmp_path / "plain")
+    _scale_tensor(target, "lm_head.weight", 2e5 / max(record.peak_after_scaling, 1.0))
+    out = tmp_path / "export"
+    with pytest.raises(ExportError, match=r"logits .* peaks at .*cannot be exported in fp16"):
+        export_bundle(ExportOptions(output_dir=out, checkpoint=target,
+                                    drafter_checkpoint=drafter, **SMALL),
+                      Progress(echo=lambda _: None))
+    assert not out.exists()
+
+
+def test_the_audit_records_the_logits_peak(tmp_path):
+    record = _audit(tmp_path)
+    target = tmp_path / "pair" / "target"
+    _scale_tensor(target, "lm_head.weight", 64.0)
+    from museflash.checkpoint.configs import read_config as read
+    scaled, _ = audit_checkpoint(target, tmp_path / "pair" / "drafter", fused=True,
+                                 with_drafter=True, context=64, block=4, vocab_size=512,
+                                 config=read(target), prompts=None, calibration="builtin",
+                                 norm=NormForm.MAX_ABS, scale=True)
+    # The residual is unchanged, so only the logits can have raised the largest |x|.
+    assert scaled.peak_after_scaling > record.peak_after_scaling
+    assert scaled.target_layers == record.target_layers
+
+
+def test_a_nan_activation_is_not_recorded_as_a_peak_of_zero():
+    from museflash.export.fp16_range import _Peaks
+
+    table: dict[str, float] = {}
+    _Peaks.note(table, "x", torch.tensor([1.0, float("nan")]))
+    _Peaks.note(table, "x", torch.tensor([2.0]))
+    assert math.isnan(table["x"])
+
+
 def test_old_graph_fails_verify_at_the_first_overflowing_op(exports):
     status, lines = _verify(exports["massive-old"])
     assert status == 1
     assert "fp16 overflow" in lines[-1] and "pow" in lines[-1]
 
 
-@pytest.mark.parametrize("name", ["massive", "massive-dflash2"])
+@pytest.mark.parametrize("name", ["massive", "massive-dflash2", "muted"])
 def test_new_graph_verifies_on_planted_activations(exports, name):
     status, lines = _verify(exports[name])
     assert status == 0, lines[-1]
@@ -151,6 +222,29 @@ def test_verify_refuses_a_bundle_whose_recorded_scale_is_wrong(exports, tmp_path
     assert status == 2 and "residual scales" in lines[-1]
 
 
+def test_the_norm_form_is_read_off_the_graph(exports):
+    from museflash.checks.norm_form import norm_forms
+
+    for name, form in (("massive", NormForm.MAX_ABS), ("massive-old", NormForm.PLAIN)):
+        program = load_program(exports[name] / "target.mlpackage", "main")
+        forms = norm_forms(program.functions["main"])
+        assert set(forms) == {form.value} and forms[form.value] >= 8, (name, forms)
+
+
+def test_verify_refuses_a_bundle_whose_recorded_norm_form_is_not_its_graphs(exports, tmp_path):
+    """A record of "plain" on a max_abs graph once passed, and verify printed it as true."""
+    import json
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(exports["massive"], copy)
+    raw = json.loads((copy / "metadata.json").read_text())
+    raw["fp16_range"]["norm"] = NormForm.PLAIN.value
+    (copy / "metadata.json").write_text(json.dumps(raw))
+    status, lines = _verify(copy)
+    assert status == 2 and "fp16_range.norm" in lines[-1] and "max_abs" in lines[-1]
+
+
 def test_checkpoint_beyond_fp16_at_any_scale_is_refused_and_nothing_written(tmp_path,
                                                                             monkeypatch):
     planted = demo_checkpoint.plant_massive_activations
@@ -172,6 +266,7 @@ def test_checkpoint_beyond_fp16_at_any_scale_is_refused_and_nothing_written(tmp_
     (None, "no such file"),
     (b"\n  \n", "has no prompts"),
     (b"caf\xe9\n", "not UTF-8"),
+    (b"ok\nfine\ncaf\xe9\n", r"not UTF-8 text \(byte 11\)"),
 ])
 def test_bad_calibration_prompts_are_refused_before_anything_is_written(tmp_path, content,
                                                                         message):
@@ -184,19 +279,59 @@ def test_bad_calibration_prompts_are_refused_before_anything_is_written(tmp_path
     assert not out.exists()
 
 
+def test_a_tokenizer_that_cannot_tokenize_is_refused_naming_the_file(tmp_path):
+    """A word-level tokenizer whose unk_token is not in its vocabulary: the library's own
+    message was the whole error line."""
+    import json
+
+    target, drafter = demo_checkpoint.write_tiny_checkpoints(tmp_path / "pair", tokenizer=True)
+    path = target / "tokenizer.json"
+    tokenizer = json.loads(path.read_text())
+    tokenizer["model"]["unk_token"] = "[NOT-IN-VOCAB]"
+    path.write_text(json.dumps(tokenizer))
+    out = tmp_path / "out"
+    with pytest.raises(ExportError, match=r"tokenizer\.json: the fp16 audit could not tokenize"
+                       r".*unk_token") as error:
+        export_bundle(ExportOptions(output_dir=out, checkpoint=target,
+                                    drafter_checkpoint=drafter, **SMALL),
+                      Progress(echo=lambda _: None))
+    assert "\n" not in str(error.value)
+    assert not out.exists()
+
+
 def test_calibration_prompts_are_what_the_audit_runs(tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("w5 w6 w7\nw8 w9\n", encoding="utf-8")
-    record = _audit(tmp_path, read_calibration_prompts(prompts), "prompts.txt", massive=True)
-    assert (record.calibration, record.sequences) == ("prompts.txt", 3)
+    kept, total = read_calibration_prompts(prompts)
+    record = _audit(tmp_path, kept, "prompts.txt", massive=True)
+    assert (record.calibration, record.sequences, total) == ("prompts.txt", 3, 2)
     # Neither prompt holds a planted token; the lowest-ids sequence does (<bos> leads all).
     assert record.target_residual_scale < 1
 
 
-@pytest.mark.parametrize("name", ["massive", "massive-dflash2"])
+def test_a_large_calibration_file_is_read_a_line_at_a_time_and_capped(tmp_path):
+    """A 20 MB file once went into one batch (6 GB, then out of memory): now the first
+    MAX_CALIBRATION_PROMPTS lines are audited, and the record says so."""
+    from museflash.export.fp16_range import MAX_CALIBRATION_PROMPTS, calibration_name
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("".join(f"w{i % 500} w{(i * 7) % 500}\n" for i in range(200_000)),
+                       encoding="utf-8")
+    kept, total = read_calibration_prompts(prompts)
+    assert (len(kept), total) == (MAX_CALIBRATION_PROMPTS, 200_000)
+    assert kept[1] == "w1 w7"
+    name = calibration_name(prompts, len(kept), total)
+    record = _audit(tmp_path, kept, name)
+    assert record.sequences == MAX_CALIBRATION_PROMPTS + 1  # and the lowest-ids sequence
+    assert f"first {MAX_CALIBRATION_PROMPTS} of 200000" in record.calibration
+
+
+@pytest.mark.parametrize("name", ["massive", "massive-dflash2", "muted"])
 def test_logits_follow_fp32_on_the_planted_tokens(exports, name):
     """Goal: logits cos >= 0.999 against fp32 eager on planted-activation checkpoints, over
-    main calls whose blocks hold the <bos> and peak tokens (verify's prompt)."""
+    main calls whose blocks hold the <bos> and peak tokens (verify's prompt). On `muted` the
+    logits are made of the channels beside a massive one alone; before the norm applied its
+    factor to x itself, cos fell to 0.997 and top-1 agreement to 9 of 48."""
     from museflash.checkpoint.load import load_target
     from museflash.checks.verify import deterministic_prompt
 
