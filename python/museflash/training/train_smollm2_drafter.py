@@ -23,6 +23,7 @@ Writes DIR/drafter (config.json, model.safetensors in bf16) and DIR/train_smollm
 from __future__ import annotations
 
 import json
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -104,7 +105,8 @@ def run(output_dir: Path, *, gguf: Path | None = None, prompts: int = 1024,
         max_prompt_tokens: int = 96, length: int = 160, layers: int = 2,
         train_seconds: float | None = None, train_steps: int | None = None, batch: int = 32,
         lr: float = 2e-3, seed: int = 0, heldout: int = 48, new_tokens: int = 64,
-        corpus_cache: Path | None = None, log=print) -> dict[str, Any]:
+        corpus_cache: Path | None = None, init_drafter: Path | None = None,
+        log=print) -> dict[str, Any]:
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     gguf = Path(gguf) if gguf is not None else smollm2_gguf()
@@ -129,7 +131,17 @@ def run(output_dir: Path, *, gguf: Path | None = None, prompts: int = 1024,
         log(f"[train] drafter: {layers} layers, full attention, taps "
             f"{zlab['target_layer_ids']}, mask {zlab['mask_token_id']}; "
             f"{len(train_ids)} training prompts, {len(heldout_ids)} held-out")
-        initial = write_initial_drafter(target_dir, config, Path(scratch) / "initial", seed)
+        initial = Path(scratch) / "initial"
+        if init_drafter is None:
+            write_initial_drafter(target_dir, config, initial, seed)
+        else:  # training goes on from an earlier run's drafter of the same shape
+            given = json.loads((Path(init_drafter) / "config.json").read_text())
+            if given != config:
+                raise ValueError(f"--init-drafter {init_drafter}: its config.json is not the "
+                                 f"{layers}-layer drafter this recipe trains; give a drafter "
+                                 "this tool wrote with the same --layers")
+            shutil.copytree(init_drafter, initial)
+            report["initialised_from"] = str(init_drafter)
         max_context = -(-length // 32) * 32
         target, drafter = load_pair(target_dir, initial, max_context=max_context,
                                     max_query=max(length, max_prompt_tokens, *EVAL_BLOCKS),
