@@ -71,6 +71,14 @@ def test_sampled_generation_is_seeded():
     assert first["tokens"] != other["tokens"]
 
 
+def test_a_prompt_too_long_is_refused_before_it_is_echoed():
+    """Text mode echoes the prompt; it used to do so before the length check, so the error
+    followed a screenful of prompt and started in the middle of a line."""
+    done = swift("--export-dir", DEMO, "--prompt", "import os\n" * 400, "--max-new-tokens", 4)
+    assert_one_line_error(done, "context_length")
+    assert done.stdout == ""
+
+
 def one_line_error(done, keyword):
     assert_one_line_error(done, keyword)
 

@@ -178,8 +178,12 @@ public final class MLModelDescription: @unchecked Sendable {
     public let outputDescriptionsByName: [String: MLFeatureDescription]
     @available(macOS 15.0, iOS 18.0, *)
     public let stateDescriptionsByName: [String: MLFeatureDescription]
+    /// Here only `creatorDefinedKey`: the package spec's user-defined metadata, [String: String].
+    @available(macOS 10.13, iOS 11.0, *)
+    public let metadata: [MLModelMetadataKey: Any]
 
-    init(function: CompiledFunction) {
+    init(function: CompiledFunction, userDefined: [String: String]) {
+        metadata = [.creatorDefinedKey: userDefined]
         func described(_ specs: [ValueSpec], as type: MLFeatureType) -> [String: MLFeatureDescription] {
             Dictionary(uniqueKeysWithValues: specs.map { ($0.name, MLFeatureDescription(spec: $0, type: type)) })
         }
@@ -187,6 +191,20 @@ public final class MLModelDescription: @unchecked Sendable {
         outputDescriptionsByName = described(function.outputs, as: .multiArray)
         stateDescriptionsByName = described(function.states, as: .state)
     }
+}
+
+/// The keys of `MLModelDescription.metadata`; the stand-in fills only the creator-defined one.
+@available(macOS 10.13, iOS 11.0, *)
+public struct MLModelMetadataKey: Hashable, Sendable {
+    private let name: String
+
+    @available(macOS 10.13, iOS 11.0, *)
+    public init(rawValue: String) {
+        name = rawValue
+    }
+
+    @available(macOS 10.13, iOS 11.0, *)
+    public static let creatorDefinedKey: MLModelMetadataKey = MLModelMetadataKey(rawValue: "MLModelCreatorDefinedKey")
 }
 
 @available(macOS 10.13, iOS 11.0, *)

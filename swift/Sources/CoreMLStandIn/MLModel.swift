@@ -83,12 +83,13 @@ public final class MLModel: @unchecked Sendable {
             return opened
         }
         let name = configuration.functionName ?? program.package.description.defaultFunctionName
-        self.init(function: try program.function(named: name.isEmpty ? "main" : name))
+        self.init(function: try program.function(named: name.isEmpty ? "main" : name),
+                  userDefined: program.package.userDefinedMetadata)
     }
 
-    private init(function: CompiledFunction) {
+    private init(function: CompiledFunction, userDefined: [String: String]) {
         self.function = function
-        modelDescription = MLModelDescription(function: function)
+        modelDescription = MLModelDescription(function: function, userDefined: userDefined)
     }
 
     /// Zero-filled buffers of every state the function declares (documented).

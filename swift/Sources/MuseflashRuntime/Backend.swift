@@ -24,3 +24,12 @@ public protocol BackendState: AnyObject {
     /// Every state buffer back to zeros, as a fresh state is.
     func reset() throws
 }
+
+/// A function loaded from a compiled model the bundle ships (`.mlmodelc`) tells what that model
+/// embeds: its creator-defined `museflash.metadata` (nil when it has none). The engine compares
+/// it with metadata.json, so a compiled model of another export of the same geometry is refused
+/// instead of decoding other tokens silently. A package's own embedded copy is check-contract's.
+public protocol ShippedCompiledModel {
+    var compiledModelPath: String { get }
+    var embeddedMetadata: String? { get }
+}

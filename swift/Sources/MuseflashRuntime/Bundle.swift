@@ -13,6 +13,9 @@ public struct MuseflashBundle: Sendable {
     /// metadata.json's `tokenizer.special_tokens`; nil when the bundle does not name one.
     public let padTokenID: Int32?
     public let eosTokenID: Int32?
+    /// metadata.json as JSON, to compare with what a shipped compiled model embeds (nil for a
+    /// bundle made in memory).
+    public var metadataJSON: JSONValue? = nil
 
     public static func open(_ url: URL) throws -> MuseflashBundle {
         var isDirectory: ObjCBool = false
@@ -51,7 +54,8 @@ public struct MuseflashBundle: Sendable {
             guard let text = config[key], let id = special[text] else { return nil }
             return Int32(id)
         }
-        return MuseflashBundle(url: url, metadata: metadata, padTokenID: named("pad_token"), eosTokenID: named("eos_token"))
+        return MuseflashBundle(url: url, metadata: metadata, padTokenID: named("pad_token"), eosTokenID: named("eos_token"),
+                               metadataJSON: try? JSONDecoder().decode(JSONValue.self, from: data))
     }
 
     /// tokenizer_config.json's token names (a token is written as its text or as

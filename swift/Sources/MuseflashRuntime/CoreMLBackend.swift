@@ -1,3 +1,4 @@
+import ExportMetadata
 import Foundation
 import MILInterpreter
 #if canImport(CoreML)
@@ -103,7 +104,11 @@ public final class CoreMLBackend: InferenceBackend {
         configuration.computeUnits = options.computeUnits
         let url = try compiledModel(package)
         do {
-            return CoreMLFunction(name: function, model: try MLModel(contentsOf: url, configuration: configuration), faults: faults)
+            let model = try MLModel(contentsOf: url, configuration: configuration)
+            if package.pathExtension == "mlmodelc" {
+                return ShippedCoreMLFunction(name: function, model: model, faults: faults, path: package.path)
+            }
+            return CoreMLFunction(name: function, model: model, faults: faults)
         } catch {
             if package.pathExtension == "mlmodelc" {
                 throw RuntimeError.compiledModelMismatch(model: package.path, function: function, reason: "\(error)")
@@ -160,7 +165,22 @@ final class CoreMLState: BackendState {
     }
 }
 
-final class CoreMLFunction: BackendFunction {
+/// A function of a compiled model the bundle ships; its creator-defined metadata is what Core ML
+/// documents for `MLModelDescription.metadata[.creatorDefinedKey]`, the spec's `userDefined`.
+final class ShippedCoreMLFunction: CoreMLFunction, ShippedCompiledModel {
+    let compiledModelPath: String
+
+    init(name: String, model: MLModel, faults: CoreMLBackend.Faults, path: String) {
+        compiledModelPath = path
+        super.init(name: name, model: model, faults: faults)
+    }
+
+    var embeddedMetadata: String? {
+        (model.modelDescription.metadata[.creatorDefinedKey] as? [String: String])?[BundleContract.embeddedMetadataKey]
+    }
+}
+
+class CoreMLFunction: BackendFunction {
     let name: String
     let model: MLModel
     let faults: CoreMLBackend.Faults

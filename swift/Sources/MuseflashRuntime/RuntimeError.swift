@@ -6,6 +6,7 @@ public enum RuntimeError: Error, Sendable, Equatable, CustomStringConvertible {
     case badMetadata(reason: String)
     case packageMissing(path: String)
     case compiledModelMismatch(model: String, function: String, reason: String)
+    case compiledModelFromAnotherExport(model: String, difference: String)
     case functionMissing(package: String, function: String, available: [String])
     case notSpeculative(reason: String)
     case emptyPrompt
@@ -27,6 +28,8 @@ public enum RuntimeError: Error, Sendable, Equatable, CustomStringConvertible {
             return "package \(path) listed in metadata.json does not exist (nor its compiled .mlmodelc); re-export the bundle"
         case .compiledModelMismatch(let model, let function, let reason):
             return "compiled model \(model) cannot load function \(function) that metadata.json lists (\(reason)); ship the .mlmodelc compiled from this export's .mlpackage"
+        case .compiledModelFromAnotherExport(let model, let difference):
+            return "compiled model \(model) was not compiled from this export: its embedded museflash.metadata \(difference); ship the .mlmodelc compiled from this export's .mlpackage"
         case .functionMissing(let package, let function, let available):
             return "package \(package) has no function \(function) that metadata.json lists (it has \(available.sorted().joined(separator: ", "))); re-export the bundle"
         case .notSpeculative(let reason):

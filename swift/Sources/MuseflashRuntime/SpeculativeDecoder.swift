@@ -161,14 +161,14 @@ public final class SpeculativeDecoder {
         contextLength = metadata.contextLength
         fusedTarget = target.kind == .fusedTarget
         let targetURL = try bundle.modelURL(of: .target)
-        prefill = try Self.load(backend, .prefill, targetURL)
-        main = try Self.load(backend, .main, targetURL)
+        prefill = try Self.load(backend, .prefill, targetURL, bundle)
+        main = try Self.load(backend, .main, targetURL, bundle)
         targetState = try backend.makeState(for: [prefill, main])
         if let speculative = metadata.speculativeDecoding, speculative.drafterKind != .ring,
            let drafter = metadata.assets[.dflashDrafter], fusedTarget {
             let drafterURL = try bundle.modelURL(of: .dflashDrafter)
-            let inject = try Self.load(backend, .injectKV, drafterURL)
-            let drafting = try Self.load(backend, .draft, drafterURL)
+            let inject = try Self.load(backend, .injectKV, drafterURL, bundle)
+            let drafting = try Self.load(backend, .draft, drafterURL, bundle)
             injectKV = inject
             draft = drafting
             drafterState = try backend.makeState(for: [inject, drafting])
@@ -193,8 +193,28 @@ public final class SpeculativeDecoder {
         }
     }
 
-    private static func load(_ backend: any InferenceBackend, _ function: ExportMetadata.FunctionName, _ url: URL) throws -> any BackendFunction {
-        try backend.loadFunction(function.rawValue, of: url)
+    private static func load(_ backend: any InferenceBackend, _ function: ExportMetadata.FunctionName, _ url: URL,
+                             _ bundle: MuseflashBundle) throws -> any BackendFunction {
+        let loaded = try backend.loadFunction(function.rawValue, of: url)
+        if let shipped = loaded as? ShippedCompiledModel, let expected = bundle.metadataJSON {
+            try checkEmbeddedMetadata(shipped, expected: expected)
+        }
+        return loaded
+    }
+
+    /// A shipped compiled model must embed this bundle's metadata.json (ShippedCompiledModel).
+    static func checkEmbeddedMetadata(_ shipped: ShippedCompiledModel, expected: JSONValue) throws {
+        let model = shipped.compiledModelPath
+        guard let text = shipped.embeddedMetadata else {
+            throw RuntimeError.compiledModelFromAnotherExport(model: model, difference: "is missing")
+        }
+        guard let embedded = try? JSONDecoder().decode(JSONValue.self, from: Data(text.utf8)) else {
+            throw RuntimeError.compiledModelFromAnotherExport(model: model, difference: "is not JSON")
+        }
+        guard embedded == expected else {
+            let first = expected.differences(from: embedded, limit: 1).first ?? "differs"
+            throw RuntimeError.compiledModelFromAnotherExport(model: model, difference: "differs from metadata.json (\(first))")
+        }
     }
 
     /// The longest prompt this bundle decodes: its first verify block must fit the context.

@@ -358,11 +358,15 @@ do {
                                        lookupMinMatch: options.lookupMinMatch)
     let streamText = options.promptIDs.isEmpty && !options.json
     var stream = text?.stream()
-    if streamText, let given = promptText { write(given) }
+    // The prompt is echoed with the first tokens, not before: generate checks the prompt (its
+    // length against the context, its ids) first, and an error line must start a line.
+    var echo = streamText ? promptText : nil
     let result = try decoder.generate(prompt: prompt, options: generation) { tokens in
         if options.json { return }
+        if let given = echo { write(given); echo = nil }
         if streamText, stream != nil { write(stream!.push(tokens)) } else { write(tokens.map { String($0) }.joined(separator: " ") + " ") }
     }
+    if let given = echo { write(given) }
     if streamText, stream != nil { write(stream!.finish()) }
     var alone: GenerationResult?
     if options.compare ?? !options.json, options.useDrafter {

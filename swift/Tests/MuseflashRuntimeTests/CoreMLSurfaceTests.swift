@@ -74,6 +74,8 @@ final class CoreMLSurfaceTests: XCTestCase {
             return head + (readOnly || computed ? " { get }" : " { get set }")
         }
         if text.hasPrefix("case ") { return text }
+        // A type constant as Apple spells it: its type, not its value.
+        if text.hasPrefix("static let ") { return text.components(separatedBy: " = ")[0] }
         return text.components(separatedBy: " {")[0]
     }
 

@@ -239,6 +239,23 @@ final class CoreMLStrictnessTests: XCTestCase {
         }
     }
 
+    /// A compiled model of another export of the same geometry loads and runs; only its embedded
+    /// metadata tells it apart. Here metadata.json changes instead of the model: the same check.
+    func testAnMlmodelcFromAnotherExportIsRefusedByName() throws {
+        let copy = try compiledOnlyBundle()
+        let metadataURL = copy.appendingPathComponent("metadata.json")
+        var object = try XCTUnwrap(JSONSerialization.jsonObject(with: Data(contentsOf: metadataURL)) as? [String: Any])
+        object["model_name"] = "another export"
+        try JSONSerialization.data(withJSONObject: object).write(to: metadataURL)
+        let bundle = try MuseflashBundle.open(copy)
+        XCTAssertThrowsError(try SpeculativeDecoder(bundle: bundle, backend: try backend())) { error in
+            guard case RuntimeError.compiledModelFromAnotherExport(let path, let difference) = error else { return XCTFail("\(error)") }
+            XCTAssertEqual(path, MuseflashBundle.compiledForm(of: copy.appendingPathComponent("target.mlpackage")).path)
+            XCTAssertTrue(difference.contains("model_name"), difference)
+            XCTAssertFalse("\(error)".contains("\n"))
+        }
+    }
+
     func testAnMlmodelcLackingAListedFunctionIsRefusedByName() throws {
         let copy = try compiledOnlyBundle()
         let bundle = try MuseflashBundle.open(copy)
