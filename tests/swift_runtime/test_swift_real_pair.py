@@ -19,10 +19,10 @@ def _cases():
         for case in cases:
             if "skipped" in case:
                 continue
-            yield pytest.param(bundle, case, "interpreter", id=f"{Path(bundle).name}-{case['name']}")
+            name = f"{Path(bundle).name}-{case['name']}"
+            yield pytest.param(bundle, case, "interpreter", id=name)
             if case["mode"] == "speculative":
-                yield pytest.param(bundle, case, "coreml",
-                                   id=f"{Path(bundle).name}-{case['name']}-coreml")
+                yield pytest.param(bundle, case, "coreml", id=f"{name}-coreml")
 
 
 @pytest.mark.parametrize("bundle, case, backend", list(_cases()))
