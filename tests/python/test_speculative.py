@@ -139,6 +139,22 @@ def test_broken_target_export_is_caught_by_parity(bundle, tmp_path):
     assert result.outputs["logits"].max_rel > 0.1
 
 
+# Top-two logit gaps below this are near-ties: about five fp16 ulps at the random pair's logit
+# scale of 2 (a gap of 0.0025 once flipped the fourth token of a 4-token prompt).
+NEAR_TIE = 1e-2
+
+
+def _eager_greedy_with_margins(target, prompt: list[int], count: int):
+    """fp32 greedy tokens from a full forward per step, and each step's top-two logit gap."""
+    ids, margins = list(prompt), []
+    with torch.no_grad():
+        for _ in range(count):
+            top = torch.topk(target.batch_logits(torch.tensor([ids]))[0, -1].double(), 2)
+            margins.append(float(top.values[0] - top.values[1]))
+            ids.append(int(top.indices[0]))
+    return ids[len(prompt):], margins
+
+
 def test_prompts_shorter_than_a_chunk_or_a_block_decode_exactly(bundle):
     """Prompts of 1 to 7 tokens (prefill chunk 8, block 4): the padded prefill and the
     placeholder inject rows must not change a single token."""
@@ -150,10 +166,13 @@ def test_prompts_shorter_than_a_chunk_or_a_block_decode_exactly(bundle):
         speculative, plain = _run(bundle["dir"], prompt)
         assert speculative.tokens == plain.tokens, (length, speculative.tokens, plain.tokens)
         assert len(plain.tokens) == NEW_TOKENS
-        eager = eager_greedy_generate(eager_target, prompt, NEW_TOKENS)
+        eager, margins = _eager_greedy_with_margins(eager_target, prompt, 4)
         # fp16 export against fp32 eager: the first tokens agree whatever the prompt length
-        # (a wrong position or a pad row leaking into attention changes them at once).
-        assert plain.tokens[:4] == eager[:4], (length, plain.tokens, eager)
+        # (a wrong position or a pad row leaking into attention changes them at once), up to
+        # the first near-tie of fp32's top two logits, which fp16 cannot resolve.
+        exact = next((i for i, margin in enumerate(margins) if margin < NEAR_TIE), len(eager))
+        assert exact >= 2, (length, margins)
+        assert plain.tokens[:exact] == eager[:exact], (length, plain.tokens, eager)
 
 
 def test_empty_and_too_long_prompts_are_refused(bundle):
