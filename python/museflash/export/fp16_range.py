@@ -296,12 +296,12 @@ class RangeAudit:
             for layer_id, out in enumerate(captured):
                 inside = run.peaks.inputs.get(
                     f"target.layers.{layer_id}.pre_feedforward_layernorm", 0.0)
-                run.target_residual.append(max(float(out.abs().max()), inside))
+                run.target_residual.append(_larger(inside, float(out.abs().max())))
             run.logits = self._logits_peak(captured[-1])
             last = captured[-1].abs().amax(dim=-1)
             for token, value in zip(ids.reshape(-1).tolist(), last.reshape(-1).tolist(),
                                     strict=True):
-                run.token_peaks[token] = max(run.token_peaks.get(token, 0.0), value)
+                run.token_peaks[token] = _larger(run.token_peaks.get(token, 0.0), value)
             encoder = getattr(target, "encoder", None)
             if encoder is not None:
                 with _real_weights(encoder, self.placeholders):
@@ -341,8 +341,8 @@ class RangeAudit:
         drafter = self.drafter
         outputs: list[float] = [0.0] * len(drafter.layers)
         handles = [layer.register_forward_hook(
-            lambda _m, _a, out, i=i: outputs.__setitem__(i, max(outputs[i],
-                                                                float(out.abs().max()))))
+            lambda _m, _a, out, i=i: outputs.__setitem__(i, _larger(outputs[i],
+                                                                    float(out.abs().max()))))
             for i, layer in enumerate(drafter.layers)]
         mask = drafter.config.mask_token_id
         length = ids.shape[1]
@@ -362,7 +362,7 @@ class RangeAudit:
                 handle.remove()
         for i, value in enumerate(outputs):
             inside = run.peaks.inputs.get(f"drafter.layers.{i}.post_attention_layernorm", 0.0)
-            run.drafter_residual.append(max(value, inside))
+            run.drafter_residual.append(_larger(inside, value))
 
     def layer_peaks(self, run: _Run, root: str, residual: list[float]) -> list[LayerPeaks]:
         peaks = run.peaks
