@@ -20,7 +20,7 @@ BUNDLE = Path(os.environ.get("MUSEFLASH_EXPORT_DIR", "tests/integration/demo_bun
 COMPRESSED = Path(os.environ.get("MUSEFLASH_COMPRESSED_EXPORT_DIR",
                                  "tests/integration/compressed_bundle"))
 DFLASH2 = Path(os.environ.get("MUSEFLASH_DFLASH2_EXPORT_DIR",
-                              "tests/integration/dflash2_bundle"))
+                              "tests/runtime/dflash2_bundle"))
 SLICE = Path(os.environ.get("MUSEFLASH_SLICE_EXPORT_DIR", "tests/runtime/dflash2_slice_bundle"))
 CHECKER = Path(os.environ.get("MUSEFLASH_CHECK_CONTRACT", "swift/check-contract"))
 SPEC = Path("Data") / "com.apple.CoreML" / "model.mlmodel"

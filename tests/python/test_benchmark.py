@@ -4,6 +4,7 @@ Speed and memory targets are read from the real benchmark's figures, never asser
 import json
 
 import pytest
+from prebuilt import prebuilt_bundle
 
 from museflash.bundle import LayerType
 from museflash.tools import benchmark
@@ -80,15 +81,7 @@ def test_comparison_finds_a_changed_weight_and_sets_aside_only_debug_names(tmp_p
 
     from coremltools.proto import Model_pb2
 
-    from museflash.export.options import ExportOptions
-    from museflash.export.pipeline import export_bundle
-    from museflash.export.progress import Progress
-
-    first = tmp_path / "first"
-    export_bundle(ExportOptions(output_dir=first, builtin="tiny",
-                                fused_target=True, dflash_drafter=True,
-                                max_context_length=64, prefill_length=8),
-                  Progress(echo=lambda _line: None))
+    first = prebuilt_bundle(tmp_path / "first")
     second = tmp_path / "second"
     shutil.copytree(first, second)
     assert benchmark.compare_exports(first, second) == ([], [])

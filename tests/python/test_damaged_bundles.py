@@ -7,12 +7,10 @@ import json
 import shutil
 
 import pytest
+from prebuilt import prebuilt_bundle
 
 from museflash.bundle import Metadata
 from museflash.checks.verify import VerifyOptions, run_verify
-from museflash.export.options import ExportOptions
-from museflash.export.pipeline import export_bundle
-from museflash.export.progress import Progress
 from museflash.runtime.generate import GenerateError, GenerateOptions, generate
 from museflash.runtime.package_check import PackageError, check_packages
 from museflash.tools import demo_figures
@@ -24,11 +22,7 @@ WEIGHTS = "target.mlpackage/Data/com.apple.CoreML/weights/weight.bin"
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
-    out = tmp_path_factory.mktemp("damaged") / "bundle"
-    export_bundle(ExportOptions(output_dir=out, builtin="tiny", fused_target=True,
-                                dflash_drafter=True, max_context_length=64, prefill_length=8),
-                  Progress(echo=lambda _: None))
-    return out
+    return prebuilt_bundle(tmp_path_factory.mktemp("damaged"))
 
 
 def _cut_to_a_third(bundle):

@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from prebuilt import DFLASH2_BUNDLE, prebuilt_bundle
 from reference_drafter import attention_kv, rms
 from reference_rope import rotate
 
@@ -272,15 +273,8 @@ def test_the_greedy_loop_proposes_draft_tokens(models):
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
     pytest.importorskip("coremltools")
-    from museflash.export.options import ExportOptions
-    from museflash.export.pipeline import export_bundle
-    from museflash.export.progress import Progress
-
-    out = tmp_path_factory.mktemp("dflash2") / "bundle"
-    export_bundle(ExportOptions(output_dir=out, builtin="tiny-dflash2", fused_target=True,
-                                dflash_drafter=True, max_context_length=64, prefill_length=8),
-                  Progress(echo=lambda _: None))
-    return out
+    # //tests/runtime:dflash2_bundle: --builtin tiny-dflash2, fused, context 256.
+    return prebuilt_bundle(tmp_path_factory.mktemp("dflash2"), DFLASH2_BUNDLE)
 
 
 def test_the_export_declares_dflash2_and_draft_tokens(exported):

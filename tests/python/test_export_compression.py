@@ -2,17 +2,20 @@
 the checkpoint's weights quantized or palettized as planned, that verify passes on it, and the
 one-line errors for bad input.
 
-One export of the trained demo pair (demo/) with rules giving both modes; the tiny random pair
-has no weight large enough (2^16 elements) to compress.
+The trained demo pair (demo/) compressed by rules giving both modes, as the build exported it
+once (//tests/integration:compressed_bundle); the tiny random pair has no weight large enough
+(2^16 elements) to compress.
 """
 
 import json
 import math
+import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from prebuilt import COMPRESSED_BUNDLE, COMPRESSION_RULES, prebuilt_bundle
 
 from museflash.bundle import COMPRESSION_OPS, PACKAGE_WEIGHT_FILE, AssetRole, Metadata
 from museflash.checkpoint.tensor_files import SafetensorsReader
@@ -28,13 +31,7 @@ from museflash.runtime.interpreter import DECOMPRESSORS, load_program
 
 ct = pytest.importorskip("coremltools")
 
-RULES = [
-    {"match": "*embed_tokens.weight", "mode": "linear", "bits": 8},
-    {"match": "lm_head.weight", "mode": "linear", "bits": 8},
-    {"match": "*mlp.down_proj*", "mode": "palettize", "bits": 4, "group_size": 32},
-    {"match": "*layers.0.mlp.*", "mode": "none"},
-    {"match": "*", "mode": "linear", "bits": 4, "block_size": 32},
-]
+RULES = json.loads(Path(os.environ[COMPRESSION_RULES]).read_text())
 SMALL = {"max_context_length": 64, "prefill_length": 8}
 
 
@@ -45,11 +42,7 @@ def _export(out: Path, **options) -> Path:
 
 @pytest.fixture(scope="module")
 def mixed(tmp_path_factory):
-    scratch = tmp_path_factory.mktemp("compressed")
-    rules = scratch / "rules.json"
-    rules.write_text(json.dumps(RULES))
-    return _export(scratch / "bundle", fused_target=True, dflash_drafter=True,
-                   compression_config=rules)
+    return prebuilt_bundle(tmp_path_factory.mktemp("compressed"), COMPRESSED_BUNDLE)
 
 
 def _constexpr_ops(package: Path) -> dict[str, list]:

@@ -6,6 +6,7 @@ import math
 import numpy as np
 import pytest
 from command_line import run_main
+from prebuilt import prebuilt_bundle
 
 from museflash.bundle import Metadata
 from museflash.cli import traffic_main
@@ -35,12 +36,8 @@ CONTEXT, PREFILL = 64, 8
 
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory):
-    out = tmp_path_factory.mktemp("traffic") / "bundle"
-    export_bundle(ExportOptions(output_dir=out, builtin="tiny", fused_target=True,
-                                dflash_drafter=True, max_context_length=CONTEXT,
-                                prefill_length=PREFILL, conversion_processes=1),
-                  Progress(echo=lambda _line: None))
-    return out
+    # //tests/integration:demo_bundle: the tiny fused pair at CONTEXT, PREFILL.
+    return prebuilt_bundle(tmp_path_factory.mktemp("traffic"))
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """`verify` checks an export against the checkpoints it was made from, then decodes with it.
 
-One export of the built-in demo pair per module; its metadata says `builtin:tiny`, so verify
-regenerates the pair itself.
+The tiny fused pair the build exported once (//tests/integration:demo_bundle); its metadata says
+`builtin:tiny`, so verify regenerates the pair itself.
 """
 
 import json
@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from prebuilt import prebuilt_bundle
 
 from museflash.checks.verify import VerifyOptions, run_verify
 from museflash.demo_checkpoint import write_tiny_checkpoints
@@ -26,12 +27,7 @@ PYTHON_DIR = Path(__file__).resolve().parents[2] / "python"
 
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory):
-    out = tmp_path_factory.mktemp("verify") / "bundle"
-    export_bundle(ExportOptions(output_dir=out, builtin="tiny",
-                                fused_target=True, dflash_drafter=True,
-                                max_context_length=64, prefill_length=8),
-                  Progress(echo=lambda _: None))
-    return out
+    return prebuilt_bundle(tmp_path_factory.mktemp("verify"))
 
 
 def _verify(export_dir, **kwargs):

@@ -10,6 +10,9 @@ returning Void on a subclass of XCTestCase (directly or through classes of the s
 including methods in extensions and inherited ones. A test it cannot call (private, or on a class
 whose superclass is in another module) or a module without tests fails the build rather than
 being skipped. `env` values expand $(rootpath) of `data`.
+
+swift_test_run runs a swift_test already compiled elsewhere with data and env of its own, so one
+test module is compiled and linked once and run over many bundles, each its own Bazel test.
 """
 
 load("@museflash_swift//:defs.bzl", "SWIFTC", "SWIFT_MISSING_MESSAGE")
@@ -192,5 +195,30 @@ swift_test = rule(
             cfg = "exec",
         ),
     ),
+    test = True,
+)
+
+def _swift_test_run_impl(ctx):
+    executable = ctx.actions.declare_file(ctx.label.name)
+    ctx.actions.symlink(output = executable, target_file = ctx.executable.test, is_executable = True)
+    runfiles = ctx.runfiles(files = ctx.files.data).merge(ctx.attr.test[DefaultInfo].default_runfiles)
+    for target in ctx.attr.data:
+        runfiles = runfiles.merge(target[DefaultInfo].default_runfiles)
+    env = {k: ctx.expand_location(v, ctx.attr.data) for k, v in ctx.attr.env.items()}
+    return [DefaultInfo(executable = executable, runfiles = runfiles), testing.TestEnvironment(env)]
+
+swift_test_run = rule(
+    implementation = _swift_test_run_impl,
+    doc = "Runs the swift_test `test` (compiled once, usually tagged manual) with this data and env.",
+    attrs = {
+        "test": attr.label(
+            mandatory = True,
+            executable = True,
+            cfg = "target",
+            doc = "A swift_test target; its binary is linked here, not rebuilt.",
+        ),
+        "data": attr.label_list(allow_files = True),
+        "env": attr.string_dict(doc = "Environment for the run; values expand $(rootpath) of data."),
+    },
     test = True,
 )

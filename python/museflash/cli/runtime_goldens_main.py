@@ -30,7 +30,7 @@ flags.DEFINE_integer("max-new-tokens", 48,
 flags.DEFINE_integer("wrap-prompt-length", 33,
                      "The prompt length (one of --prompt-lengths) whose cases generate until "
                      "the rings wrap while decoding; the parity records come from its "
-                     "speculative case.")
+                     "speculative case; 0: no such case and no parity records.")
 flags.DEFINE_string("parity-steps", "0,-1",
                     "Which calls of each function of the ring-wrapping speculative case become "
                     "parity records: indices into that function's calls, negative from the end.")

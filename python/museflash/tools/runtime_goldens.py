@@ -37,7 +37,8 @@ tokenizer's (generate.py's TextTokenizer.pad: tokenizer_config.json's pad_token,
 The ring-wrapping case (--wrap-prompt-length) generates until its decode steps run past the
 largest ring (sliding_kv state) capacity, so both the target's sliding ring and the drafter's
 ring wrap while decoding; the other cases generate --max-new-tokens, all within the room the
-context leaves (prompt + new + block - 1 <= context_length).
+context leaves (prompt + new + block - 1 <= context_length). --wrap-prompt-length 0 makes no
+such case, and the file then has no parity records.
 
 BLAS threads: the interpreter's float results can depend on OpenBLAS's thread count (with fp32
 accumulation in its matmuls they differed in the last fp16 bit or two between 1 and 2 threads),
@@ -285,6 +286,9 @@ def new_tokens_for(prompt_length: int, room: int, max_new_tokens: int, wraps: bo
 
 
 MODES = ("speculative", "speculative-lookup", "target_only")
+# --wrap-prompt-length 0: no ring-wrapping case and so no parity records, for goldens that only
+# the decoding comparisons read (a real model's ring wraps only at the end of its context).
+NO_WRAP = 0
 
 
 def lookup_examples(count: int = 120) -> list[dict[str, Any]]:
@@ -340,9 +344,9 @@ def parity_record(case: str, trace_index: int, nth: int, call: Call) -> dict[str
 def build_goldens(export_dir: Path, prompt_lengths: list[int], max_new_tokens: int,
                   wrap_prompt_length: int, parity_steps: list[int],
                   say=lambda _line: None) -> dict[str, Any]:
-    if wrap_prompt_length not in prompt_lengths:
+    if wrap_prompt_length != NO_WRAP and wrap_prompt_length not in prompt_lengths:
         raise GoldensError(f"--wrap-prompt-length {wrap_prompt_length} is not one of "
-                           f"--prompt-lengths {prompt_lengths}")
+                           f"--prompt-lengths {prompt_lengths} (or {NO_WRAP}: no such case)")
     if max_new_tokens < 1:
         raise GoldensError("--max-new-tokens must be at least 1")
     raw_metadata = json.loads((export_dir / METADATA_FILE).read_text())
