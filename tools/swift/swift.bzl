@@ -11,7 +11,7 @@ including methods in extensions and inherited ones. A test it cannot call (priva
 whose superclass is in another module) or a module without tests fails the build rather than
 being skipped. `env` values expand $(rootpath) of `data`.
 
-swift_test_run runs a swift_test already compiled elsewhere with data and env of its own, so one
+swift_run_test runs a swift_test already compiled elsewhere with data and env of its own, so one
 test module is compiled and linked once and run over many bundles, each its own Bazel test.
 """
 
@@ -198,7 +198,7 @@ swift_test = rule(
     test = True,
 )
 
-def _swift_test_run_impl(ctx):
+def _swift_run_test_impl(ctx):
     executable = ctx.actions.declare_file(ctx.label.name)
     ctx.actions.symlink(output = executable, target_file = ctx.executable.test, is_executable = True)
     runfiles = ctx.runfiles(files = ctx.files.data).merge(ctx.attr.test[DefaultInfo].default_runfiles)
@@ -207,8 +207,8 @@ def _swift_test_run_impl(ctx):
     env = {k: ctx.expand_location(v, ctx.attr.data) for k, v in ctx.attr.env.items()}
     return [DefaultInfo(executable = executable, runfiles = runfiles), testing.TestEnvironment(env)]
 
-swift_test_run = rule(
-    implementation = _swift_test_run_impl,
+swift_run_test = rule(
+    implementation = _swift_run_test_impl,
     doc = "Runs the swift_test `test` (compiled once, usually tagged manual) with this data and env.",
     attrs = {
         "test": attr.label(
