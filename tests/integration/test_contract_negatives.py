@@ -341,3 +341,27 @@ def test_a_graph_its_kv_write_does_not_describe_fails_kv_write(tmp_path, source,
     line = next(line for line in result.stdout.splitlines()
                 if line.startswith("FAIL target.kv_write"))
     assert "main" in line and "prefill" in line and f"--kv-write {claimed}" in line
+
+
+# --- norm form: the graph against fp16_range.norm (docs/fp16.md) -------------------------------
+
+
+def test_the_recorded_norm_form_is_the_graphs(bundle):
+    passed = every_property_holds(bundle)
+    assert "target.norm_form" in passed
+    metadata = json.loads((bundle / "metadata.json").read_text())
+    assert metadata["fp16_range"]["norm"] == "max_abs"
+
+
+@pytest.mark.parametrize("claimed", ["plain", "banana"])
+def test_a_norm_form_the_graph_does_not_write_fails_norm_form(bundle, claimed):
+    """A record of "plain" on a max_abs graph, in both copies, once passed check-contract."""
+    rewrite_metadata(bundle, lambda metadata: metadata["fp16_range"].update(norm=claimed))
+    result, failed, _ = check(bundle)
+    assert result.returncode == 1
+    assert failed == {"target.norm_form"}
+    line = next(line for line in result.stdout.splitlines()
+                if line.startswith("FAIL target.norm_form"))
+    assert "fp16_range.norm" in line and claimed in line
+    if claimed == "plain":
+        assert "main" in line and "prefill" in line and "max_abs" in line

@@ -197,6 +197,7 @@ struct LoadedBundle {
         // Every bundle needs a target, so its properties run (and fail) even when none is listed.
         results += targetProperties()
         results += kvWriteProperties()
+        results += normFormProperties()
         if metadata.assets[.dflashDrafter] != nil {
             results += dflashDrafterProperties()
         }
