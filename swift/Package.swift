@@ -21,9 +21,12 @@ let package = Package(
     ],
     targets: [
         .target(name: "ProtoWire"),
+        // The Swift tools' one command-line reader (--flag value and --flag=value alike).
+        .target(name: "CommandLineFlags"),
+        .testTarget(name: "CommandLineFlagsTests", dependencies: ["CommandLineFlags"]),
         .target(name: "MLPackage", dependencies: ["ProtoWire"]),
         .target(name: "ExportMetadata"),
-        .target(name: "MuseflashContract", dependencies: ["ExportMetadata", "MLPackage"]),
+        .target(name: "MuseflashContract", dependencies: ["CommandLineFlags", "ExportMetadata", "MLPackage"]),
         // Runs a package's ML program on any platform (the interpreter backend, and what the
         // Core ML stand-in runs on Linux). No unsafe flags in any library: SwiftPM refuses them in
         // a package an app depends on by version (tests/apple checks it).
@@ -34,7 +37,7 @@ let package = Package(
         .target(name: "MuseflashRuntime",
                 dependencies: ["ExportMetadata", "MLPackage", "MILInterpreter", "MuseflashTokenizer",
                                .target(name: "CoreMLStandIn", condition: .when(platforms: [.linux]))]),
-        .executableTarget(name: "swift-generate", dependencies: ["MuseflashRuntime"]),
+        .executableTarget(name: "swift-generate", dependencies: ["CommandLineFlags", "MuseflashRuntime"]),
         // Bazel and plain swiftc call this module CheckContract; main.swift never names its own module.
         .executableTarget(name: "check-contract", dependencies: ["MuseflashContract"]),
         // Test-only helpers (spec encoder, synthetic export bundles); no tests of its own.
@@ -77,6 +80,6 @@ let package = Package(
         // Its parity tests need MUSEFLASH_TOKENIZER_GOLDENS (bazel build //python:tokenizer_goldens).
         .testTarget(name: "MuseflashTokenizerTests", dependencies: ["MuseflashTokenizer"]),
         // `swift run swift-tokenize --export-dir DIR --prompt TEXT`; Bazel calls the module SwiftTokenize.
-        .executableTarget(name: "swift-tokenize", dependencies: ["MuseflashTokenizer", "ExportMetadata"]),
+        .executableTarget(name: "swift-tokenize", dependencies: ["CommandLineFlags", "MuseflashTokenizer", "ExportMetadata"]),
     ]
 )

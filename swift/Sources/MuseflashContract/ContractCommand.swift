@@ -1,3 +1,4 @@
+import CommandLineFlags
 import Foundation
 
 /// The `check-contract` command line, kept in the library so tests can run it
@@ -27,19 +28,20 @@ public enum ContractCommand {
                            currentDirectory: String = FileManager.default.currentDirectoryPath,
                            checker: ContractChecker = ContractChecker()) -> Outcome {
         var exportDirectory: String?
-        var remaining = arguments[...]
-        while let argument = remaining.popFirst() {
-            switch argument {
-            case "-h", "--help":
-                return Outcome(status: 0, standardOutput: usage + "\n", standardError: "")
-            case "--export-dir":
-                guard let value = remaining.popFirst() else { return usageError("--export-dir needs a directory") }
-                exportDirectory = value
-            case let option where option.hasPrefix("--export-dir="):
-                exportDirectory = String(option.dropFirst("--export-dir=".count))
-            default:
-                return usageError("unexpected argument \(argument)")
+        var flags = CommandLineFlags(arguments)
+        do {
+            while let argument = try flags.next() {
+                switch argument {
+                case "-h", "--help":
+                    return Outcome(status: 0, standardOutput: usage + "\n", standardError: "")
+                case "--export-dir":
+                    exportDirectory = try flags.value(of: argument)
+                default:
+                    return usageError("unexpected argument \(argument)")
+                }
             }
+        } catch {
+            return usageError("\(error)")
         }
         guard let path = exportDirectory, !path.isEmpty else { return usageError("--export-dir is required") }
 

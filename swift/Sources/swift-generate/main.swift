@@ -1,3 +1,4 @@
+import CommandLineFlags
 import Foundation
 import MuseflashRuntime
 
@@ -50,32 +51,14 @@ struct Options {
 
 let usage = "usage: swift-generate --export-dir DIR (--prompt TEXT | --prompt-file F | --prompt-ids 1,2,3) [--max-new-tokens N] [--temperature T] [--top-p P] [--seed S] [--no-draft] [--num-draft-tokens K] [--lookup-min-match N] [--backend interpreter|coreml] [--compute-units cpu|gpu|ane|all] [--model-cache DIR | --no-model-cache] [--format text|json] [--compare | --no-compare] [--profile-ops] | --export-dir DIR --memory-probe [--backend ...]"
 
-func parse(_ arguments: [String]) throws -> Options {
+/// The flags as given (`--flag value` and `--flag=value` alike: CommandLineFlags), unchecked.
+func readFlags(_ arguments: [String]) throws -> Options {
     var options = Options()
-    var index = 0
-    func value(_ flag: String) throws -> String {
-        index += 1
-        guard index < arguments.count else { throw UsageError(description: "\(flag) needs a value; \(usage)") }
-        return arguments[index]
-    }
-    func integer(_ flag: String) throws -> Int {
-        let text = try value(flag)
-        guard let number = Int(text) else { throw UsageError(description: "\(flag) takes a whole number, got \"\(text)\"") }
-        return number
-    }
-    func real(_ flag: String) throws -> Double {
-        let text = try value(flag)
-        guard let number = Double(text), number.isFinite else { throw UsageError(description: "\(flag) takes a number, got \"\(text)\"") }
-        return number
-    }
-    while index < arguments.count {
-        var argument = arguments[index]
-        // --flag=value spells the same as --flag value.
-        if argument.hasPrefix("--"), let equals = argument.firstIndex(of: "=") {
-            var split = arguments
-            split.replaceSubrange(index...index, with: [String(argument[..<equals]), String(argument[argument.index(after: equals)...])])
-            return try parse(split)
-        }
+    var flags = CommandLineFlags(arguments, suffix: "; \(usage)")
+    func value(_ flag: String) throws -> String { try flags.value(of: flag) }
+    func integer(_ flag: String) throws -> Int { try flags.integer(of: flag) }
+    func real(_ flag: String) throws -> Double { try flags.number(of: flag) }
+    while var argument = try flags.next() {
         switch argument {
         case "--export-dir": options.exportDir = try value(argument)
         case "--prompt-ids":
@@ -127,7 +110,16 @@ func parse(_ arguments: [String]) throws -> Options {
             argument = argument.isEmpty ? "\"\"" : argument
             throw UsageError(description: "unknown argument \(argument); \(usage)")
         }
-        index += 1
+    }
+    return options
+}
+
+func parse(_ arguments: [String]) throws -> Options {
+    let options: Options
+    do {
+        options = try readFlags(arguments)
+    } catch let failure as CommandLineFlags.Failure {
+        throw UsageError(description: failure.description)
     }
     guard !options.exportDir.isEmpty else { throw UsageError(description: "--export-dir is required; \(usage)") }
     let prompts = [!options.promptIDs.isEmpty, options.promptText != nil, options.promptFile != nil].filter { $0 }.count

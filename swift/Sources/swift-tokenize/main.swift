@@ -1,4 +1,5 @@
 import Foundation
+import CommandLineFlags
 import ExportMetadata
 import MuseflashTokenizer
 
@@ -128,33 +129,28 @@ func run(_ arguments: [String]) throws -> String {
     var action: Action?
     var skipSpecial = false
     var repeats = 5
-    var remaining = arguments[...]
-    func value(_ option: String) throws -> String {
-        guard let value = remaining.popFirst() else { throw Failure(description: "\(option) needs a value (see --help)") }
-        return value
-    }
+    var flags = CommandLineFlags(arguments, suffix: " (see --help)")
     func set(_ new: Action) throws {
         guard action == nil else {
             throw Failure(description: "give one of --prompt, --prompt-file, --decode, --benchmark (see --help)")
         }
         action = new
     }
-    while let argument = remaining.popFirst() {
+    while let argument = try flags.next() {
         switch argument {
         case "-h", "--help": return usage
-        case "--export-dir": exportDirectory = try value(argument)
-        case "--prompt": try set(.encode(try value(argument)))
-        case "--prompt-file": try set(.encode(try readText(try value(argument), what: "--prompt-file")))
-        case "--decode": try set(.decode(try parseIDs(try value(argument))))
+        case "--export-dir": exportDirectory = try flags.value(of: argument)
+        case "--prompt": try set(.encode(try flags.value(of: argument)))
+        case "--prompt-file": try set(.encode(try readText(try flags.value(of: argument), what: "--prompt-file")))
+        case "--decode": try set(.decode(try parseIDs(try flags.value(of: argument))))
         case "--skip-special-tokens": skipSpecial = true
         case "--repeat":
-            guard let count = Int(try value(argument)), count >= 1 else {
+            guard let count = Int(try flags.value(of: argument)), count >= 1 else {
                 throw Failure(description: "--repeat needs a whole number of at least 1")
             }
             repeats = count
         case "--benchmark":
-            var files: [String] = []
-            while let next = remaining.first, !next.hasPrefix("--") { files.append(next); remaining.removeFirst() }
+            let files = flags.values(of: argument)
             guard !files.isEmpty else { throw Failure(description: "--benchmark needs at least one file") }
             try set(.benchmark(files))
         default:

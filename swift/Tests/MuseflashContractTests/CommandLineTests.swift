@@ -81,7 +81,8 @@ final class CommandLineTests: XCTestCase {
 
     func testBadUsageExitsTwo() {
         assertOneLineError(run([]), containing: "--export-dir is required")
-        assertOneLineError(run(["--export-dir"]), containing: "--export-dir needs a directory")
+        assertOneLineError(run(["--export-dir"]), containing: "--export-dir needs a value")
+        assertOneLineError(run(["--export-dir=."] + ["--verbose=1"]), containing: "unexpected argument --verbose")
         assertOneLineError(run(["--verbose"]), containing: "unexpected argument --verbose")
     }
 
