@@ -1,7 +1,11 @@
 """//:generate: text in, text out over an export (the numpy interpreter), with its errors."""
 
-import pytest
+import json
 
+import pytest
+from prebuilt import prebuilt_bundle
+
+from museflash.bundle import METADATA_FILE
 from museflash.demo_checkpoint import write_tiny_checkpoints, write_word_tokenizer
 from museflash.export.options import ExportOptions
 from museflash.export.pipeline import export_bundle
@@ -20,12 +24,7 @@ MASK = 511
 @pytest.fixture(scope="module")
 def exports(tmp_path_factory):
     root = tmp_path_factory.mktemp("generate")
-    target, drafter = write_tiny_checkpoints(root / "plain")
-    plain = root / "plain_export"
-    export_bundle(ExportOptions(output_dir=plain, fused_target=True, dflash_drafter=True,
-                                checkpoint=target, drafter_checkpoint=drafter,
-                                max_context_length=64, prefill_length=8,
-                                conversion_processes=1), Progress(echo=lambda _line: None))
+    target, drafter = write_tiny_checkpoints(root / "checkpoints")
     write_word_tokenizer(target, 512, {"<pad>": 0, "<eos>": 2, "<mask>": MASK})
     (target / "tokenizer_config.json").write_text('{"eos_token": "<eos>", "pad_token": "<pad>"}')
     with_tokenizer = root / "export"
@@ -33,6 +32,14 @@ def exports(tmp_path_factory):
                                 dflash_drafter=True, checkpoint=target,
                                 drafter_checkpoint=drafter, max_context_length=64,
                                 prefill_length=8), Progress(echo=lambda _line: None))
+    # The tiny pair the build exported, as an export of a checkpoint without tokenizer files
+    # writes it: metadata.json's tokenizer null and no tokenizer file beside the package.
+    plain = prebuilt_bundle(root / "plain")
+    metadata = json.loads((plain / METADATA_FILE).read_text())
+    for name in metadata["tokenizer"]["files"]:
+        (plain / name).unlink()
+    metadata["tokenizer"] = None
+    (plain / METADATA_FILE).write_text(json.dumps(metadata))
     return {"tokenizer": with_tokenizer, "plain": plain}
 
 

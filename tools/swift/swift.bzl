@@ -12,7 +12,8 @@ whose superclass is in another module) or a module without tests fails the build
 being skipped. `env` values expand $(rootpath) of `data`.
 
 swift_run_test runs a swift_test already compiled elsewhere with data and env of its own, so one
-test module is compiled and linked once and run over many bundles, each its own Bazel test.
+test module is compiled and linked once and run over many bundles, each its own Bazel test; its
+`args` (Bazel's own attribute) can name the XCTest classes to run, e.g. `["Module.Class"]`.
 """
 
 load("@museflash_swift//:defs.bzl", "SWIFTC", "SWIFT_MISSING_MESSAGE")
