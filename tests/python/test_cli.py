@@ -25,6 +25,7 @@ COMMANDS = {
     "metadata_examples_main": None,  # a positional OUTPUT.json only
     "metadata_schema_main": None,  # a positional FILE only
     "norm_figures_main": "--width:",
+    "quantized_quality_main": "--max-tokens:",
     "runtime_benchmark_main": "--swift-generate:",
     "runtime_goldens_main": "--parity-steps:",
     "tokenizer_goldens_main": "--[no]speed:",
