@@ -22,10 +22,12 @@ from museflash.compression import PRESETS
 from museflash.paths import resolve_user_path
 from museflash.tools import quantized_quality
 
+COMPRESSED_PRESETS = [p for p in PRESETS if p != "none"]
+
 flags.DEFINE_enum("builtin", "smollm2", list(BUILTIN_PAIRS),
                   "Built-in pair whose target to score.")
 flags.DEFINE_list("presets", ["8bit", "4bit"],
-                  f"Compression presets to score ({', '.join(PRESETS[1:])}).")
+                  f"Compression presets to score ({', '.join(COMPRESSED_PRESETS)}).")
 flags.DEFINE_integer("documents", 24, "Held-out files scored (the first N of the split).",
                      lower_bound=2)
 flags.DEFINE_integer("max-tokens", 1024, "Tokens per file at most, its <bos> included.",
@@ -40,10 +42,9 @@ def main(argv: list[str]) -> int:
         print(f"quantized_quality: error: unexpected arguments {argv[1:]}; all options are "
               "--flags", file=sys.stderr)
         return 2
-    unknown = [p for p in FLAGS.presets if p not in PRESETS or p == "none"]
-    if unknown or not FLAGS.presets:
+    if not FLAGS.presets or not set(FLAGS.presets) <= set(COMPRESSED_PRESETS):
         print(f"quantized_quality: error: --presets {','.join(FLAGS.presets)}: give one or more "
-              f"of {', '.join(p for p in PRESETS if p != 'none')}", file=sys.stderr)
+              f"of {', '.join(COMPRESSED_PRESETS)}", file=sys.stderr)
         return 2
     try:
         report = quantized_quality.quality(FLAGS.builtin, FLAGS.presets, FLAGS.documents,

@@ -61,6 +61,16 @@ def schemes_for(preset: str, shapes: dict[str, tuple[int, ...]]) -> dict[str, Sc
     return compressed_weights(preset_rules(preset), shapes, strict=False)
 
 
+def store_as(params: dict[str, torch.Tensor], original: dict[str, torch.Tensor],
+             schemes: dict[str, Scheme], clip: str = "mse") -> None:
+    """Sets each parameter (by checkpoint key) to its `original` value as an export with
+    `schemes` stores it, expanded back to fp32; the ones `schemes` leaves alone to `original`."""
+    with torch.no_grad():
+        for key, param in params.items():
+            param.copy_(compressed_value(original[key], schemes[key], clip)
+                        if key in schemes else original[key])
+
+
 def predicted_bytes(shapes: dict[str, tuple[int, ...]], schemes: dict[str, Scheme]) -> int:
     """Every weight stored once, as the export's merge stores it."""
     return sum(StoredWeight.of(key, shape, schemes.get(key)).bytes
@@ -164,10 +174,7 @@ def quality(log=print, prompts: int = 8, prompt_tokens: int = 48,
         for name, (preset, clip) in VARIANTS.items():
             began = time.perf_counter()
             schemes = {} if preset == "none" else schemes_for(preset, shapes)
-            with torch.no_grad():
-                for key, param in params.items():
-                    param.copy_(compressed_value(original[key], schemes[key], clip)
-                                if key in schemes else original[key])
+            store_as(params, original, schemes, clip)
             # The held-out figures from the same per-document losses the paired differences
             # below take (one pass over the held-out text).
             losses[name], counts = document_losses(target, documents, CONTEXT)

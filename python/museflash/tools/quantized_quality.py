@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from museflash.checkpoint.configs import read_config
-from museflash.checkpoint.load import compressed_value, load_target, target_checkpoint_tensors
+from museflash.checkpoint.load import load_target, target_checkpoint_tensors
 from museflash.checkpoint.tensor_files import checkpoint_shapes
 from museflash.demo_checkpoint import builtin_checkpoints
 from museflash.tools.compression_figures import (
@@ -32,6 +32,7 @@ from museflash.tools.compression_figures import (
     held_out_positions,
     paired_difference,
     schemes_for,
+    store_as,
 )
 
 CONTEXT = 256
@@ -86,10 +87,7 @@ def quality(builtin: str, presets: list[str], documents: int = 24, max_tokens: i
         for name in ["none", *presets]:
             began = time.perf_counter()
             schemes = {} if name == "none" else schemes_for(name, shapes)
-            with torch.no_grad():
-                for key, param in params.items():
-                    param.copy_(compressed_value(original[key], schemes[key])
-                                if key in schemes else original[key])
+            store_as(params, original, schemes)
             losses[name], counts = document_losses(target, texts, CONTEXT)
             nats, tokens = float(losses[name].sum()), int(counts.sum())
             predictions = held_out_positions(target, inputs, targets)
