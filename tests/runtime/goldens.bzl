@@ -13,7 +13,7 @@ def runtime_goldens(name, bundle, args = [], visibility = None):
         # The tool's output (coremltools' warnings, the per-case lines) is shown on failure only.
         cmd = " ".join([
             'log="$$(mktemp)";',
-            "HOME=/tmp PYTHONDONTWRITEBYTECODE=1 OPENBLAS_NUM_THREADS=1",
+            "HOME=/tmp PYTHONDONTWRITEBYTECODE=1 OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1",
             "$(location :runtime_goldens_tool)",
             "--export-dir=$(location %s)" % bundle,
             "--output=$@",

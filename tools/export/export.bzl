@@ -17,8 +17,15 @@ def _museflash_export_impl(ctx):
         outputs = [bundle],
         mnemonic = "MuseflashExport",
         progress_message = "Exporting %s to Core ML" % ctx.label,
-        # torch and coremltools look for a writable home for their caches.
-        env = {"HOME": "/tmp", "PYTHONDONTWRITEBYTECODE": "1"},
+        # torch and coremltools look for a writable home for their caches. One math thread:
+        # Bazel runs an action per core already (the same setting as tests, .bazelrc).
+        env = {
+            "HOME": "/tmp",
+            "MKL_NUM_THREADS": "1",
+            "OMP_NUM_THREADS": "1",
+            "OPENBLAS_NUM_THREADS": "1",
+            "PYTHONDONTWRITEBYTECODE": "1",
+        },
     )
     return [DefaultInfo(files = depset([bundle]), runfiles = ctx.runfiles(files = [bundle]))]
 
