@@ -71,7 +71,8 @@ STATE_DTYPE = "float16"
 # Inside a .mlpackage.
 # Tokenizer files (Hugging Face layout) copied from the target checkpoint when present.
 TOKENIZER_FILE = "tokenizer.json"
-TOKENIZER_FILES = (TOKENIZER_FILE, "tokenizer_config.json", "special_tokens_map.json")
+TOKENIZER_FILES = (TOKENIZER_FILE, "tokenizer_config.json", "special_tokens_map.json",
+                   "chat_template.jinja")
 
 PACKAGE_SUFFIX = ".mlpackage"
 PACKAGE_DATA_DIR = Path("Data") / "com.apple.CoreML"
@@ -335,6 +336,10 @@ class Tokenizer:
                            "rows past it are padding no text encodes to")
     special_tokens: dict[str, int] = _doc("special token text -> id (the drafter's "
                                           "mask_token_id is one of them)")
+    end_of_turn_ids: list[int] | None = _doc(
+        "ids that end a reply: generation_config.json's eos_token_id, the tokenizer's "
+        "eos_token, and the special token the chat template writes after an assistant message; "
+        "null in bundles written before it existed", default=None)
 
 
 class CompressionPreset(Name):

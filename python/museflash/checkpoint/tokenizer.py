@@ -46,4 +46,55 @@ def read_tokenizer(target_dir: Path, vocab_size: int,
             f"{path}: the drafter's mask_token_id {mask_token_id} is not one of the "
             f"tokenizer's special tokens {sorted(special.values())}; add it as a special token")
     files = [name for name in TOKENIZER_FILES if (target_dir / name).is_file()]
-    return Tokenizer(files=files, vocab_size=size, special_tokens=special)
+    ends = end_of_turn_ids(target_dir, special)
+    if ends is not None and max(ends) >= size:
+        raise CheckpointError(f"{target_dir / GENERATION_CONFIG_FILE}: eos_token_id {max(ends)} "
+                              f"is not a token of the tokenizer ({size} tokens); fix the file")
+    return Tokenizer(files=files, vocab_size=size, special_tokens=special, end_of_turn_ids=ends)
+
+
+GENERATION_CONFIG_FILE = "generation_config.json"
+_PROBE_REPLY = "museflash probe reply"
+
+
+def end_of_turn_ids(target_dir: Path, special: dict[str, int]) -> list[int] | None:
+    """The ids that end a reply, or None when the checkpoint names none: generation_config.json's
+    `eos_token_id` (an id or a list), tokenizer_config.json's `eos_token`, and the special token
+    the chat template writes right after an assistant message (rendered on a probe
+    conversation: `<|im_end|>` for ChatML, `<|eot_id|>` for Llama 3)."""
+    ids: set[int] = set()
+    generation = target_dir / GENERATION_CONFIG_FILE
+    if generation.is_file():
+        try:
+            eos = json.loads(generation.read_text()).get("eos_token_id")
+        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as error:
+            raise CheckpointError(f"{generation}: not a JSON object ({error}); fix or remove "
+                                  "the file") from error
+        ids.update(e for e in (eos if isinstance(eos, list) else [eos]) if isinstance(e, int))
+    config_path = target_dir / "tokenizer_config.json"
+    config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+    eos_text = config.get("eos_token")
+    eos_text = eos_text.get("content") if isinstance(eos_text, dict) else eos_text
+    if eos_text in special:
+        ids.add(special[eos_text])
+    from museflash.checkpoint.chat_template import (
+        ChatTemplateError,
+        read_chat_template,
+        render_chat,
+    )
+
+    found = read_chat_template(target_dir)
+    if found is not None:
+        template, tokens = found
+        try:
+            text = render_chat(template, [{"role": "user", "content": "probe"},
+                                          {"role": "assistant", "content": _PROBE_REPLY}],
+                               add_generation_prompt=False, special_tokens=tokens)
+        except ChatTemplateError:
+            text = ""  # the export's template check names what is wrong with it
+        after = text[text.rfind(_PROBE_REPLY) + len(_PROBE_REPLY):].lstrip() \
+            if _PROBE_REPLY in text else ""
+        ending = max((t for t in special if t and after.startswith(t)), key=len, default=None)
+        if ending is not None:
+            ids.add(special[ending])
+    return sorted(ids) or None

@@ -2,7 +2,15 @@
 
   ./bazelw run //:generate -- --export-dir exported --prompt 'def fibonacci(n):'
       [--max-new-tokens N] [--temperature T] [--top-p P] [--no-draft] [--seed S]
-      [--backend export|eager] [--lookup-min-match N]
+      [--backend export|eager] [--lookup-min-match N] [--format text|json]
+  ./bazelw run //:generate -- --export-dir exported (--messages FILE.json | --chat)
+      [--system TEXT] [--on-context-full refuse|drop-oldest] [--format text|json] ...
+
+Chat (runtime/chat.py): the bundle's chat template renders the conversation and one session
+keeps both caches between turns. `--messages` takes a JSON list of {"role", "content"}: each
+user message that no assistant message follows gets a reply, in order. `--chat` reads one user
+message per line of standard input. With `--format json` the output is one JSON object whose
+`turns` hold each reply's prompt_ids, tokens, prefilled_tokens and time_to_first_token_seconds.
 
 Streams the text as the target accepts it, then prints the figures (tokens per target call,
 accepted drafts per step, wall time against the target alone). The default backend runs the
@@ -13,6 +21,7 @@ directory Bazel was run from.
 
 from __future__ import annotations
 
+import json
 import sys
 
 from absl import flags, logging
@@ -20,7 +29,15 @@ from absl import flags, logging
 from museflash.checkpoint.tensor_files import CheckpointError
 from museflash.cli.command import run_command
 from museflash.paths import resolve_user_path
-from museflash.runtime.generate import BACKENDS, GenerateError, GenerateOptions, generate
+from museflash.runtime.chat import CONTEXT_POLICIES, REFUSE, ChatError, read_messages
+from museflash.runtime.generate import (
+    BACKENDS,
+    GenerateError,
+    GenerateOptions,
+    generate,
+    open_chat,
+    turn_summary,
+)
 from museflash.runtime.speculative import DEFAULT_LOOKUP_MIN_MATCH
 
 flags.DEFINE_string("export-dir", "exported", "Export directory (holds metadata.json).")
@@ -37,6 +54,14 @@ flags.DEFINE_integer("lookup-min-match", DEFAULT_LOOKUP_MIN_MATCH,
                      "A step whose last N tokens occurred before proposes a copy of what "
                      "followed them instead of a draft; 0: draft every step.")
 
+flags.DEFINE_string("messages", None, "A conversation, a JSON list of {role, content}: "
+                    "reply to each user message no assistant message follows.")
+flags.DEFINE_bool("chat", False, "Chat: one user message per line of standard input.")
+flags.DEFINE_string("system", None, "The system prompt of --messages or --chat.")
+flags.DEFINE_enum("on-context-full", REFUSE, list(CONTEXT_POLICIES),
+                  "A history that outgrows the context: refuse, or drop the oldest turns.")
+flags.DEFINE_enum("format", "text", ["text", "json"], "json: one JSON object on stdout.")
+
 FLAGS = flags.FLAGS
 
 
@@ -46,12 +71,22 @@ def main(argv: list[str]) -> int:
               file=sys.stderr)
         return 2
     logging.set_verbosity(logging.ERROR)
-    if FLAGS.prompt is None:
-        print("generate: error: --prompt is required (the text to continue)", file=sys.stderr)
+    chatting = FLAGS.messages is not None or FLAGS.chat
+    given = [name for name, on in (("--prompt", FLAGS.prompt is not None),
+                                   ("--messages", FLAGS.messages is not None),
+                                   ("--chat", FLAGS.chat)) if on]
+    if len(given) != 1:
+        print("generate: error: give exactly one of --prompt (text to continue), --messages "
+              f"FILE.json or --chat{' (got ' + ', '.join(given) + ')' if given else ''}",
+              file=sys.stderr)
+        return 2
+    if FLAGS.system is not None and not chatting:
+        print("generate: error: --system is the system prompt of --messages or --chat",
+              file=sys.stderr)
         return 2
     options = GenerateOptions(
         export_dir=resolve_user_path(FLAGS["export-dir"].value),
-        prompt=FLAGS.prompt,
+        prompt=FLAGS.prompt or "",
         max_new_tokens=FLAGS["max-new-tokens"].value,
         temperature=FLAGS.temperature,
         top_p=FLAGS["top-p"].value,
@@ -60,7 +95,10 @@ def main(argv: list[str]) -> int:
         backend=FLAGS.backend,
         compare=FLAGS.compare,
         lookup_min_match=FLAGS["lookup-min-match"].value,
+        system=FLAGS.system,
+        on_context_full=FLAGS["on-context-full"].value,
     )
+    as_json = FLAGS.format == "json"
 
     if options.backend == "eager":
         import torch
@@ -73,12 +111,52 @@ def main(argv: list[str]) -> int:
         sys.stdout.write(text)
         sys.stdout.flush()
 
+    def say(line: str) -> None:
+        print(line, file=sys.stderr if as_json else sys.stdout)
+
     try:
-        generate(options, write, print)
-    except (GenerateError, CheckpointError) as error:
+        if chatting:
+            return _chat(options, as_json, write, say)
+        run = generate(options, (lambda _: None) if as_json else write, say)
+    except (GenerateError, CheckpointError, ChatError) as error:
         print(f"generate: error: {error}", file=sys.stderr)
         return 2
+    if as_json:
+        result = run.result
+        print(json.dumps({"tokens": result.tokens, "text": run.text, "accepted": result.accepted,
+                          "target_calls": result.target_calls, "seconds": run.seconds}))
     return 0
+
+
+def _chat(options: GenerateOptions, as_json: bool, write, say) -> int:
+    """--messages or --chat; the replies stream as text, or one JSON object at the end."""
+    script = read_messages(resolve_user_path(FLAGS.messages)) if FLAGS.messages else None
+    chat = open_chat(options)
+    show = None if as_json else write
+    turns = []
+    if script is not None:
+        for turn in chat.run_script(script, on_text=show):
+            turns.append(turn)
+            _end_reply(show)
+            say(turn_summary(len(turns) - 1, turn))
+    else:
+        for line in sys.stdin:
+            if not line.strip():
+                continue
+            turn = chat.say(line.rstrip("\n"), on_text=show)
+            turns.append(turn)
+            _end_reply(show)
+            say(turn_summary(len(turns) - 1, turn))
+    if as_json:
+        print(json.dumps({"turns": [turn.to_json() for turn in turns],
+                          "messages": chat.messages, "backend": options.backend,
+                          "drafter": options.draft}, ensure_ascii=False))
+    return 0
+
+
+def _end_reply(write) -> None:
+    if write is not None:
+        write("\n")
 
 
 def run() -> None:

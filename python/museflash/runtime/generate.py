@@ -26,15 +26,18 @@ from museflash.bundle import (
     FunctionName,
     Metadata,
 )
+from museflash.runtime.chat import REFUSE, Chat, ChatError, ChatTemplate, Turn
 from museflash.runtime.package_check import PackageError, check_packages
 from museflash.runtime.sampling import Sampling
 from museflash.runtime.speculative import (
     DEFAULT_LOOKUP_MIN_MATCH,
     DecodeResult,
+    DecodeSession,
     EagerDrafter,
     EagerTarget,
     ExportedDrafter,
     ExportedTarget,
+    ring_slack,
     speculative_generate,
     target_only_generate,
 )
@@ -60,6 +63,10 @@ class GenerateOptions:
     # A step whose context ends in this many tokens seen before copies what followed them
     # instead of drafting (runtime/speculative.py's `lookup`); 0 drafts every step.
     lookup_min_match: int = DEFAULT_LOOKUP_MIN_MATCH
+    # Chat (runtime/chat.py): the system prompt, and what a history that outgrows the context
+    # does (`refuse` or `drop-oldest`).
+    system: str | None = None
+    on_context_full: str = REFUSE
 
 
 class TextTokenizer:
@@ -250,3 +257,46 @@ def generate(options: GenerateOptions, write: Callable[[str], None],
                 f"{1000 * alone_seconds / max(1, len(alone.tokens)):.1f} ms per token; "
                 f"speed-up {alone_seconds / seconds:.2f}x")
     return run
+
+
+def open_chat(options: GenerateOptions) -> Chat:
+    """A conversation over the export: its chat template, one DecodeSession for every turn."""
+    metadata = check_options(options)
+    export_dir = Path(options.export_dir)
+    tokenizer = TextTokenizer(export_dir, metadata)
+    try:
+        template = ChatTemplate.of_export(export_dir)
+    except ChatError as error:
+        raise GenerateError(str(error)) from error
+    target, drafter = open_backends(options, metadata)
+    spec = metadata.speculative_decoding
+    session = DecodeSession(
+        target, drafter, mask_token_id=spec.mask_token_id if drafter else None,
+        num_draft_tokens=spec.num_draft_tokens if drafter else None,
+        context_length=metadata.context_length,
+        sampling=Sampling(options.temperature, options.top_p),
+        rng=np.random.default_rng(options.seed), pad_token_id=tokenizer.pad,
+        lookup_min_match=options.lookup_min_match,
+        ring_slack=ring_slack(metadata))
+    stops = metadata.tokenizer.end_of_turn_ids or (
+        [tokenizer.eos] if tokenizer.eos is not None else [])
+
+    def encode(text: str) -> list[int]:
+        return tokenizer.tokenizer.encode(text, add_special_tokens=False).ids
+
+    try:
+        return Chat(session, template, encode=encode, decode=tokenizer.decode,
+                    stop_token_ids=stops, context_length=metadata.context_length,
+                    max_new_tokens=options.max_new_tokens,
+                    on_context_full=options.on_context_full, system=options.system)
+    except ChatError as error:
+        raise GenerateError(str(error)) from error
+
+
+def turn_summary(index: int, turn: Turn) -> str:
+    return (f"[generate] turn {index + 1}: {len(turn.prompt_ids)} history tokens, "
+            f"{turn.prefilled_tokens} prefilled, {len(turn.tokens)} new; first token after "
+            f"{turn.time_to_first_token_seconds:.2f} s, {turn.seconds:.2f} s in all, "
+            f"{turn.result.tokens_per_target_call:.2f} tokens per target call"
+            + (f"; dropped the {turn.dropped_messages} oldest messages to fit the context"
+               if turn.dropped_messages else ""))

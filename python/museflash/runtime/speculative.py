@@ -286,6 +286,10 @@ class DecodeResult:
     num_draft_tokens: int = 0
     sampling: Sampling | None = None  # None or temperature 0: greedy
     lookup_min_match: int = 0  # 0: every step drafted
+    # Prompt ids whose cache entries a session kept from its earlier calls (DecodeSession):
+    # the call computed the other len(prompt) - reused_tokens.
+    reused_tokens: int = 0
+    stopped: bool = False  # ended at one of the caller's stop tokens, not at max_new_tokens
 
     @property
     def mean_accepted_length(self) -> float:
@@ -335,12 +339,15 @@ class DecodeResult:
                 + (f", sampled ({self.sampling.describe()})" if _sampled(self.sampling) else ""))
 
 
-def chunk_starts(length: int, chunk: int) -> list[int]:
-    """Starts of fixed-size chunks covering 0..length-1; the last one overlaps its
-    predecessor instead of running past the end."""
+def chunk_starts(length: int, chunk: int, first: int = 0) -> list[int]:
+    """Starts of fixed-size chunks covering first..length-1; the last one overlaps its
+    predecessor (or, when fewer than `chunk` positions are left, positions before `first`)
+    instead of running past the end."""
     if length < chunk:
         raise ValueError(f"{length} positions cannot fill one chunk of {chunk}")
-    starts = list(range(0, length - chunk + 1, chunk))
+    if length - first < chunk:
+        return [length - chunk]
+    starts = list(range(first, length - chunk + 1, chunk))
     if starts[-1] + chunk < length:
         starts.append(length - chunk)
     return starts
@@ -370,8 +377,11 @@ def _next_token(logits: np.ndarray, sampling: Sampling | None,
     return int(sample(probabilities(logits, sampling), rng))
 
 
-def _prefill(target: Target, prompt: list[int], result: DecodeResult, pad_token_id: int):
-    """Returns the logits after the prompt and the features of every prompt position.
+def _prefill(target: Target, prompt: list[int], result: DecodeResult, pad_token_id: int,
+             first: int = 0):
+    """Returns the logits after the prompt and the features of the prompt positions from
+    `first` on (a session's caches hold the ones before; chunks may re-write a few of them,
+    which writes the same K/V), and the last position any call wrote.
 
     A prompt shorter than one prefill chunk is padded at its end: the pad rows write the caches
     at positions after the prompt, which later calls overwrite before any query can see them
@@ -382,13 +392,17 @@ def _prefill(target: Target, prompt: list[int], result: DecodeResult, pad_token_
     features: dict[int, np.ndarray] = {}
     length = target.prefill_length
     if len(prompt) < length:
+        if first:
+            raise ValueError(f"a prompt of {len(prompt)} ids, shorter than a prefill chunk, "
+                             "is computed from position 0")
         ids = np.concatenate([ids, np.full(length - len(prompt), pad_token_id, np.int32)])
     logits = None
-    for start in chunk_starts(len(ids), length):
+    for start in chunk_starts(len(ids), length, first):
         positions = np.arange(start, start + length, dtype=np.int32)
         logits, rows = target.prefill(ids[start:start + length], positions)
         result.prefill_calls += 1
         features.update(zip(positions.tolist(), rows, strict=True))
+    written = len(ids) - 1
     if len(prompt) < length:
         last = len(prompt) - 1
         verify = target.verify_length
@@ -397,22 +411,45 @@ def _prefill(target: Target, prompt: list[int], result: DecodeResult, pad_token_
         result.verify_calls += 1
         logits = all_logits[0]
         features.update(zip(range(last, last + verify), rows, strict=True))
-    return logits, features
+        written = max(written, last + verify - 1)
+    return logits, features, written
 
 
-def _inject_starts(length: int, block: int) -> list[int]:
-    """Blocks that hand the prompt's features to the drafter; a prompt shorter than a block
-    is injected as one block from position 0 (its tail rows are placeholders, see _prefill)."""
-    return chunk_starts(length, block) if length >= block else [0]
+def _inject_starts(length: int, block: int, first: int = 0) -> list[int]:
+    """Blocks that hand the prompt's features from `first` on to the drafter; a prompt shorter
+    than a block is injected as one block from position 0 (its tail rows are placeholders, see
+    _prefill)."""
+    return chunk_starts(length, block, first) if length >= block else [0]
 
 
 def _emit(result: DecodeResult, tokens: list[int], limit: int,
-          on_tokens: Callable[[list[int]], None] | None) -> None:
-    """Appends the new tokens (at most up to `limit` in all) and hands them to `on_tokens`."""
+          on_tokens: Callable[[list[int]], None] | None,
+          stop_token_ids: frozenset[int] = frozenset()) -> None:
+    """Appends the new tokens (at most up to `limit` in all, and up to the first stop token,
+    which is kept) and hands them to `on_tokens`."""
     tokens = tokens[:max(0, limit - len(result.tokens))]
+    for index, token in enumerate(tokens):
+        if token in stop_token_ids:
+            tokens = tokens[:index + 1]
+            result.stopped = True
+            break
     result.tokens.extend(tokens)
     if on_tokens is not None and tokens:
         on_tokens(tokens)
+
+
+def _done(result: DecodeResult, limit: int) -> bool:
+    return result.stopped or len(result.tokens) >= limit
+
+
+def common_prefix_length(a: list[int], b: list[int]) -> int:
+    """How many leading ids `a` and `b` share."""
+    count = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        count += 1
+    return count
 
 
 def _check_room(metadata_context: int | None, prompt_len: int, new_tokens: int, block: int):
@@ -423,6 +460,189 @@ def _check_room(metadata_context: int | None, prompt_len: int, new_tokens: int, 
     if needed > metadata_context:
         raise ValueError(f"prompt {prompt_len} + {new_tokens} new tokens need positions up to "
                          f"{needed - 1}, beyond the bundle's context_length {metadata_context}")
+
+
+class DecodeSession:
+    """The decoding loop with caches that outlive a call: the target's KV caches and the
+    drafter's ring, and which ids they hold. A call whose prompt starts with ids the caches
+    already hold computes only from the first one they do not (keeping at least the last
+    prompt id, whose logits start the reply); a prompt that parts from them earlier rewinds
+    both caches to where it parts. A chat session is this with its history as the prompt.
+
+    What is kept: `held`, the ids at positions 0..len(held)-1 whose K/V are in the target's
+    caches and whose features are in the drafter's ring, computed from exactly those ids. A
+    reply's last token is not among them (no call has run it yet). Positions past `held` hold
+    stale values that queries cannot see until a call re-writes them (docs/positions.md).
+
+    A sliding cache is a ring of `capacity` slots for a window of `window` positions: slot
+    p % capacity holds the newest position written there. Once the session wrote position W,
+    the slots of positions up to W - capacity hold later ones, so a call that parts from the
+    held ids at k can keep them only when every position its first query sees is still in
+    its slot: k >= W - (capacity - window). `ring_slack` is the smallest capacity - window of
+    the bundle's rings (None when no cache is a ring smaller than the context); a rewind
+    further back than that decodes from scratch.
+
+    `drafter` None decodes with the target alone. The first call of a session (and one whose
+    prompt shares nothing with `held`) makes exactly the calls a fresh decode makes."""
+
+    def __init__(self, target: Target, drafter: Drafter | None = None, *,
+                 mask_token_id: int | None = None, num_draft_tokens: int | None = None,
+                 context_length: int | None = None, sampling: Sampling | None = None,
+                 rng: np.random.Generator | None = None, pad_token_id: int = 0,
+                 lookup_min_match: int = DEFAULT_LOOKUP_MIN_MATCH, ring_slack: int | None = None):
+        self.sampled = _check_sampling(sampling, rng)
+        if lookup_min_match < 0:
+            raise ValueError(f"lookup_min_match must be >= 0 (0: off), got {lookup_min_match}")
+        self.block = target.verify_length
+        self.proposals = 0
+        if drafter is not None:
+            if mask_token_id is None:
+                raise ValueError("speculative decoding needs the drafter's mask_token_id")
+            block = drafter.block_size
+            if target.verify_length != block:
+                raise ValueError(f"target main takes {target.verify_length} tokens but the "
+                                 f"drafter's block is {block}; verification needs one main "
+                                 "call per block")
+            self.proposals = num_draft_tokens if num_draft_tokens is not None else block - 1
+            if not 1 <= self.proposals <= block - 1:
+                raise ValueError(f"num_draft_tokens {self.proposals} must be in 1..{block - 1}")
+        self.target, self.drafter = target, drafter
+        self.mask_token_id = mask_token_id
+        self.context_length = context_length
+        self.sampling, self.rng = sampling, rng
+        self.pad_token_id = pad_token_id
+        self.lookup_min_match = lookup_min_match if drafter is not None else 0
+        self.ring_slack = ring_slack
+        self.held: list[int] = []
+        self.written_to = -1  # the furthest position any call of this session wrote
+
+    def reset(self) -> None:
+        """Forget every cache entry: the next call decodes from scratch."""
+        self.target.reset()
+        if self.drafter is not None:
+            self.drafter.reset()
+        self.held, self.written_to = [], -1
+
+    def reusable(self, prompt: list[int]) -> int:
+        """How many of `prompt`'s leading ids this session's caches can keep."""
+        keep = min(common_prefix_length(self.held, prompt), len(prompt) - 1)
+        if keep and len(prompt) < self.target.prefill_length:
+            return 0  # a prompt shorter than a chunk is prefilled padded, from position 0
+        if keep and self.ring_slack is not None and keep < self.written_to - self.ring_slack:
+            return 0  # the rings no longer hold what the first query would see
+        return keep
+
+    def generate(self, prompt: list[int], max_new_tokens: int, *,
+                 on_tokens: Callable[[list[int]], None] | None = None,
+                 stop_token_ids: frozenset[int] | set[int] = frozenset()) -> DecodeResult:
+        """Decodes up to `max_new_tokens` after `prompt` (or up to a stop token, which is the
+        last one returned), from the caches' longest reusable prefix of it."""
+        _check_prompt(prompt)
+        _check_room(self.context_length, len(prompt), max_new_tokens, self.block)
+        keep = self.reusable(prompt)
+        if not keep:
+            self.reset()
+        stops = frozenset(stop_token_ids)
+        result = DecodeResult(tokens=[], num_draft_tokens=self.proposals, sampling=self.sampling,
+                              lookup_min_match=self.lookup_min_match, reused_tokens=keep)
+        if self.drafter is None:
+            self._target_only(prompt, keep, max_new_tokens, result, on_tokens, stops)
+        else:
+            self._speculative(prompt, keep, max_new_tokens, result, on_tokens, stops)
+        result.drafter_calls = result.inject_calls + result.draft_calls
+        result.target_calls = result.prefill_calls + result.verify_calls
+        self.held = list(prompt) + result.tokens[:-1]
+        return result
+
+    def _first_computed(self, prompt: list[int], keep: int) -> int:
+        """The first position the prefill computes: the drafter's inject blocks end at the
+        prompt's last position, so they may reach back before `keep`."""
+        if self.drafter is None or not keep:
+            return keep
+        return min(keep, max(0, len(prompt) - self.block))
+
+    def _target_only(self, prompt, keep, max_new_tokens, result, on_tokens, stops) -> None:
+        target, block, sampling, rng = self.target, self.block, self.sampling, self.rng
+        logits, _, written = _prefill(target, prompt, result, self.pad_token_id, keep)
+        self.written_to = max(self.written_to, written)
+        token = _next_token(logits, sampling, rng)
+        _emit(result, [token], max_new_tokens, on_tokens, stops)
+        position = len(prompt)
+        while not _done(result, max_new_tokens):
+            ids = np.array([token] + [self.pad_token_id] * (block - 1), np.int32)
+            logits, _ = target.verify(ids, np.arange(position, position + block,
+                                                     dtype=np.int32))
+            result.verify_calls += 1
+            self.written_to = max(self.written_to, position + block - 1)
+            token = _next_token(logits[0], sampling, rng)
+            _emit(result, [token], max_new_tokens, on_tokens, stops)
+            position += 1
+
+    def _speculative(self, prompt, keep, max_new_tokens, result, on_tokens, stops) -> None:
+        target, drafter, block = self.target, self.drafter, self.block
+        sampling, rng, sampled, proposals = self.sampling, self.rng, self.sampled, self.proposals
+        first = self._first_computed(prompt, keep)
+        logits, features, written = _prefill(target, prompt, result, self.pad_token_id, first)
+        self.written_to = max(self.written_to, written)
+        anchor = _next_token(logits, sampling, rng)
+        _emit(result, [anchor], max_new_tokens, on_tokens, stops)
+        for start in _inject_starts(len(prompt), block, keep):
+            positions = np.arange(start, start + block, dtype=np.int32)
+            drafter.inject(np.stack([features[p] for p in positions.tolist()]), positions)
+            result.inject_calls += 1
+        anchor_pos = len(prompt)
+        while not _done(result, max_new_tokens):
+            positions = np.arange(anchor_pos, anchor_pos + block, dtype=np.int32)
+            copied = (lookup_proposal(_context_tail(prompt, result.tokens,
+                                                    LOOKUP_WINDOW + LOOKUP_MAX_MATCH),
+                                      block - 1, self.lookup_min_match)
+                      if self.lookup_min_match else None)
+            if copied is not None:
+                guesses = np.asarray(copied, np.int32)
+                if sampled:  # a deterministic proposal: q is the one-hot of each copied token
+                    q = np.zeros((proposals, logits.shape[-1]), np.float64)
+                    q[np.arange(proposals), guesses[:proposals]] = 1.0
+            else:
+                drafted = drafter.draft(np.array([anchor] + [self.mask_token_id] * (block - 1),
+                                                 np.int32), positions)
+                result.draft_calls += 1
+                guesses = drafted.greedy()
+                if sampled:
+                    # Only the first `proposals` rows are judged; later slots keep their greedy
+                    # draft, and their target rows are never used. A DFlash2 selector path is
+                    # greedy only: sampled drafts come from each row's own distribution.
+                    q = probabilities(drafted.logits[1:proposals + 1], sampling)
+                    guesses[:proposals] = sample(q, rng)
+            logits, rows = target.verify(np.concatenate([[anchor], guesses]).astype(np.int32),
+                                         positions)
+            result.verify_calls += 1
+            self.written_to = max(self.written_to, anchor_pos + block - 1)
+            if sampled:
+                accepted, token = accept_drafts(probabilities(logits[:proposals + 1], sampling),
+                                                q, guesses[:proposals], rng)
+            else:
+                greedy = np.argmax(logits, axis=-1)
+                accepted = 0
+                while accepted < proposals and guesses[accepted] == greedy[accepted]:
+                    accepted += 1
+                token = int(greedy[accepted])
+            result.accepted.append(accepted)
+            if copied is not None:
+                result.lookup_accepted.append(accepted)
+            _emit(result, [int(t) for t in guesses[:accepted]] + [token], max_new_tokens,
+                  on_tokens, stops)
+            # Rows 0..accepted were computed from correct tokens; later rows saw rejected drafts
+            # and stand only at positions the next verify call re-writes (they fill the inject
+            # window while fewer than `block` positions are known).
+            last = anchor_pos + accepted
+            features.update(zip(range(anchor_pos, anchor_pos + block), rows, strict=True))
+            first = max(0, last - block + 1)
+            window = np.arange(first, first + block, dtype=np.int32)
+            drafter.inject(np.stack([features[p] for p in window.tolist()]), window)
+            result.inject_calls += 1
+            for old in [p for p in features if p <= last - block]:
+                del features[old]
+            anchor, anchor_pos = token, last + 1
 
 
 def speculative_generate(
@@ -440,89 +660,18 @@ def speculative_generate(
     on_tokens: Callable[[list[int]], None] | None = None,
     lookup_min_match: int = DEFAULT_LOOKUP_MIN_MATCH,
 ) -> DecodeResult:
-    """Speculative decoding. Greedy (no `sampling`, or temperature 0): the output equals the
-    target's own greedy output. Sampled: the drafts are sampled from the drafter's rows under
-    the same settings and accepted by the rejection rule, so the output is distributed as
-    `target_only_generate` with the same settings; `rng` (required then) is the only source
-    of randomness. `lookup_min_match` > 0 lets steps propose copies of the context
+    """Speculative decoding from fresh caches. Greedy (no `sampling`, or temperature 0): the
+    output equals the target's own greedy output. Sampled: the drafts are sampled from the
+    drafter's rows under the same settings and accepted by the rejection rule, so the output is
+    distributed as `target_only_generate` with the same settings; `rng` (required then) is the
+    only source of randomness. `lookup_min_match` > 0 lets steps propose copies of the context
     (`lookup_proposal`) instead of drafts; 0 drafts every step (what measures a drafter)."""
-    sampled = _check_sampling(sampling, rng)
-    if lookup_min_match < 0:
-        raise ValueError(f"lookup_min_match must be >= 0 (0: off), got {lookup_min_match}")
-    block = drafter.block_size
-    if target.verify_length != block:
-        raise ValueError(f"target main takes {target.verify_length} tokens but the drafter's "
-                         f"block is {block}; verification needs one main call per block")
-    proposals = num_draft_tokens if num_draft_tokens is not None else block - 1
-    if not 1 <= proposals <= block - 1:
-        raise ValueError(f"num_draft_tokens {proposals} must be in 1..{block - 1}")
-    _check_prompt(prompt)
-    _check_room(context_length, len(prompt), max_new_tokens, block)
-    target.reset()
-    drafter.reset()
-    result = DecodeResult(tokens=[], num_draft_tokens=proposals, sampling=sampling,
-                          lookup_min_match=lookup_min_match)
-    logits, features = _prefill(target, prompt, result, pad_token_id)
-    anchor = _next_token(logits, sampling, rng)
-    _emit(result, [anchor], max_new_tokens, on_tokens)
-    for start in _inject_starts(len(prompt), block):
-        positions = np.arange(start, start + block, dtype=np.int32)
-        drafter.inject(np.stack([features[p] for p in positions.tolist()]), positions)
-        result.inject_calls += 1
-    anchor_pos = len(prompt)
-    while len(result.tokens) < max_new_tokens:
-        positions = np.arange(anchor_pos, anchor_pos + block, dtype=np.int32)
-        copied = (lookup_proposal(_context_tail(prompt, result.tokens,
-                                                LOOKUP_WINDOW + LOOKUP_MAX_MATCH),
-                                  block - 1, lookup_min_match)
-                  if lookup_min_match else None)
-        if copied is not None:
-            guesses = np.asarray(copied, np.int32)
-            if sampled:  # a deterministic proposal: q is the one-hot of each copied token
-                q = np.zeros((proposals, logits.shape[-1]), np.float64)
-                q[np.arange(proposals), guesses[:proposals]] = 1.0
-        else:
-            drafted = drafter.draft(np.array([anchor] + [mask_token_id] * (block - 1),
-                                             np.int32), positions)
-            result.draft_calls += 1
-            guesses = drafted.greedy()
-            if sampled:
-                # Only the first `proposals` rows are judged; later slots keep their greedy
-                # draft, and their target rows are never used. A DFlash2 selector path is
-                # greedy only: sampled drafts come from each row's own distribution.
-                q = probabilities(drafted.logits[1:proposals + 1], sampling)
-                guesses[:proposals] = sample(q, rng)
-        logits, rows = target.verify(np.concatenate([[anchor], guesses]).astype(np.int32),
-                                     positions)
-        result.verify_calls += 1
-        if sampled:
-            accepted, token = accept_drafts(probabilities(logits[:proposals + 1], sampling), q,
-                                            guesses[:proposals], rng)
-        else:
-            greedy = np.argmax(logits, axis=-1)
-            accepted = 0
-            while accepted < proposals and guesses[accepted] == greedy[accepted]:
-                accepted += 1
-            token = int(greedy[accepted])
-        result.accepted.append(accepted)
-        if copied is not None:
-            result.lookup_accepted.append(accepted)
-        _emit(result, [int(t) for t in guesses[:accepted]] + [token], max_new_tokens, on_tokens)
-        # Rows 0..accepted were computed from correct tokens; later rows saw rejected drafts
-        # and stand only at positions the next verify call re-writes (they fill the inject
-        # window while fewer than `block` positions are known).
-        last = anchor_pos + accepted
-        features.update(zip(range(anchor_pos, anchor_pos + block), rows, strict=True))
-        first = max(0, last - block + 1)
-        window = np.arange(first, first + block, dtype=np.int32)
-        drafter.inject(np.stack([features[p] for p in window.tolist()]), window)
-        result.inject_calls += 1
-        for old in [p for p in features if p <= last - block]:
-            del features[old]
-        anchor, anchor_pos = token, last + 1
-    result.drafter_calls = result.inject_calls + result.draft_calls
-    result.target_calls = result.prefill_calls + result.verify_calls
-    return result
+    session = DecodeSession(target, drafter, mask_token_id=mask_token_id,
+                            num_draft_tokens=num_draft_tokens, context_length=context_length,
+                            sampling=sampling, rng=rng, pad_token_id=pad_token_id,
+                            lookup_min_match=lookup_min_match)
+    session.reset()
+    return session.generate(prompt, max_new_tokens, on_tokens=on_tokens)
 
 
 def target_only_generate(
@@ -536,32 +685,17 @@ def target_only_generate(
     rng: np.random.Generator | None = None,
     on_tokens: Callable[[list[int]], None] | None = None,
 ) -> DecodeResult:
-    """Target-only decoding over the same functions: one new token per `main` call, greedy
-    (no `sampling`, or temperature 0) or sampled under `sampling` with `rng`.
+    """Target-only decoding over the same functions from fresh caches: one new token per `main`
+    call, greedy (no `sampling`, or temperature 0) or sampled under `sampling` with `rng`.
 
     `main` has a fixed query length, so each call feeds [newest token, pad ...]: only row 0 is
     used, and the pad rows' cache writes sit at later positions that the next call overwrites
     before any query can see them (the same rollback argument as rejected drafts).
     """
-    _check_sampling(sampling, rng)
-    block = target.verify_length
-    _check_prompt(prompt)
-    _check_room(context_length, len(prompt), max_new_tokens, block)
-    target.reset()
-    result = DecodeResult(tokens=[], sampling=sampling)
-    logits, _ = _prefill(target, prompt, result, pad_token_id)
-    token = _next_token(logits, sampling, rng)
-    _emit(result, [token], max_new_tokens, on_tokens)
-    position = len(prompt)
-    while len(result.tokens) < max_new_tokens:
-        ids = np.array([token] + [pad_token_id] * (block - 1), np.int32)
-        logits, _ = target.verify(ids, np.arange(position, position + block, dtype=np.int32))
-        result.verify_calls += 1
-        token = _next_token(logits[0], sampling, rng)
-        _emit(result, [token], max_new_tokens, on_tokens)
-        position += 1
-    result.target_calls = result.prefill_calls + result.verify_calls
-    return result
+    session = DecodeSession(target, None, context_length=context_length, sampling=sampling,
+                            rng=rng, pad_token_id=pad_token_id)
+    session.reset()
+    return session.generate(prompt, max_new_tokens, on_tokens=on_tokens)
 
 
 def greedy_generate(
@@ -596,6 +730,19 @@ def eager_greedy_generate(model: torch.nn.Module, prompt: list[int],
             ids = torch.tensor([[token]], dtype=torch.int32)
             positions = positions[-1:] + 1
     return tokens
+
+
+def ring_slack(metadata: Metadata) -> int | None:
+    """DecodeSession's `ring_slack`: the smallest capacity - window among the bundle's ring
+    caches smaller than its context (the target's sliding layers, a sliding drafter's ring), or
+    None when it has none (a target of full-attention layers with a full-context drafter)."""
+    windows = {AssetRole.TARGET: metadata.target.sliding_window}
+    if metadata.speculative_decoding is not None:
+        windows[AssetRole.DFLASH_DRAFTER] = metadata.speculative_decoding.drafter.sliding_window
+    slacks = [state.capacity - windows.get(role, state.capacity)
+              for role, asset in metadata.assets.items() for state in asset.states
+              if state.capacity < metadata.context_length]
+    return min(slacks, default=None)
 
 
 def load_exported_pair(export_dir: str | Path) -> tuple[ExportedTarget, ExportedDrafter,

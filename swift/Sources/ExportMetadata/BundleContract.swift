@@ -13,7 +13,10 @@ public enum BundleContract {
     public static let tokenizerFileName = "tokenizer.json"
     public static let tokenizerConfigFileName = "tokenizer_config.json"
     public static let specialTokensMapFileName = "special_tokens_map.json"
+    /// A chat template kept in a file of its own (else `chat_template` in tokenizer_config.json).
+    public static let chatTemplateFileName = "chat_template.jinja"
     /// The tokenizer files the exporter copies when the checkpoint has them, in the order
     /// `tokenizer.files` lists them (`TOKENIZER_FILES`).
-    public static let tokenizerFileNames = [tokenizerFileName, tokenizerConfigFileName, specialTokensMapFileName]
+    public static let tokenizerFileNames = [tokenizerFileName, tokenizerConfigFileName, specialTokensMapFileName,
+                                             chatTemplateFileName]
 }

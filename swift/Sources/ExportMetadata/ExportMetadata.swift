@@ -240,17 +240,22 @@ extension ExportMetadata {
         public var vocabSize: Int
         /// Special token text -> id.
         public var specialTokens: [String: Int]
+        /// Ids that end a reply (eos and the chat template's end-of-turn token); nil in
+        /// bundles written before the field existed.
+        public var endOfTurnIds: [Int]?
 
-        public init(files: [String], vocabSize: Int, specialTokens: [String: Int]) {
+        public init(files: [String], vocabSize: Int, specialTokens: [String: Int], endOfTurnIds: [Int]? = nil) {
             self.files = files
             self.vocabSize = vocabSize
             self.specialTokens = specialTokens
+            self.endOfTurnIds = endOfTurnIds
         }
 
         enum CodingKeys: String, CodingKey {
             case files
             case vocabSize = "vocab_size"
             case specialTokens = "special_tokens"
+            case endOfTurnIds = "end_of_turn_ids"
         }
     }
 }
