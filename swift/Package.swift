@@ -35,9 +35,9 @@ let package = Package(
         // (Apple platforms build the backend against the real framework).
         .target(name: "CoreMLStandIn", dependencies: ["MILInterpreter"]),
         .target(name: "MuseflashRuntime",
-                dependencies: ["ExportMetadata", "MLPackage", "MILInterpreter", "MuseflashTokenizer",
+                dependencies: ["ChatTemplate", "ExportMetadata", "MLPackage", "MILInterpreter", "MuseflashTokenizer",
                                .target(name: "CoreMLStandIn", condition: .when(platforms: [.linux]))]),
-        .executableTarget(name: "swift-generate", dependencies: ["CommandLineFlags", "MuseflashRuntime"]),
+        .executableTarget(name: "swift-generate", dependencies: ["ChatTemplate", "CommandLineFlags", "MuseflashRuntime"]),
         // Bazel and plain swiftc call this module CheckContract; main.swift never names its own module.
         .executableTarget(name: "check-contract", dependencies: ["MuseflashContract"]),
         // Test-only helpers (spec encoder, synthetic export bundles); no tests of its own.
@@ -79,7 +79,10 @@ let package = Package(
         .target(name: "MuseflashTokenizer"),
         // Its parity tests need MUSEFLASH_TOKENIZER_GOLDENS (bazel build //python:tokenizer_goldens).
         .testTarget(name: "MuseflashTokenizerTests", dependencies: ["MuseflashTokenizer"]),
+        // Chat templates (the Jinja subset they use), rendered as transformers renders them.
+        .target(name: "ChatTemplate"),
+        .testTarget(name: "ChatTemplateTests", dependencies: ["ChatTemplate"]),
         // `swift run swift-tokenize --export-dir DIR --prompt TEXT`; Bazel calls the module SwiftTokenize.
-        .executableTarget(name: "swift-tokenize", dependencies: ["CommandLineFlags", "MuseflashTokenizer", "ExportMetadata"]),
+        .executableTarget(name: "swift-tokenize", dependencies: ["ChatTemplate", "CommandLineFlags", "MuseflashTokenizer", "ExportMetadata"]),
     ]
 )

@@ -102,3 +102,44 @@ def test_a_bad_tokenizer_stops_the_export_before_anything_is_written(checkpoints
                                     dflash_drafter=True, conversion_processes=1),
                       Progress(echo=lambda _line: None))
     assert not out.exists()
+
+
+@pytest.mark.parametrize("template, construct", [
+    ("{% macro turn(m) %}{{ m.content }}{% endmacro %}{% for m in messages %}{{ turn(m) }}"
+     "{% endfor %}", "{% macro %}"),
+    ("{{ strftime_now('%d %b %Y') }}{% for m in messages %}{{ m.content }}{% endfor %}",
+     "function strftime_now()"),
+    ("{% for m in messages %}{{ m.content | wordwrap(8) }}{% endfor %}", "filter wordwrap"),
+    ("{% for m in messages %}{{ m.content }", "not valid Jinja"),
+])
+def test_a_template_the_swift_renderer_lacks_stops_the_export(checkpoints, tmp_path, template,
+                                                              construct):
+    """No bundle ships a chat template its runtime cannot render: the export names the construct
+    and the file before anything is written."""
+    target, drafter = checkpoints
+    templated = tmp_path / "target"
+    shutil.copytree(target, templated)
+    (templated / "chat_template.jinja").write_text(template)
+    out = tmp_path / "bundle"
+    with pytest.raises(CheckpointError) as error:
+        export_bundle(ExportOptions(output_dir=out, checkpoint=templated,
+                                    drafter_checkpoint=drafter, fused_target=True,
+                                    dflash_drafter=True, conversion_processes=1),
+                      Progress(echo=lambda _line: None))
+    message = str(error.value)
+    assert construct in message and "chat_template.jinja" in message and "fix:" in message
+    assert "\n" not in message
+    assert not out.exists()
+
+
+def test_a_renderable_template_is_copied_and_its_turn_end_recorded(checkpoints, tmp_path):
+    target, _ = checkpoints
+    templated = tmp_path / "target"
+    shutil.copytree(target, templated)
+    write_word_tokenizer(templated, VOCAB, {"<pad>": 0, "<mask>": MASK, "<end>": 3})
+    (templated / "chat_template.jinja").write_text(
+        "{% for m in messages %}{{ m.role }}: {{ m.content | trim }}<end>\n{% endfor %}"
+        "{% if add_generation_prompt %}assistant:{% endif %}")
+    described = read_tokenizer(templated, VOCAB, MASK)
+    assert "chat_template.jinja" in described.files
+    assert described.end_of_turn_ids == [3]

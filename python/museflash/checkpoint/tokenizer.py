@@ -46,11 +46,40 @@ def read_tokenizer(target_dir: Path, vocab_size: int,
             f"{path}: the drafter's mask_token_id {mask_token_id} is not one of the "
             f"tokenizer's special tokens {sorted(special.values())}; add it as a special token")
     files = [name for name in TOKENIZER_FILES if (target_dir / name).is_file()]
+    check_chat_template(target_dir)
     ends = end_of_turn_ids(target_dir, special)
     if ends is not None and max(ends) >= size:
         raise CheckpointError(f"{target_dir / GENERATION_CONFIG_FILE}: eos_token_id {max(ends)} "
                               f"is not a token of the tokenizer ({size} tokens); fix the file")
     return Tokenizer(files=files, vocab_size=size, special_tokens=special, end_of_turn_ids=ends)
+
+
+def check_chat_template(target_dir: Path) -> None:
+    """Refuses a chat template the Swift runtime cannot render (naming the construct), or one
+    that jinja2 cannot render on a probe conversation: no bundle ships a template its runtime
+    cannot render."""
+    from museflash.checkpoint.chat_template import (
+        TEMPLATE_FILE,
+        TOKENIZER_CONFIG_FILE,
+        ChatTemplateError,
+        check_renderable,
+        read_chat_template,
+        render_chat,
+    )
+
+    found = read_chat_template(target_dir)
+    if found is None:
+        return
+    template, tokens = found
+    source = target_dir / (TEMPLATE_FILE if (target_dir / TEMPLATE_FILE).is_file()
+                           else TOKENIZER_CONFIG_FILE)
+    try:
+        check_renderable(template)
+        render_chat(template, [{"role": "user", "content": "probe"},
+                               {"role": "assistant", "content": _PROBE_REPLY}],
+                    add_generation_prompt=False, special_tokens=tokens)
+    except ChatTemplateError as error:
+        raise CheckpointError(f"{source}: {error}") from error
 
 
 GENERATION_CONFIG_FILE = "generation_config.json"

@@ -1,4 +1,5 @@
 import Foundation
+import ChatTemplate
 import CommandLineFlags
 import ExportMetadata
 import MuseflashTokenizer
@@ -7,13 +8,17 @@ import MuseflashTokenizer
 // checks from outside (docs/tokenizer.md). Bad input: one line on stderr, exit status 1.
 
 let usage = """
-    usage: swift-tokenize --export-dir DIR (--prompt TEXT | --prompt-file F | --decode IDS | --benchmark F...)
+    usage: swift-tokenize --export-dir DIR (--prompt TEXT | --prompt-file F | --messages F.json | --decode IDS | --benchmark F...)
 
     Reads the export's tokenizer.json (with tokenizer_config.json / special_tokens_map.json),
     checks its vocabulary size against metadata.json, then:
 
       --prompt TEXT        prints the ids of TEXT as a JSON array
       --prompt-file F      the same for the UTF-8 bytes of file F, exactly as written
+      --messages F.json    renders the conversation in F (a JSON list of {"role", "content"}) with the
+                           export's chat template (tokenizer_config.json chat_template, or
+                           chat_template.jinja beside it) and prints {"text": ..., "ids": [...]}
+      --no-generation-prompt  with --messages, render with add_generation_prompt false
       --decode 1,2,3       prints the text of the ids (comma-separated), special tokens included
       --skip-special-tokens  with --decode, leave the special tokens out
       --benchmark F...     encodes the files (one first pass, then the best of --repeat passes,
@@ -30,6 +35,7 @@ struct Failure: Error, CustomStringConvertible {
 
 enum Action {
     case encode(String)
+    case chat(messagesFile: String)
     case decode([Int32])
     case benchmark([String])
 }
@@ -100,6 +106,89 @@ func loadTokenizer(exportDirectory path: String) throws -> Tokenizer {
     return tokenizer
 }
 
+/// The export's chat template and special tokens by role, as Python's read_chat_template reads
+/// them: tokenizer_config.json `chat_template`, overridden by a chat_template.jinja beside it.
+func readChatTemplate(exportDirectory path: String) throws -> (template: ChatTemplate, variables: [String: String]) {
+    let directory = resolve(path)
+    let configURL = directory.appendingPathComponent("tokenizer_config.json")
+    var config = ChatObject()
+    if FileManager.default.fileExists(atPath: configURL.path) {
+        let text = try readText(configURL.path, what: "tokenizer config")
+        do {
+            guard case .object(let object) = try ChatValue.parseJSON(text) else {
+                throw Failure(description: "\(configURL.path) is not a JSON object")
+            }
+            config = object
+        } catch let error as ChatJSONError {
+            throw Failure(description: "\(configURL.path): \(error)")
+        }
+    }
+    var source: String?
+    var origin = "\(configURL.path) chat_template"
+    if case .string(let text)? = config["chat_template"] { source = text }
+    let jinjaURL = directory.appendingPathComponent("chat_template.jinja")
+    if FileManager.default.fileExists(atPath: jinjaURL.path) {
+        source = try readText(jinjaURL.path, what: "chat template")
+        origin = jinjaURL.path
+    }
+    guard let source else {
+        throw Failure(description: "\(directory.path) has no chat template (no chat_template in tokenizer_config.json, "
+                      + "no chat_template.jinja); --messages needs one, or give the rendered text to --prompt-file")
+    }
+    var variables: [String: String] = [:]
+    for role in ["bos_token", "eos_token", "unk_token", "pad_token"] {
+        if case .string(let token)? = config[role] { variables[role] = token }
+    }
+    do {
+        return (try ChatTemplate(source), variables)
+    } catch let error as ChatTemplateError {
+        throw Failure(description: "\(origin): \(error)")
+    }
+}
+
+/// The conversation of a --messages file: a JSON list of objects with string "role" and "content".
+func readMessages(_ path: String) throws -> [ChatValue] {
+    let text = try readText(path, what: "--messages file")
+    let value: ChatValue
+    do {
+        value = try ChatValue.parseJSON(text)
+    } catch {
+        throw Failure(description: "--messages file \(resolve(path).path): \(error)")
+    }
+    guard case .array(let messages) = value else {
+        throw Failure(description: "--messages file \(resolve(path).path) must hold a JSON list of "
+                      + "{\"role\", \"content\"} objects")
+    }
+    for (index, message) in messages.enumerated() {
+        guard case .object(let object) = message, case .string? = object["role"], case .string? = object["content"] else {
+            throw Failure(description: "--messages file \(resolve(path).path): message \(index) is not an object with "
+                          + "string \"role\" and \"content\"")
+        }
+    }
+    return messages
+}
+
+/// A JSON string literal of `text`.
+func jsonString(_ text: String) -> String {
+    var out = "\""
+    for scalar in text.unicodeScalars {
+        switch scalar {
+        case "\"": out += "\\\""
+        case "\\": out += "\\\\"
+        case "\n": out += "\\n"
+        case "\r": out += "\\r"
+        case "\t": out += "\\t"
+        default:
+            if scalar.value < 0x20 {
+                out += String(format: "\\u%04x", scalar.value)
+            } else {
+                out.unicodeScalars.append(scalar)
+            }
+        }
+    }
+    return out + "\""
+}
+
 func json(_ ids: [Int32]) -> String {
     "[" + ids.map(String.init).joined(separator: ", ") + "]"
 }
@@ -128,11 +217,12 @@ func run(_ arguments: [String]) throws -> String {
     var exportDirectory: String?
     var action: Action?
     var skipSpecial = false
+    var generationPrompt = true
     var repeats = 5
     var flags = CommandLineFlags(arguments, suffix: " (see --help)")
     func set(_ new: Action) throws {
         guard action == nil else {
-            throw Failure(description: "give one of --prompt, --prompt-file, --decode, --benchmark (see --help)")
+            throw Failure(description: "give one of --prompt, --prompt-file, --messages, --decode, --benchmark (see --help)")
         }
         action = new
     }
@@ -142,6 +232,8 @@ func run(_ arguments: [String]) throws -> String {
         case "--export-dir": exportDirectory = try flags.value(of: argument)
         case "--prompt": try set(.encode(try flags.value(of: argument)))
         case "--prompt-file": try set(.encode(try readText(try flags.value(of: argument), what: "--prompt-file")))
+        case "--messages": try set(.chat(messagesFile: try flags.value(of: argument)))
+        case "--no-generation-prompt": generationPrompt = false
         case "--decode": try set(.decode(try parseIDs(try flags.value(of: argument))))
         case "--skip-special-tokens": skipSpecial = true
         case "--repeat":
@@ -158,11 +250,16 @@ func run(_ arguments: [String]) throws -> String {
         }
     }
     guard let exportDirectory, !exportDirectory.isEmpty else { throw Failure(description: "--export-dir is required (see --help)") }
-    guard let action else { throw Failure(description: "give one of --prompt, --prompt-file, --decode, --benchmark (see --help)") }
+    guard let action else { throw Failure(description: "give one of --prompt, --prompt-file, --messages, --decode, --benchmark (see --help)") }
     let tokenizer = try loadTokenizer(exportDirectory: exportDirectory)
     switch action {
     case .encode(let text):
         return json(tokenizer.encode(text))
+    case .chat(let messagesFile):
+        let messages = try readMessages(messagesFile)
+        let (template, variables) = try readChatTemplate(exportDirectory: exportDirectory)
+        let text = try template.render(messages: messages, addGenerationPrompt: generationPrompt, variables: variables)
+        return "{\"text\": \(jsonString(text)), \"ids\": \(json(tokenizer.encode(text)))}"
     case .decode(let ids):
         if let bad = ids.first(where: { tokenizer.token(for: $0) == nil }) {
             throw Failure(description: "--decode: \(bad) is not a token id of this tokenizer "
