@@ -20,72 +20,15 @@ from museflash.checkpoint.chat_template import check_renderable, render_chat
 
 BUNDLE = Path(os.environ["MUSEFLASH_REAL_BUNDLE"])
 TOKENIZE = Path(os.environ["MUSEFLASH_SWIFT_TOKENIZE"])
+TEMPLATES = Path(__file__).parent / "chat_templates"
 
 # Llama 3's shape: bos_token, a system message taken out of the list and trimmed, namespace
 # state across the loop, raise_exception on roles out of turn, and tojson.
-LLAMA3_STYLE = """{{- bos_token }}
-{%- if messages[0]['role'] == 'system' %}
-    {%- set system_message = messages[0]['content']|trim %}
-    {%- set messages = messages[1:] %}
-{%- else %}
-    {%- set system_message = "" %}
-{%- endif %}
-{%- set ns = namespace(turns=0, last_role=none) %}
-{{- "<|start_header_id|>system<|end_header_id|>\\n\\n" }}
-{{- "Cutting Knowledge Date: December 2023\\n\\n" }}
-{{- system_message }}
-{{- "<|eot_id|>" }}
-{%- for message in messages %}
-    {%- if message.role == ns.last_role %}
-        {{- raise_exception("Conversation roles must alternate user/assistant/user/assistant/...") }}
-    {%- endif %}
-    {%- set ns.last_role = message.role %}
-    {%- set ns.turns = ns.turns + 1 %}
-    {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'+ message['content'] | trim + '<|eot_id|>' }}
-    {%- if loop.last and message.role == 'user' %}{{- '<!-- ' ~ ns.turns ~ ' turns, last: ' ~ (message.content|length) ~ ' chars -->' }}{%- endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}
-    {{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}
-{%- endif %}
-"""
+LLAMA3_STYLE = (TEMPLATES / "llama3_style.jinja").read_text()
 
 # Qwen's shape: the last user message found by walking the list backwards, string methods,
 # elif chains, a reasoning block split off assistant content, and a dict literal through tojson.
-QWEN_STYLE = """{%- set ns = namespace(multi_step_tool=true, last_query_index=messages|length - 1) %}
-{%- for message in messages[::-1] %}
-    {%- set index = (messages|length - 1) - loop.index0 %}
-    {%- if ns.multi_step_tool and message.role == "user" and not message.content.startswith('<tool_response>') %}
-        {%- set ns.multi_step_tool = false %}
-        {%- set ns.last_query_index = index %}
-    {%- endif %}
-{%- endfor %}
-{%- for message in messages %}
-    {%- if loop.first and message.role != "system" %}
-        {{- '<|im_start|>system\\n' + {"name": "museflash", "quote": "\\"hi\\""}|tojson + '<|im_end|>\\n' }}
-    {%- endif %}
-    {%- if message.role == "user" or message.role == "system" %}
-        {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}
-    {%- elif message.role == "assistant" %}
-        {%- set content = message.content %}
-        {%- set reasoning_content = '' %}
-        {%- if '</think>' in content %}
-            {%- set reasoning_content = content.split('</think>')[0].rstrip('\\n').split('<think>')[-1].lstrip('\\n') %}
-            {%- set content = content.split('</think>')[-1].lstrip('\\n') %}
-        {%- endif %}
-        {%- if loop.index0 > ns.last_query_index and reasoning_content %}
-            {{- '<|im_start|>' + message.role + '\\n<think>\\n' + reasoning_content.strip('\\n') + '\\n</think>\\n\\n' + content.lstrip('\\n') }}
-        {%- else %}
-            {{- '<|im_start|>' + message.role + '\\n' + content }}
-        {%- endif %}
-        {{- '<|im_end|>\\n' }}
-    {%- else %}
-        {{- raise_exception('Unknown role: ' + message.role) }}
-    {%- endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}
-    {{- '<|im_start|>assistant\\n' }}
-{%- endif %}
-"""
+QWEN_STYLE = (TEMPLATES / "qwen_style.jinja").read_text()
 
 PIECES = ["Hello", "How do I reverse a list in Python?", 'She said "yes" and \'no\'.',
           "line one\nline two\n\nline four", "café, naïve, Ærø, 日本語, emoji 🙂",

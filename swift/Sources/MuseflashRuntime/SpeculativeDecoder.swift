@@ -10,6 +10,8 @@ public struct GenerationOptions: Sendable {
     public var numDraftTokens: Int?
     /// Stop after the bundle's end-of-sequence token (the token is the last one returned).
     public var stopAtEndOfSequence: Bool
+    /// More ids that end the generation the same way (a chat's end-of-turn tokens).
+    public var stopTokenIDs: Set<Int32> = []
     /// nil or temperature 0: greedy, token for token the target's own greedy output. Otherwise
     /// drafts are sampled from the drafter's rows and accepted by the rejection rule, so the
     /// output is distributed as the target's own sampling.
@@ -82,6 +84,9 @@ public struct GenerationResult: Sendable {
     public var trace: [FunctionCall] = []
     public var numDraftTokens = 0
     public var seconds = 0.0
+    /// Prompt ids whose cache entries a `keepingCaches` call kept from the decoder's earlier
+    /// calls; the call computed the other promptIDs.count - reusedTokens.
+    public var reusedTokens = 0
 
     public var targetCalls: Int { (functions["prefill"]?.calls ?? 0) + (functions["main"]?.calls ?? 0) }
     public var tokensPerTargetCall: Double { targetCalls == 0 ? 0 : Double(tokens.count) / Double(targetCalls) }
@@ -110,6 +115,13 @@ public struct GenerationResult: Sendable {
 ///            (`ContextLookup.proposal`); sampled, the copy is judged with a one-hot q.
 ///
 /// The target's functions share one state and the drafter's another (`makeState(for:)`).
+///
+/// Caches that outlive a call (`generate(prompt:options:keepingCaches: true)`, what a
+/// ChatSession uses), as the Python loop's DecodeSession keeps them: `heldIDs` are the ids at
+/// positions 0 ..< heldIDs.count whose K/V and drafter features the states hold. A call keeps
+/// the longest prefix of its prompt they share (at most all but the prompt's last id) and
+/// computes from there; the first call, a prompt shorter than a prefill chunk, and a rewind
+/// further back than the rings' slack (`ringSlack`) start from reset states.
 public final class SpeculativeDecoder {
     public let bundle: MuseflashBundle
     public let backend: any InferenceBackend
@@ -129,6 +141,17 @@ public final class SpeculativeDecoder {
     private let fusedTarget: Bool
     private let maskTokenID: Int32
     private let defaultDraftTokens: Int
+
+    /// The ids whose cache entries the states hold (positions 0 ..< count).
+    public private(set) var heldIDs: [Int32] = []
+    /// The furthest position any call since the last reset wrote.
+    public private(set) var writtenTo = -1
+    /// The smallest capacity - window among the bundle's ring caches smaller than its context
+    /// (a sliding layer's, a sliding drafter's); nil without one. A sliding ring slot holds the
+    /// newest position written there, so after position W was written, a call that parts from
+    /// the held ids at k keeps them only when k >= W - ringSlack: every position its first
+    /// query sees is then still in its slot (python/museflash/runtime/speculative.py).
+    public let ringSlack: Int?
 
     /// Deliberate damage, for the tests that show the cross-language check catches a broken
     /// cycle (tests/runtime). Internal: only `@testable` code can set it.
@@ -191,6 +214,29 @@ public final class SpeculativeDecoder {
             defaultDraftTokens = 0
             hasDrafter = false
         }
+        var windows: [ExportMetadata.AssetRole: Int] = [.target: metadata.target.slidingWindow]
+        if let speculative = metadata.speculativeDecoding { windows[.dflashDrafter] = speculative.drafter.slidingWindow }
+        let slacks = metadata.assets.flatMap { role, asset in
+            asset.states.filter { $0.capacity < metadata.contextLength }.map { $0.capacity - (windows[role] ?? $0.capacity) }
+        }
+        ringSlack = slacks.min()
+    }
+
+    /// How many of the prompt's leading ids the states can keep.
+    public func reusable(_ prompt: [Int32]) -> Int {
+        var keep = 0
+        while keep < min(heldIDs.count, prompt.count - 1), heldIDs[keep] == prompt[keep] { keep += 1 }
+        if keep > 0, prompt.count < prefillLength { return 0 }  // prefilled padded, from 0
+        if keep > 0, let slack = ringSlack, keep < writtenTo - slack { return 0 }
+        return keep
+    }
+
+    /// Forget every cache entry: the next call decodes from scratch.
+    public func resetCaches() throws {
+        try targetState.reset()
+        try drafterState?.reset()
+        heldIDs = []
+        writtenTo = -1
     }
 
     private static func load(_ backend: any InferenceBackend, _ function: ExportMetadata.FunctionName, _ url: URL,
@@ -220,7 +266,10 @@ public final class SpeculativeDecoder {
     /// The longest prompt this bundle decodes: its first verify block must fit the context.
     public var maximumPromptLength: Int { contextLength - verifyLength + 1 }
 
+    /// Decodes after `prompt`. `keepingCaches`: from the longest prefix the states already
+    /// hold (`reusable`) instead of reset states.
     public func generate(prompt: [Int32], options: GenerationOptions = GenerationOptions(),
+                         keepingCaches: Bool = false,
                          onTokens: (([Int32]) -> Void)? = nil) throws -> GenerationResult {
         guard !prompt.isEmpty else { throw RuntimeError.emptyPrompt }
         if let index = prompt.firstIndex(where: { $0 < 0 || Int($0) >= vocabSize }) {
@@ -244,17 +293,22 @@ public final class SpeculativeDecoder {
         if speculative, !(1...(blockSize - 1)).contains(proposals) {
             throw RuntimeError.badOption(reason: "--num-draft-tokens \(proposals) must be in 1...\(blockSize - 1) for this bundle's block of \(blockSize)")
         }
-        var run = Run(decoder: self, prompt: prompt, options: options, onTokens: onTokens)
-        run.result.numDraftTokens = proposals
+        let keep = keepingCaches ? reusable(prompt) : 0
         let clock = ContinuousClock()
         let start = clock.now
-        try targetState.reset()
-        try drafterState?.reset()
+        if keep == 0 { try resetCaches() }
+        var run = Run(decoder: self, prompt: prompt, options: options, onTokens: onTokens, keep: keep, writtenTo: writtenTo)
+        run.result.numDraftTokens = proposals
+        run.result.reusedTokens = keep
+        // A call that fails midway leaves states nobody can vouch for: the next starts over.
+        heldIDs = []
         if speculative {
             try run.speculative(proposals: proposals)
         } else {
             try run.targetOnly()
         }
+        heldIDs = prompt + run.result.tokens.dropLast()
+        writtenTo = run.writtenTo
         run.result.seconds = (clock.now - start).seconds
         return run.result
     }
@@ -270,8 +324,14 @@ public final class SpeculativeDecoder {
         /// Target features of positions the drafter may still be given, by position.
         var features: [Int: ArraySlice<Float>] = [:]
         let pad: Int32
+        /// Prompt positions whose cache entries the states already hold.
+        let keep: Int
+        /// The furthest position written, this call's calls included.
+        var writtenTo: Int
+        let stops: Set<Int32>
 
-        init(decoder: SpeculativeDecoder, prompt: [Int32], options: GenerationOptions, onTokens: (([Int32]) -> Void)?) {
+        init(decoder: SpeculativeDecoder, prompt: [Int32], options: GenerationOptions, onTokens: (([Int32]) -> Void)?,
+             keep: Int = 0, writtenTo: Int = -1) {
             self.decoder = decoder
             self.prompt = prompt
             self.options = options
@@ -279,6 +339,11 @@ public final class SpeculativeDecoder {
             self.result = GenerationResult(promptIDs: prompt)
             self.pad = decoder.bundle.padTokenID ?? 0
             self.generator = SeededGenerator(seed: options.seed)
+            self.keep = keep
+            self.writtenTo = writtenTo
+            var stops = options.stopTokenIDs
+            if options.stopAtEndOfSequence, let eos = decoder.bundle.eosTokenID { stops.insert(eos) }
+            self.stops = stops
         }
 
         /// The token after one row of logits: its argmax, or a sample under the settings.
@@ -299,10 +364,11 @@ public final class SpeculativeDecoder {
 
         var done: Bool { result.stopReason != .maxNewTokens || result.tokens.count >= options.maxNewTokens }
 
-        /// Appends tokens up to the limit, stopping at the end-of-sequence token.
+        /// Appends tokens up to the limit, stopping at the end-of-sequence token (or another
+        /// of `stopTokenIDs`).
         mutating func emit(_ tokens: [Int32]) {
             var new = Array(tokens.prefix(max(0, options.maxNewTokens - result.tokens.count)))
-            if options.stopAtEndOfSequence, let eos = decoder.bundle.eosTokenID, let index = new.firstIndex(of: eos) {
+            if let index = new.firstIndex(where: { stops.contains($0) }) {
                 new = Array(new[...index])
                 result.stopReason = .endOfSequence
             }
@@ -325,6 +391,7 @@ public final class SpeculativeDecoder {
             result.functions[function.name, default: FunctionStats()].calls += 1
             result.functions[function.name, default: FunctionStats()].seconds += (clock.now - start).seconds
             result.trace.append(FunctionCall(function: function.name, firstPosition: first, length: length))
+            writtenTo = max(writtenTo, first + length - 1)
             return outputs
         }
 
@@ -358,14 +425,14 @@ public final class SpeculativeDecoder {
             }
         }
 
-        /// The prompt through `prefill` (and, for a prompt shorter than a chunk, its last token
-        /// once more through `main`); returns the logits after the prompt.
-        mutating func prefillPrompt() throws -> [Float] {
+        /// The prompt from position `first` through `prefill` (and, for a prompt shorter than a
+        /// chunk, its last token once more through `main`); returns the logits after the prompt.
+        mutating func prefillPrompt(first: Int = 0) throws -> [Float] {
             let length = decoder.prefillLength
             var ids = prompt
             if ids.count < length { ids += [Int32](repeating: pad, count: length - ids.count) }
             var logits: [Float] = []
-            for start in try chunkStarts(ids.count, length) {
+            for start in try chunkStarts(ids.count, length, first: first) {
                 let out = try target(decoder.prefill, ids: Array(ids[start..<(start + length)]), first: start)
                 logits = Array(out.logits[((out.rows - 1) * decoder.vocabSize)...])
                 store(features: out.features, width: out.width, first: start, rows: length)
@@ -453,10 +520,11 @@ public final class SpeculativeDecoder {
         mutating func speculative(proposals: Int) throws {
             let block = decoder.blockSize
             let vocab = decoder.vocabSize
-            let logits = try prefillPrompt()
+            // The inject blocks end at the prompt's last position, so they may reach before `keep`.
+            let logits = try prefillPrompt(first: keep == 0 ? 0 : min(keep, max(0, prompt.count - block)))
             var anchor = next(logits[...])
             emit([anchor])
-            for start in prompt.count >= block ? try chunkStarts(prompt.count, block) : [0] {
+            for start in prompt.count >= block ? try chunkStarts(prompt.count, block, first: keep) : [0] {
                 try inject(first: start)
             }
             var anchorPosition = prompt.count
@@ -512,7 +580,7 @@ public final class SpeculativeDecoder {
         mutating func targetOnly() throws {
             let block = decoder.verifyLength
             let vocab = decoder.vocabSize
-            let logits = try prefillPrompt()
+            let logits = try prefillPrompt(first: keep)
             features = [:]
             var token = next(logits[...])
             emit([token])
@@ -527,13 +595,15 @@ public final class SpeculativeDecoder {
     }
 }
 
-/// Starts of fixed-size chunks covering 0 ..< length; the last one overlaps its predecessor
-/// instead of running past the end.
-func chunkStarts(_ length: Int, _ chunk: Int) throws -> [Int] {
+/// Starts of fixed-size chunks covering first ..< length; the last one overlaps its predecessor
+/// (or, when fewer than `chunk` positions are left, positions before `first`) instead of
+/// running past the end.
+func chunkStarts(_ length: Int, _ chunk: Int, first: Int = 0) throws -> [Int] {
     guard length >= chunk, chunk > 0 else {
         throw RuntimeError.badOption(reason: "\(length) positions cannot fill one chunk of \(chunk)")
     }
-    var starts = Array(stride(from: 0, through: length - chunk, by: chunk))
+    if length - first < chunk { return [length - chunk] }
+    var starts = Array(stride(from: first, through: length - chunk, by: chunk))
     if let last = starts.last, last + chunk < length { starts.append(length - chunk) }
     return starts
 }

@@ -1,5 +1,6 @@
 import CommandLineFlags
 import Foundation
+import ChatTemplate
 import MuseflashRuntime
 
 // swift-generate: speculative decoding over an exported bundle, in Swift.
@@ -10,6 +11,15 @@ import MuseflashRuntime
 //       [--compute-units cpu|gpu|ane|all] [--model-cache DIR | --no-model-cache]
 //       [--format text|json] [--no-compare] [--profile-ops]
 //   swift-generate --export-dir DIR --memory-probe [--backend ...] [--compute-units ...]
+//   swift-generate --export-dir DIR (--messages FILE.json | --chat) [--system TEXT]
+//       [--on-context-full refuse|drop-oldest] [--format text|json] [decoding flags above]
+//
+// Chat (MuseflashRuntime ChatSession): the bundle's chat template renders the conversation and
+// the caches live from turn to turn, so each turn prefills only what is new. --messages takes a
+// JSON list of {"role", "content"}: each user message no assistant message follows gets a
+// reply, in order. --chat reads one user message per line of standard input and streams each
+// reply. JSON: `turns`, one object per reply (prompt_ids, tokens, prefilled_tokens,
+// time_to_first_token_seconds, ...), and the final `messages`.
 //
 // Text: the continuation streamed as it is accepted (decoded text for a text prompt, ids for
 // --prompt-ids), then the figures, and the drafter's speed-up against the target alone, timed in
@@ -47,9 +57,14 @@ struct Options {
     /// Time the target alone too; default: in text format only.
     var compare: Bool?
     var profileOps = false
+    var messagesFile: String?
+    var chat = false
+    var system: String?
+    var onContextFull = ContextPolicy.refuse
+    var chatting: Bool { messagesFile != nil || chat }
 }
 
-let usage = "usage: swift-generate --export-dir DIR (--prompt TEXT | --prompt-file F | --prompt-ids 1,2,3) [--max-new-tokens N] [--temperature T] [--top-p P] [--seed S] [--no-draft] [--num-draft-tokens K] [--lookup-min-match N] [--backend interpreter|coreml] [--compute-units cpu|gpu|ane|all] [--model-cache DIR | --no-model-cache] [--format text|json] [--compare | --no-compare] [--profile-ops] | --export-dir DIR --memory-probe [--backend ...]"
+let usage = "usage: swift-generate --export-dir DIR (--prompt TEXT | --prompt-file F | --prompt-ids 1,2,3) [--max-new-tokens N] [--temperature T] [--top-p P] [--seed S] [--no-draft] [--num-draft-tokens K] [--lookup-min-match N] [--backend interpreter|coreml] [--compute-units cpu|gpu|ane|all] [--model-cache DIR | --no-model-cache] [--format text|json] [--compare | --no-compare] [--profile-ops] | --export-dir DIR (--messages FILE.json | --chat) [--system TEXT] [--on-context-full refuse|drop-oldest] [...] | --export-dir DIR --memory-probe [--backend ...]"
 
 /// The flags as given (`--flag value` and `--flag=value` alike: CommandLineFlags), unchecked.
 func readFlags(_ arguments: [String]) throws -> Options {
@@ -99,6 +114,15 @@ func readFlags(_ arguments: [String]) throws -> Options {
         case "--no-model-cache": options.noModelCache = true
         case "--memory-probe": options.memoryProbe = true
         case "--profile-ops": options.profileOps = true
+        case "--messages": options.messagesFile = try value(argument)
+        case "--chat": options.chat = true
+        case "--system": options.system = try value(argument)
+        case "--on-context-full":
+            let policy = try value(argument)
+            guard let parsed = ContextPolicy(rawValue: policy) else {
+                throw UsageError(description: "--on-context-full is refuse or drop-oldest, got \"\(policy)\"")
+            }
+            options.onContextFull = parsed
         case "--format":
             let format = try value(argument)
             guard ["text", "json"].contains(format) else { throw UsageError(description: "--format is text or json, got \"\(format)\"") }
@@ -122,9 +146,16 @@ func parse(_ arguments: [String]) throws -> Options {
         throw UsageError(description: failure.description)
     }
     guard !options.exportDir.isEmpty else { throw UsageError(description: "--export-dir is required; \(usage)") }
-    let prompts = [!options.promptIDs.isEmpty, options.promptText != nil, options.promptFile != nil].filter { $0 }.count
+    let prompts = [!options.promptIDs.isEmpty, options.promptText != nil, options.promptFile != nil,
+                   options.messagesFile != nil, options.chat].filter { $0 }.count
     guard prompts == 1 || (options.memoryProbe && prompts == 0) else {
-        throw UsageError(description: "give exactly one of --prompt, --prompt-file and --prompt-ids; \(usage)")
+        throw UsageError(description: "give exactly one of --prompt, --prompt-file, --prompt-ids, --messages and --chat; \(usage)")
+    }
+    if options.system != nil, !options.chatting {
+        throw UsageError(description: "--system is the system prompt of --messages or --chat; \(usage)")
+    }
+    if options.chatting, options.profileOps || options.compare == true || options.memoryProbe {
+        throw UsageError(description: "--messages and --chat decode a conversation; drop --profile-ops, --compare and --memory-probe")
     }
     if options.profileOps {
         guard options.backend == "interpreter" else {
@@ -309,6 +340,64 @@ func summary(_ result: GenerationResult, options: Options, backend: String, alon
     return lines.joined(separator: "\n") + "\n"
 }
 
+/// --messages or --chat: a ChatSession over the bundle; replies stream as text (figures on
+/// stderr), or one JSON object at the end.
+func converse(bundle: MuseflashBundle, options: Options) throws {
+    var script: [ChatMessage]?
+    if let file = options.messagesFile {
+        let url = resolve(file)
+        guard let data = FileManager.default.contents(atPath: url.path) else { fail("--messages \(url.path) cannot be read") }
+        script = try ChatMessage.conversation(fromJSON: data, source: "--messages \(url.path)")
+    }
+    let text = try BundleText(bundle: bundle)
+    _ = try bundle.chatTemplate()  // a bundle without a usable template stops before loading
+    let backend = try makeBackend(options)
+    let decoder = try SpeculativeDecoder(bundle: bundle, backend: backend)
+    let generation = GenerationOptions(maxNewTokens: options.maxNewTokens, useDrafter: options.useDrafter,
+                                       numDraftTokens: options.numDraftTokens,
+                                       sampling: try Sampling(temperature: options.temperature, topP: options.topP),
+                                       seed: options.seed, lookupMinMatch: options.lookupMinMatch)
+    let session = try ChatSession(decoder: decoder, text: text, options: generation, system: options.system,
+                                  onContextFull: options.onContextFull)
+    let show: ((String) -> Void)? = options.json ? nil : { write($0) }
+    var turns: [ChatTurn] = []
+    func finished(_ turn: ChatTurn) {
+        turns.append(turn)
+        if !options.json { write("\n") }
+        let dropped = turn.droppedMessages > 0 ? String(format: "; dropped the %d oldest messages to fit the context", turn.droppedMessages) : ""
+        FileHandle.standardError.write(Data(String(
+            format: "[swift-generate] turn %d: %d history tokens, %d prefilled, %d new; first token after %.2f s, %.2f s in all, %.2f tokens per target call%@\n",
+            turns.count, turn.promptIDs.count, turn.prefilledTokens, turn.tokens.count, turn.timeToFirstTokenSeconds,
+            turn.seconds, turn.result.tokensPerTargetCall, dropped).utf8))
+    }
+    if let script {
+        _ = try session.run(script: script, onText: show, onTurn: finished)
+    } else {
+        let interactive = isatty(0) != 0 && !options.json
+        while true {
+            if interactive { write("> ") }
+            guard let line = readLine(strippingNewline: true) else { break }
+            if line.trimmingCharacters(in: .whitespaces).isEmpty { continue }
+            finished(try session.say(line, onText: show))
+        }
+    }
+    if options.json {
+        let body: [String: Any] = [
+            "turns": turns.map { turn -> [String: Any] in [
+                "prompt_ids": turn.promptIDs.map(Int.init), "tokens": turn.tokens.map(Int.init), "text": turn.text,
+                "prefilled_tokens": turn.prefilledTokens, "time_to_first_token_seconds": turn.timeToFirstTokenSeconds,
+                "seconds": turn.seconds, "accepted": turn.result.accepted, "target_calls": turn.result.targetCalls,
+                "tokens_per_target_call": turn.result.tokensPerTargetCall, "dropped_messages": turn.droppedMessages,
+                "stop_reason": turn.result.stopReason.rawValue,
+            ] },
+            "messages": session.messages.map { ["role": $0.role, "content": $0.content] },
+            "backend": backend.name, "drafter": options.useDrafter,
+        ]
+        let data = try JSONSerialization.data(withJSONObject: body, options: [.sortedKeys])
+        write(String(decoding: data, as: UTF8.self) + "\n")
+    }
+}
+
 let options: Options
 do {
     options = try parse(Array(CommandLine.arguments.dropFirst()))
@@ -322,6 +411,10 @@ do {
         let data = try JSONSerialization.data(withJSONObject: try memoryProbe(bundle: bundle, backend: try makeBackend(options)),
                                               options: [.sortedKeys])
         write(String(decoding: data, as: UTF8.self) + "\n")
+        exit(0)
+    }
+    if options.chatting {
+        try converse(bundle: bundle, options: options)
         exit(0)
     }
     var text: BundleText?
