@@ -17,6 +17,7 @@ PACKAGE_ROOT = Path(museflash.__file__).parent
 # A flag each command line defines, as its help lists it.
 COMMANDS = {
     "benchmark_main": "--sizes:",
+    "chat_figures_main": "--history-tokens:",
     "compression_figures_main": "--[no]exports:",
     "demo_checkpoint_main": "--output-dir:",
     "demo_figures_main": "--num-draft-tokens:",

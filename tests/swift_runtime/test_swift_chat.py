@@ -234,3 +234,54 @@ def test_a_person_can_chat_with_the_real_pair_in_a_terminal():
             os.kill(pid, 9)
             os.waitpid(pid, 0)
         os.close(fd)
+
+
+def _table_rows(text: str, header: str) -> list[list[str]]:
+    """The body rows of the markdown table whose header row starts with `header`."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header))
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip("|").split("|")])
+    return rows
+
+
+def test_chat_figures_compare_a_session_with_re_prefilling_the_history(tmp_path, capsys):
+    """//:chat_figures on a DFlash2 bundle: turn 2 of the session prefills only what its caches
+    lack while the from-scratch run prefills the whole history, and in the five-turn table the
+    session's later turns prefill less than their history; the tool itself stops if the two
+    sides decode differently."""
+    from museflash.tools import chat_figures
+    export, _ = _with_word_template(DFLASH2, tmp_path / "bundle")
+    mask = json.loads((export / "metadata.json").read_text())[
+        "speculative_decoding"]["mask_token_id"]
+    _set_end_of_turn(export, [mask])  # replies run to --max-new-tokens
+    chat_figures.figures(export, GENERATE, history_tokens=200, max_new_tokens=8, repeats=1,
+                         backend="interpreter")
+    out = capsys.readouterr().out
+    history = int(out.split("turn 2 of 2: ")[1].split()[0])
+    assert 150 <= history <= 200
+    (kept, fresh) = _table_rows(out, "| turn 2 |")
+    assert int(fresh[1]) == history
+    assert 0 < int(kept[1]) < history // 4
+    turns = _table_rows(out, "| turn | history tokens |")
+    assert [int(row[0]) for row in turns] == [1, 2, 3, 4, 5]
+    for row in turns:
+        kept_prefilled = int(row[4].split(",")[0])
+        fresh_prefilled = int(row[5].split(",")[0])
+        assert fresh_prefilled == int(row[1])
+        assert kept_prefilled <= fresh_prefilled
+    assert all(int(row[4].split(",")[0]) < int(row[1]) for row in turns[1:])
+
+
+def test_chat_figures_refuse_a_short_context_and_a_decode_that_differs(tmp_path):
+    from museflash.tools import chat_figures
+    with pytest.raises(chat_figures.FiguresError, match="--max-context-length 298"):
+        chat_figures.figures(DFLASH2, GENERATE, history_tokens=250, max_new_tokens=48,
+                             repeats=1, backend="interpreter")
+    turn = {"prompt_ids": [1, 2, 3], "tokens": [4, 5]}
+    chat_figures.same(turn, dict(turn), "turn 1")
+    with pytest.raises(chat_figures.FiguresError, match="turn 2: the session"):
+        chat_figures.same(turn, {**turn, "tokens": [4, 6]}, "turn 2")
