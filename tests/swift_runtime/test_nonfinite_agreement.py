@@ -1,11 +1,12 @@
 """Both interpreters stop at the same op where an old-graph bundle overflows fp16.
 
 The bundle is today's graph before the fp16 work (plain norms, no residual scaling) of the pair
-with planted massive activations (docs/fp16.md), exported here; the same <bos>-led prompt is
+with planted massive activations (docs/fp16.md), exported by the build; the same <bos>-led prompt is
 decoded by the Python reference loop (numpy interpreter) and by //:swift-generate (Swift
 interpreter), and each must name the same function, op and nearest weight.
 """
 
+import os
 import re
 from pathlib import Path
 
@@ -14,9 +15,6 @@ from swift_generate_support import run
 
 from museflash.bundle import Metadata
 from museflash.demo_checkpoint import PLANTED_TOKENS
-from museflash.export.options import ExportOptions
-from museflash.export.pipeline import export_bundle
-from museflash.export.progress import Progress
 from museflash.runtime.interpreter import NonFiniteError
 from museflash.runtime.speculative import ExportedDrafter, ExportedTarget, speculative_generate
 
@@ -28,13 +26,14 @@ FAILURE = re.compile(r"function '?(\w+)'?: (\w+) \(op '?([^')]+)'?\) is the firs
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["old-graph", "new-graph"])
-def bundle(request, tmp_path_factory) -> tuple[Path, bool]:
-    out = tmp_path_factory.mktemp("nonfinite") / "bundle"
-    export_bundle(ExportOptions(output_dir=out, builtin="tiny-massive", fused_target=True,
-                                dflash_drafter=True, max_context_length=64, prefill_length=8,
-                                conversion_processes=1, legacy_fp16=not request.param),
-                  Progress(echo=lambda _: None))
-    return out, request.param
+def bundle(request) -> tuple[Path, bool]:
+    """tiny-massive as the build exported it (//tests/runtime:fp16_massive_bundle and its
+    old-graph twin fp16_massive_old_bundle), with the fp16 tests' small settings."""
+    variable = ("MUSEFLASH_FP16_MASSIVE_BUNDLE" if request.param
+                else "MUSEFLASH_FP16_MASSIVE_OLD_BUNDLE")
+    if not os.environ.get(variable):
+        raise RuntimeError(f"{variable} is not set: run this test through Bazel")
+    return Path(os.environ[variable]), request.param
 
 
 def _python(export_dir: Path) -> str | None:
