@@ -699,3 +699,45 @@ def test_context_defaults_to_the_trained_positions_and_refuses_more(tmp_path):
     tiny_target, _ = write_tiny_checkpoints(tmp_path / "tiny")
     assert plan_module.plan_export(ExportOptions(output_dir=tmp_path / "out"), tiny_target,
                                    None).context_length == 512
+
+
+def _digests(root):
+    import hashlib
+    return {path.relative_to(root).as_posix(): hashlib.sha256(path.read_bytes()).hexdigest()
+            for path in sorted(root.rglob("*")) if path.is_file()}
+
+
+def test_the_same_export_in_another_process_is_byte_identical(bundle):
+    """The build's //tests/integration:demo_bundle is this fixture's export (the same pair and
+    flags) made by another process: every file is the same bytes, Manifest.json's identifiers
+    and the spec's map order included (describe.stable_manifest, deterministic serialising)."""
+    built = os.environ.get("MUSEFLASH_TINY_BUNDLE")
+    if not built:
+        pytest.fail("MUSEFLASH_TINY_BUNDLE is not set: run this test through Bazel")
+    from pathlib import Path
+    ours, theirs = _digests(bundle[0]), _digests(Path(built))
+    assert ours.keys() == theirs.keys()
+    assert [name for name in ours if ours[name] != theirs[name]] == []
+
+
+def test_manifest_identifiers_come_from_the_item_paths(bundle, tmp_path):
+    """Random identifiers, as coremltools writes them, become the same derived ones."""
+    import shutil
+    import uuid
+
+    from museflash.export.describe import stable_manifest
+    package = tmp_path / "target.mlpackage"
+    shutil.copytree(bundle[0] / "target.mlpackage", package)
+    manifest_path = package / "Manifest.json"
+    original = json.loads(manifest_path.read_text())
+    drawn = {old: str(uuid.UUID(int=1000 + index))
+             for index, old in enumerate(original["itemInfoEntries"])}
+    shuffled = {"fileFormatVersion": original["fileFormatVersion"],
+                "itemInfoEntries": {drawn[old]: item
+                                    for old, item in original["itemInfoEntries"].items()},
+                "rootModelIdentifier": drawn[original["rootModelIdentifier"]]}
+    manifest_path.write_text(json.dumps(shuffled))
+    stable_manifest(package)
+    assert json.loads(manifest_path.read_text()) == original
+    root = original["itemInfoEntries"][original["rootModelIdentifier"]]
+    assert root["path"] == "com.apple.CoreML/model.mlmodel"

@@ -3,7 +3,9 @@ in each of them (`museflash.bundle` owns every name and field)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import uuid
 from pathlib import Path
 
 import torch
@@ -173,4 +175,22 @@ def embed_metadata(package: Path, metadata: Metadata) -> None:
     described.shortDescription = f"{metadata.model_name} exported by museflash"
     described.versionString = metadata.generator.version
     described.userDefined[EMBEDDED_METADATA_KEY] = json.dumps(metadata.to_json(), sort_keys=True)
-    spec_path.write_bytes(spec.SerializeToString())
+    # Deterministic: map fields (the functions, each op's attributes) in key order, so the same
+    # export writes the same bytes.
+    spec_path.write_bytes(spec.SerializeToString(deterministic=True))
+    stable_manifest(package)
+
+
+def stable_manifest(package: Path) -> None:
+    """Names the package's items by UUIDs derived from their paths. coremltools draws random
+    ones, so two exports of the same model differed in Manifest.json alone; with these, equal
+    inputs give byte-identical bundles (and Bazel can tell an unchanged export)."""
+    path = package / "Manifest.json"
+    manifest = json.loads(path.read_text())
+    renamed = {old: str(uuid.UUID(bytes=hashlib.sha256(
+                   f"museflash:{item['path']}".encode()).digest()[:16], version=4))
+               for old, item in manifest["itemInfoEntries"].items()}
+    manifest["itemInfoEntries"] = {renamed[old]: item
+                                   for old, item in manifest["itemInfoEntries"].items()}
+    manifest["rootModelIdentifier"] = renamed[manifest["rootModelIdentifier"]]
+    path.write_text(json.dumps(manifest, indent=4, sort_keys=True) + "\n")
