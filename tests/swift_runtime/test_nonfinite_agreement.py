@@ -1,9 +1,9 @@
 """Both interpreters stop at the same op where an old-graph bundle overflows fp16.
 
 The bundle is today's graph before the fp16 work (plain norms, no residual scaling) of the pair
-with planted massive activations (docs/fp16.md), exported by the build; the same <bos>-led prompt is
-decoded by the Python reference loop (numpy interpreter) and by //:swift-generate (Swift
-interpreter), and each must name the same function, op and nearest weight.
+with planted massive activations (docs/fp16.md), exported by the build; the same <bos>-led
+prompt is decoded by the Python reference loop (numpy interpreter) and by //:swift-generate
+(Swift interpreter), and each must name the same function, op and nearest weight.
 """
 
 import os

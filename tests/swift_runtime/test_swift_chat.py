@@ -281,6 +281,13 @@ def test_chat_figures_refuse_a_short_context_and_a_decode_that_differs(tmp_path)
     with pytest.raises(chat_figures.FiguresError, match="--max-context-length 298"):
         chat_figures.figures(DFLASH2, GENERATE, history_tokens=250, max_new_tokens=48,
                              repeats=1, backend="interpreter")
+    with pytest.raises(chat_figures.FiguresError, match="metadata.json not found"):
+        chat_figures.figures(tmp_path / "nothing", GENERATE, history_tokens=200,
+                             max_new_tokens=8, repeats=1, backend="interpreter")
+    export, _ = _with_word_template(DFLASH2, tmp_path / "bundle")
+    with pytest.raises(chat_figures.FiguresError, match="--swift-generate .* cannot be run"):
+        chat_figures.figures(export, tmp_path / "no-such-binary", history_tokens=200,
+                             max_new_tokens=8, repeats=1, backend="interpreter")
     turn = {"prompt_ids": [1, 2, 3], "tokens": [4, 5]}
     chat_figures.same(turn, dict(turn), "turn 1")
     with pytest.raises(chat_figures.FiguresError, match="turn 2: the session"):

@@ -178,7 +178,6 @@ def embed_metadata(package: Path, metadata: Metadata) -> None:
     # Deterministic: map fields (the functions, each op's attributes) in key order, so the same
     # export writes the same bytes.
     spec_path.write_bytes(spec.SerializeToString(deterministic=True))
-    stable_manifest(package)
 
 
 def stable_manifest(package: Path) -> None:

@@ -37,7 +37,7 @@ from museflash.checkpoint.gguf import is_gguf, staged_checkpoint
 from museflash.checkpoint.tensor_files import WeightLocation
 from museflash.compression import Scheme
 from museflash.export.convert import convert_function
-from museflash.export.describe import bundle_metadata, embed_metadata
+from museflash.export.describe import bundle_metadata, embed_metadata, stable_manifest
 from museflash.export.fp16_range import (
     GraphNumerics,
     audit_checkpoint,
@@ -205,6 +205,7 @@ def describe(run: ExportRun) -> None:
                                run.options.model_name, run.stored, run.fp16_range)
     for path in run.plan.packages():
         embed_metadata(run.staging / path, metadata)
+        stable_manifest(run.staging / path)
     for name in metadata.tokenizer.files if metadata.tokenizer else ():
         shutil.copyfile(run.plan.target_dir / name, run.staging / name)
     (run.staging / METADATA_FILE).write_text(metadata.dumps())

@@ -29,8 +29,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from museflash.bundle import Metadata
-from museflash.runtime.generate import TextTokenizer
+from museflash.bundle import BundleError, Metadata
+from museflash.runtime.generate import GenerateError, TextTokenizer
 from museflash.training.chat_prompts import EVAL_PROMPTS
 
 FOLLOW_UP = "Which function in it would you test first, and why? Answer in two sentences."
@@ -64,10 +64,14 @@ def converse(binary: Path, export_dir: Path, messages: list[dict[str, str]], max
             [str(binary), "--export-dir", str(export_dir), "--messages", path, "--format", "json",
              "--max-new-tokens", str(max_new_tokens), "--backend", backend],
             capture_output=True, text=True, check=False)
+    except OSError as error:
+        raise FiguresError(f"--swift-generate {binary} cannot be run ({error.strerror}); run "
+                           "through ./bazelw run //:chat_figures, which passes it") from error
     finally:
         Path(path).unlink()
     if done.returncode != 0:
-        raise FiguresError(f"swift-generate failed: {done.stderr.strip().splitlines()[-1:]}")
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise FiguresError(f"swift-generate failed: {last}")
     return json.loads(done.stdout)["turns"]
 
 
@@ -140,13 +144,16 @@ def acceptance_per_turn(binary: Path, export_dir: Path, max_new_tokens: int,
 
 def figures(export_dir: Path, binary: Path, history_tokens: int, max_new_tokens: int,
             repeats: int, backend: str) -> None:
-    metadata = Metadata.read(export_dir)
+    try:
+        metadata = Metadata.read(export_dir)
+        tokenizer = TextTokenizer(export_dir, metadata)
+    except (BundleError, GenerateError) as error:
+        raise FiguresError(str(error)) from error
     if history_tokens + max_new_tokens > metadata.context_length:
         raise FiguresError(
             f"--history-tokens {history_tokens} plus --max-new-tokens {max_new_tokens} exceed "
             f"the export's context of {metadata.context_length}; export with "
             f"--max-context-length {history_tokens + max_new_tokens} or more")
-    tokenizer = TextTokenizer(export_dir, metadata)
     time_to_first_token(binary, export_dir, tokenizer, history_tokens, max_new_tokens, repeats,
                         backend)
     acceptance_per_turn(binary, export_dir, max_new_tokens, backend)
