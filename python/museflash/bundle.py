@@ -47,12 +47,14 @@ EMBEDDED_METADATA_KEY = "museflash.metadata"
 # `tiny-massive` / `tiny-dflash2-massive` those pairs with planted massive activations (residual
 # channels past 2^15 on their <bos> and delimiter tokens, as real LLMs carry: docs/fp16.md);
 # `tiny-muted` carries one channel near 4e4 on every token that its final norm mutes while it
-# lifts the small ones (fp16's precision, not its range, is at stake).
+# lifts the small ones (fp16's precision, not its range, is at stake); `tiny-muted-attention`
+# the same with the channel grown by attention, whose values depend on the states attended to.
 # `tiny-qwen3` / `tiny-llama`: random Qwen3 and Llama 3.1 targets written by transformers'
 # save_pretrained, each with a z-lab-shaped DFlash drafter (hf_tiny_pairs.py).
 BUILTIN_PREFIX = "builtin:"
 BUILTIN_PAIRS = ("smollm2", "demo", "demo-dflash2", "tiny", "tiny-dflash2", "tiny-massive",
-                 "tiny-dflash2-massive", "tiny-muted", "tiny-qwen3", "tiny-llama")
+                 "tiny-dflash2-massive", "tiny-muted", "tiny-muted-attention", "tiny-qwen3",
+                 "tiny-llama")
 
 
 def builtin_source(pair: str) -> str:

@@ -241,6 +241,41 @@ def plant_muted_massive_channel(target: MuseGlimmerWithDrafterFeatures) -> None:
         target.norm.weight[[MARKER, MASSIVE]] = -1.0
 
 
+# The same class with the channel grown by the attention branch (write_tiny_checkpoints(
+# massive="muted-attention")): one value dimension per KV head reads MARKER (gain
+# ATTENTION_VALUE_GAIN), o_proj's MASSIVE row reads those dimensions of every query head, and
+# the post-attention norm's weight at MASSIVE is ATTENTION_POST_NORM_PEAK; the MLP units write
+# nothing and the post-MLP norm keeps MASSIVE small. The input norm keeps MARKER's share as
+# MASSIVE grows. Attention averages values over the cache, so every checked chunk's MASSIVE
+# channel depends on the keys and values it attends to: on random starting caches it can nearly
+# cancel, which a real prompt never does (docs/fp16.md, the `prefill` state failure).
+ATTENTION_VALUE_GAIN = 0.05
+ATTENTION_POST_NORM_PEAK = 5000.0
+
+
+def plant_attention_grown_channel(target: MuseGlimmerWithDrafterFeatures) -> None:
+    """plant_muted_massive_channel with MASSIVE grown through attention (above)."""
+    plant_muted_massive_channel(target)
+    units = list(range(PLANTED_UNITS))
+    with torch.no_grad():
+        for depth, layer in enumerate(target.layers):
+            attention = layer.self_attn
+            width = attention.head_dim
+            value_dims = [head * width for head in range(attention.n_kv)]
+            attention.v_proj.weight[value_dims] = 0.0
+            attention.v_proj.weight[value_dims, MARKER] = ATTENTION_VALUE_GAIN
+            group = attention.n_q // attention.n_kv
+            attention.o_proj.weight[MASSIVE] = 0.0
+            attention.o_proj.weight[MASSIVE, [head * width for head in range(attention.n_q)]] = (
+                1.0 / group)
+            layer.mlp.down_proj.weight[MASSIVE, units] = 0.0
+            layer.post_attention_layernorm.weight[MASSIVE] = ATTENTION_POST_NORM_PEAK - 1.0
+            layer.post_feedforward_layernorm.weight[MASSIVE] = MUTED_SMALL - 1.0
+            layer.pre_feedforward_layernorm.weight[MARKER] = -1.0
+            grown = math.hypot(8.0, depth * 8.0 * ATTENTION_POST_NORM_PEAK) / 8.0
+            layer.input_layernorm.weight[MARKER] = grown - 1.0
+
+
 def _plant_mlp(mlp: nn.Module, units: list[int], *, gate: float, down: float) -> None:
     """Units that read only MARKER (gate = up, so silu(g) * g >= 0) and write only MASSIVE;
     no unit reads MASSIVE."""
@@ -295,7 +330,8 @@ TINY_PAIRS = {"tiny": (TINY_DRAFTER_CONFIG, False),
               "tiny-dflash2": (TINY_DFLASH2_CONFIG, False),
               "tiny-massive": (TINY_DRAFTER_CONFIG, True),
               "tiny-dflash2-massive": (TINY_DFLASH2_CONFIG, True),
-              "tiny-muted": (TINY_DRAFTER_CONFIG, "muted")}
+              "tiny-muted": (TINY_DRAFTER_CONFIG, "muted"),
+              "tiny-muted-attention": (TINY_DRAFTER_CONFIG, "muted-attention")}
 
 
 @contextmanager
@@ -426,6 +462,8 @@ def write_tiny_checkpoints(
     target, drafter = build_tiny_models(seed, target_config, drafter_config)
     if massive == "muted":
         plant_muted_massive_channel(target)
+    elif massive == "muted-attention":
+        plant_attention_grown_channel(target)
     elif massive:
         plant_massive_activations(target, drafter)
     generator = torch.Generator().manual_seed(seed + 1)

@@ -61,6 +61,36 @@ def test_checkpoint_of_another_seed_is_a_mismatch(bundle, tmp_path):
     assert sum(" FAILED" in line for line in lines if line.startswith("parity ")) == 3
 
 
+def _reads_one_slot_past_the_window(base, context):
+    return {"sliding_causal_mask": lambda positions, capacity, window:
+            base.sliding_causal_mask(positions, capacity, window + 1)}
+
+
+def _writes_one_ring_slot_on(base, context):
+    def write_cache(cache, layer, slots, values, strategy):
+        if cache.shape[2] < context:  # a ring; the global caches hold every position
+            slots = (slots + 1) % cache.shape[2]
+        return base.write_cache(cache, layer, slots, values, strategy)
+    return {"write_cache": write_cache}
+
+
+@pytest.mark.parametrize("damage", [_reads_one_slot_past_the_window, _writes_one_ring_slot_on])
+def test_a_ring_slot_read_or_written_wrong_is_a_mismatch(bundle, monkeypatch, damage):
+    """verify writes the positions before the checked ones with the eager model first
+    (checks/verify.py, _write_prefix), so the checked steps attend to what a prompt makes;
+    a model that reads a stale ring slot or writes a position to the wrong one must still
+    differ from the package on the sliding layers. Here the reference carries the damage."""
+    from museflash.models import base, muse_glimmer
+
+    context = json.loads((bundle / "metadata.json").read_text())["context_length"]
+    for name, replacement in damage(base, context).items():
+        monkeypatch.setattr(muse_glimmer, name, replacement)
+    status, lines = _verify(bundle, new_tokens=4)
+    assert status == 1
+    parity = {line.split(":")[0]: line for line in lines if line.startswith("parity target.")}
+    assert all(" FAILED" in line for line in parity.values()), parity
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"prompt_tokens": 3}, "--prompt-tokens 3 is shorter"),
     ({"prompt_tokens": 40, "new_tokens": 30}, "context_length is 64"),
