@@ -10,6 +10,8 @@ from pathlib import Path
 TINY_BUNDLE = "MUSEFLASH_TINY_BUNDLE"
 # //tests/runtime:dflash2_bundle: the tiny target fused with a random DFlash2 drafter.
 DFLASH2_BUNDLE = "MUSEFLASH_DFLASH2_BUNDLE"
+# //tests/runtime:dflash2_slice_bundle: the same export with --kv-write slice.
+DFLASH2_SLICE_BUNDLE = "MUSEFLASH_DFLASH2_SLICE_BUNDLE"
 # //tests/integration:compressed_bundle: the demo pair at context 64, compressed by the rules of
 # COMPRESSION_RULES (both modes, and one 'none' rule).
 COMPRESSED_BUNDLE = "MUSEFLASH_COMPRESSED_BUNDLE"

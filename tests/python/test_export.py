@@ -149,18 +149,28 @@ def test_cli_names_an_out_of_range_token_id_in_one_line(tmp_path):
     assert not (tmp_path / "out.export.log").exists()
 
 
-def test_cli_success_prints_only_stage_lines_and_removes_its_log(tmp_path):
-    out = tmp_path / "out"
+@pytest.fixture(scope="module")
+def cli_export(tmp_path_factory):
+    """(working directory, output, result) of one export of the tiny pair through the command
+    line, which the `bundle` tests below read as well: one export for both. Two converting
+    processes whatever the machine's core count (the default takes at most the CPU count),
+    so the helper's progress lines are there to check."""
+    cwd = tmp_path_factory.mktemp("export")
+    out = cwd / "bundle"
     result = _export_cli("--builtin=tiny", "--fused-target", "--dflash-drafter",
-                         "--conversion-processes=1",
-                         "--max-context-length=64", "--prefill-length=8", f"--output-dir={out}",
-                         cwd=tmp_path)
+                         "--conversion-processes=2", "--max-context-length=64",
+                         "--prefill-length=8", f"--output-dir={out}", cwd=cwd)
+    return cwd, out, result
+
+
+def test_cli_success_prints_only_stage_lines_and_removes_its_log(cli_export):
+    cwd, out, result = cli_export
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.splitlines()
     assert lines and all(line.startswith("[export] ") for line in lines), result.stdout
     assert lines[-1].startswith(f"[export] wrote {out}")
     assert (out / "metadata.json").is_file()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no out.export.log
+    assert sorted(p.name for p in cwd.iterdir()) == ["bundle"]  # no bundle.export.log
 
 
 def test_cli_internal_failure_keeps_the_log_and_prints_its_path(tmp_path, monkeypatch, capfd):
@@ -460,17 +470,11 @@ def test_bf16_outputs_are_cast_unless_disabled(monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def bundle(tmp_path_factory):
-    out = tmp_path_factory.mktemp("export") / "bundle"
-    lines = []
-    # Two converting processes whatever the machine's core count (the default takes at most
-    # the CPU count), so the helper's progress lines are there to check.
-    export_bundle(ExportOptions(output_dir=out, builtin="tiny",
-                                fused_target=True, dflash_drafter=True,
-                                max_context_length=64, prefill_length=8,
-                                conversion_processes=2),
-                  Progress(echo=lines.append))
-    return out, lines
+def bundle(cli_export):
+    """The tiny pair's export through the command line (cli_export) and its console lines."""
+    _, out, result = cli_export
+    assert result.returncode == 0, result.stderr[-3000:]
+    return out, result.stdout.splitlines()
 
 
 def _spec_of(package):

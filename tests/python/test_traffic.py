@@ -6,14 +6,11 @@ import math
 import numpy as np
 import pytest
 from command_line import run_main
-from prebuilt import prebuilt_bundle
+from prebuilt import DFLASH2_BUNDLE, DFLASH2_SLICE_BUNDLE, prebuilt_bundle
 
-from museflash.bundle import Metadata
+from museflash.bundle import KVWrite, Metadata, StateKind
 from museflash.cli import traffic_main
 from museflash.demo_checkpoint import TINY_TARGET_CONFIG
-from museflash.export.options import ExportOptions
-from museflash.export.pipeline import export_bundle
-from museflash.export.progress import Progress
 from museflash.tools import traffic
 from museflash.tools.traffic import (
     REST,
@@ -94,22 +91,18 @@ def test_one_layers_cache_writes_and_weights_equal_a_hand_count(main_traffic):
     assert summary.floor == summary.total(WEIGHTS) + states
 
 
-@pytest.fixture(scope="module")
-def slice_bundle(tmp_path_factory):
-    out = tmp_path_factory.mktemp("traffic-slice") / "bundle"
-    export_bundle(ExportOptions(output_dir=out, builtin="tiny", fused_target=True,
-                                dflash_drafter=True, max_context_length=CONTEXT,
-                                prefill_length=PREFILL, conversion_processes=1,
-                                kv_write="slice"),
-                  Progress(echo=lambda _line: None))
-    return out
-
-
-def test_slice_writes_of_the_global_layers_move_only_their_rows(main_traffic, slice_bundle):
-    text, sliding, full, ring = _geometry()
+def test_slice_writes_of_the_global_layers_move_only_their_rows(tmp_path):
+    """//tests/runtime:dflash2_slice_bundle against dflash2_bundle, the same export with the
+    blend (the tiny target at context 256), both exported once by the build."""
+    text, sliding, full, _ = _geometry()
     kv, head_dim = text["num_key_value_heads"], text["head_dim"]
+    blend_bundle = prebuilt_bundle(tmp_path / "blend", DFLASH2_BUNDLE)
+    slice_bundle = prebuilt_bundle(tmp_path / "slice", DFLASH2_SLICE_BUNDLE)
     metadata = Metadata.read(slice_bundle)
-    query = metadata.assets["target"].functions["main"].query_length
+    assert metadata.kv_write_strategy == KVWrite.SLICE
+    assert Metadata.read(blend_bundle).kv_write_strategy == KVWrite.BLEND
+    target = metadata.assets["target"]
+    query, ring = target.functions["main"].query_length, target.capacity(StateKind.SLIDING_KV)
     (counted,) = bundle_traffic(slice_bundle, "main")
     updates = [op for op in counted.ops if op.op_type == "slice_update"]
     assert all(op.in_place for op in updates)
@@ -119,7 +112,8 @@ def test_slice_writes_of_the_global_layers_move_only_their_rows(main_traffic, sl
     assert all(op.bytes_out == op.bytes_in for op in updates)
     # The sliding rings keep the blend: a whole ring layer per write, as in the blend bundle.
     assert [op.bytes_in for op in updates].count(kv * ring * head_dim * FP16) == 2 * sliding
-    blend = main_traffic.summary()
+    (blend_main,) = bundle_traffic(blend_bundle, "main")
+    blend = blend_main.summary()
     assert counted.summary().total(STATE_SIZED) < blend.total(STATE_SIZED)
     assert counted.summary().floor == blend.floor
 

@@ -80,15 +80,19 @@ def test_a_ring_slot_read_or_written_wrong_is_a_mismatch(bundle, monkeypatch, da
     (checks/verify.py, _write_prefix), so the checked steps attend to what a prompt makes;
     a model that reads a stale ring slot or writes a position to the wrong one must still
     differ from the package on the sliding layers. Here the reference carries the damage."""
+    from museflash.bundle import Metadata
+    from museflash.checks import verify
+    from museflash.demo_checkpoint import builtin_checkpoints
     from museflash.models import base, muse_glimmer
 
-    context = json.loads((bundle / "metadata.json").read_text())["context_length"]
-    for name, replacement in damage(base, context).items():
+    metadata = Metadata.read(bundle)
+    for name, replacement in damage(base, metadata.context_length).items():
         monkeypatch.setattr(muse_glimmer, name, replacement)
-    status, lines = _verify(bundle, new_tokens=4)
-    assert status == 1
-    parity = {line.split(":")[0]: line for line in lines if line.startswith("parity target.")}
-    assert all(" FAILED" in line for line in parity.values()), parity
+    with builtin_checkpoints("tiny") as dirs:
+        target, _ = verify.load_reference_models(metadata, *dirs)
+    for function, entry, seed in (("main", "forward", 1), ("prefill", "prefill", 3)):
+        result = verify.check_target(bundle, metadata, target, function, entry, seed)
+        assert not result.ok and "wraps the ring" in result.note, result.line()
 
 
 @pytest.mark.parametrize("kwargs, message", [
