@@ -1,15 +1,14 @@
 """//:generate: text in, text out over an export (the numpy interpreter), with its errors."""
 
 import json
+from dataclasses import replace
 
 import pytest
 from prebuilt import prebuilt_bundle
 
-from museflash.bundle import METADATA_FILE
-from museflash.demo_checkpoint import write_tiny_checkpoints, write_word_tokenizer
-from museflash.export.options import ExportOptions
-from museflash.export.pipeline import export_bundle
-from museflash.export.progress import Progress
+from museflash.bundle import METADATA_FILE, Metadata
+from museflash.checkpoint.tokenizer import read_tokenizer
+from museflash.demo_checkpoint import write_word_tokenizer
 from museflash.runtime.generate import (
     GenerateError,
     GenerateOptions,
@@ -23,23 +22,28 @@ MASK = 511
 
 @pytest.fixture(scope="module")
 def exports(tmp_path_factory):
+    """Two copies of the tiny pair the build exported (//tests/integration:demo_bundle): one
+    given a tokenizer with <pad>, <eos> and <mask>, recorded as the export records a
+    checkpoint's tokenizer (checkpoint.tokenizer.read_tokenizer over the files it copies; the
+    tokenizer is a file beside the package, so no export is needed); one as an export of a
+    checkpoint without tokenizer files writes it: metadata.json's tokenizer null and no
+    tokenizer file beside the package."""
     root = tmp_path_factory.mktemp("generate")
-    target, drafter = write_tiny_checkpoints(root / "checkpoints")
-    write_word_tokenizer(target, 512, {"<pad>": 0, "<eos>": 2, "<mask>": MASK})
-    (target / "tokenizer_config.json").write_text('{"eos_token": "<eos>", "pad_token": "<pad>"}')
-    with_tokenizer = root / "export"
-    export_bundle(ExportOptions(output_dir=with_tokenizer, fused_target=True,
-                                dflash_drafter=True, checkpoint=target,
-                                drafter_checkpoint=drafter, max_context_length=64,
-                                prefill_length=8), Progress(echo=lambda _line: None))
-    # The tiny pair the build exported, as an export of a checkpoint without tokenizer files
-    # writes it: metadata.json's tokenizer null and no tokenizer file beside the package.
+    with_tokenizer = prebuilt_bundle(root / "tokenizer")
+    metadata = Metadata.read(with_tokenizer)
+    for name in metadata.tokenizer.files:
+        (with_tokenizer / name).unlink()
+    write_word_tokenizer(with_tokenizer, 512, {"<pad>": 0, "<eos>": 2, "<mask>": MASK})
+    (with_tokenizer / "tokenizer_config.json").write_text(
+        '{"eos_token": "<eos>", "pad_token": "<pad>"}')
+    tokenizer = read_tokenizer(with_tokenizer, metadata.vocab_size, MASK)
+    (with_tokenizer / METADATA_FILE).write_text(replace(metadata, tokenizer=tokenizer).dumps())
     plain = prebuilt_bundle(root / "plain")
-    metadata = json.loads((plain / METADATA_FILE).read_text())
-    for name in metadata["tokenizer"]["files"]:
+    raw = json.loads((plain / METADATA_FILE).read_text())
+    for name in raw["tokenizer"]["files"]:
         (plain / name).unlink()
-    metadata["tokenizer"] = None
-    (plain / METADATA_FILE).write_text(json.dumps(metadata))
+    raw["tokenizer"] = None
+    (plain / METADATA_FILE).write_text(json.dumps(raw))
     return {"tokenizer": with_tokenizer, "plain": plain}
 
 
