@@ -118,7 +118,8 @@ def test_swift_sessions_decode_as_python_and_as_from_scratch(exports, name, back
     turns = report["turns"]
     assert len(turns) == len(python) == 3
     for swift_turn, python_turn in zip(turns, python, strict=True):
-        for key in ("prompt_ids", "tokens", "text", "prefilled_tokens", "dropped_messages"):
+        for key in ("prompt_ids", "tokens", "text", "prefilled_tokens", "dropped_messages",
+                    "accepted", "verify_steps", "mean_accepted_length"):
             assert swift_turn[key] == python_turn[key], key
         assert swift_turn["tokens"] == _fresh(export, swift_turn["prompt_ids"], {stop})
     assert turns[0]["tokens"][-1] == stop and turns[0]["stop_reason"] == "eos"

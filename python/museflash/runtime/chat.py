@@ -103,6 +103,8 @@ class Turn:
                 "seconds": self.seconds, "accepted": self.result.accepted,
                 "target_calls": self.result.target_calls,
                 "tokens_per_target_call": self.result.tokens_per_target_call,
+                "verify_steps": len(self.result.accepted),
+                "mean_accepted_length": self.result.mean_accepted_length,
                 "dropped_messages": self.dropped_messages}
 
 
