@@ -1,30 +1,30 @@
 """The demo figures tool: perplexity through the exported `main` blocks is the model's own."""
 
 import math
+import shutil
 
 import numpy as np
 import pytest
 import torch
+from prebuilt import prebuilt_bundle
 
 from museflash.bundle import Metadata
 from museflash.checkpoint.load import load_target
-from museflash.demo_checkpoint import write_tiny_checkpoints
-from museflash.export.options import ExportOptions
-from museflash.export.pipeline import export_bundle
-from museflash.export.progress import Progress
+from museflash.demo_checkpoint import builtin_checkpoints
 from museflash.runtime.speculative import ExportedTarget
 from museflash.tools.demo_figures import exported_perplexity, prompts_from
 
 
 @pytest.fixture(scope="module")
 def export(tmp_path_factory):
+    """The tiny pair the build exported (//tests/integration:demo_bundle, context 64) and the
+    same pair's checkpoints, written again as the export read them (`builtin:tiny`)."""
     root = tmp_path_factory.mktemp("figures")
-    target, drafter = write_tiny_checkpoints(root / "pair")
-    out = root / "export"
-    export_bundle(ExportOptions(output_dir=out, checkpoint=target, drafter_checkpoint=drafter,
-                                fused_target=True, dflash_drafter=True, max_context_length=64,
-                                prefill_length=8), Progress(echo=lambda _line: None))
-    return out, target
+    out = prebuilt_bundle(root / "export")
+    assert Metadata.read(out).source.checkpoint == "builtin:tiny"
+    with builtin_checkpoints("tiny") as (target, _):
+        shutil.copytree(target, root / "target")
+    return out, root / "target"
 
 
 def _eager_nll(target_dir, documents, limit):
