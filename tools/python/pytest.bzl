@@ -17,7 +17,8 @@ def pytest_test(name, srcs, deps = [], data = [], args = [], **kwargs):
         **kwargs
     )
 
-def pytest_test_per_file(srcs, **kwargs):
-    """One pytest_test per test_*.py file, named after the file."""
+def pytest_test_per_file(srcs, deps_by_file = {}, deps = [], **kwargs):
+    """One pytest_test per test_*.py file, named after the file; its deps are
+    `deps_by_file[file]` when the file is there, `deps` otherwise."""
     for src in srcs:
-        pytest_test(name = src[:-len(".py")], srcs = [src], **kwargs)
+        pytest_test(name = src[:-len(".py")], srcs = [src], deps = deps_by_file.get(src, deps), **kwargs)
