@@ -40,6 +40,24 @@ def _edited_copy(source, destination, edit):
     return destination
 
 
+def test_every_familys_config_has_what_the_exporter_reads_of_a_target(pair, tmp_path):
+    """export/plan.py, export/describe.py and checkpoint/configs.py read a target's config as
+    families.TargetConfig: each family's parsed config has every member it names, and the
+    layer kinds it lists are one per layer."""
+    from museflash.demo_checkpoint import write_tiny_checkpoints
+    from museflash.models.families import TargetConfig
+
+    members = set(TargetConfig.__annotations__) | {
+        name for name, value in vars(TargetConfig).items() if isinstance(value, property)}
+    assert {"vocab_size", "layer_types", "global_layer_ids", "final_logit_softcapping"} <= members
+    muse, _ = write_tiny_checkpoints(tmp_path / "muse")
+    for directory in (pair[1], muse):
+        config = read_target_config(directory)
+        missing = sorted(name for name in members if not hasattr(config, name))
+        assert not missing, (type(config).__name__, missing)
+        assert len(config.layer_types) == config.num_hidden_layers
+
+
 def test_a_config_names_its_family_by_model_type_or_architectures():
     assert target_family({"model_type": "qwen3"}) is QWEN3
     assert target_family({"architectures": ["LlamaForCausalLM"]}) is LLAMA

@@ -33,9 +33,8 @@ from museflash.models.dflash import (
     first_present,
 )
 from museflash.models.dflash2 import DFlash2Config, DFlash2Drafter
-from museflash.models.families import UnknownArchitectureError, target_family
+from museflash.models.families import TargetConfig, UnknownArchitectureError, target_family
 from museflash.models.hf_config import rope_parameters
-from museflash.models.muse_glimmer import MuseGlimmerConfig
 
 
 def read_config(directory: str | Path) -> dict[str, Any]:
@@ -84,7 +83,7 @@ def _parse_config(directory: Path, parse, raw: dict[str, Any] | None = None
         raise CheckpointError(f"{directory / CONFIG_FILE}: {error}") from error
 
 
-def read_target_config(target_dir: Path) -> MuseGlimmerConfig:
+def read_target_config(target_dir: Path) -> TargetConfig:
     """The target's config, parsed by the family it names (models/families.py) and with its
     token ids checked."""
     target_dir = Path(target_dir)
@@ -137,7 +136,7 @@ def drafter_architecture(path: Path, raw: dict[str, Any]) -> DrafterKind:
 
 
 def check_drafter_architecture(path: Path, raw: dict[str, Any], kind: DrafterKind,
-                               target_cfg: MuseGlimmerConfig) -> None:
+                               target_cfg: TargetConfig) -> None:
     """The settings the drafter's config states are ones the implementation of its family
     `kind` (drafter_architecture) honours (else a one-line error naming them)."""
     settings = {**raw, **(raw.get("dflash_config") or {})}
@@ -213,7 +212,7 @@ def _target_settings(target_cfg: Any) -> dict[str, Any]:
 def validate_drafter_against_target(drafter_cfg_dict: dict[str, Any], target_cfg: Any) -> None:
     """Raises DrafterTargetMismatchError when the drafter cannot run on the target.
 
-    target_cfg: a MuseGlimmerConfig or a target config.json dict.
+    target_cfg: a TargetConfig or a target config.json dict.
     """
     target = _target_settings(target_cfg)
     for name in SHARED_WITH_TARGET:
@@ -235,7 +234,7 @@ def validate_drafter_against_target(drafter_cfg_dict: dict[str, Any], target_cfg
 
 
 def _check_encoder_width(
-    drafter_reader: SafetensorsReader, drafter_cfg: DFlashConfig, target_cfg: MuseGlimmerConfig
+    drafter_reader: SafetensorsReader, drafter_cfg: DFlashConfig, target_cfg: TargetConfig
 ) -> None:
     key = encoder_key(drafter_reader, "encoder.fc.weight")
     # z-lab's reference drafts causally when is_causal says so, and by default in sliding
@@ -288,7 +287,7 @@ def _check_token_ids(path: Path, raw: dict[str, Any], names: tuple[str, ...],
 
 
 def check_drafter_against_target(
-    drafter_dir: Path, target_cfg: MuseGlimmerConfig, target_label: Path
+    drafter_dir: Path, target_cfg: TargetConfig, target_label: Path
 ) -> tuple[dict[str, Any], DFlashConfig]:
     """The one check of a drafter against its target: an architecture implemented here, shared
     settings agree, the tapped layers exist, the encoder's width fits, every stated token id
@@ -317,7 +316,7 @@ def check_drafter_against_target(
 
 @dataclass(frozen=True)
 class CheckedConfigs:
-    target: MuseGlimmerConfig
+    target: TargetConfig
     drafter: DFlashConfig | None = None
     drafter_raw: dict[str, Any] | None = None
     tokenizer: Tokenizer | None = None

@@ -43,7 +43,7 @@ from museflash.compression import MIN_ELEMENTS, first_matching_rule
 from museflash.export.options import ExportError
 from museflash.export.plan import AssetPlan, CompressionPlan, ExportPlan
 from museflash.export.weights import StoredWeight
-from museflash.models.muse_glimmer import MuseGlimmerConfig
+from museflash.models.families import TargetConfig
 
 
 def state_entries(module: torch.nn.Module, names: tuple[StateName, ...]) -> list[State]:
@@ -68,7 +68,7 @@ def asset(plan: AssetPlan, module: torch.nn.Module) -> Asset:
     )
 
 
-def target_settings(cfg: MuseGlimmerConfig) -> TargetSettings:
+def target_settings(cfg: TargetConfig) -> TargetSettings:
     return TargetSettings(
         num_hidden_layers=cfg.num_hidden_layers,
         hidden_size=cfg.hidden_size,

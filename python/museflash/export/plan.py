@@ -43,8 +43,7 @@ from museflash.export.progress import Progress
 from museflash.models.base import set_norm_form
 from museflash.models.dflash import ENCODER_PREFIX, ZLAB_ENCODER_KEYS, DFlashConfig
 from museflash.models.dflash2 import DFlash2Config
-from museflash.models.families import TARGET_FAMILIES
-from museflash.models.muse_glimmer import MuseGlimmerConfig
+from museflash.models.families import TARGET_FAMILIES, TargetConfig
 
 # Core ML has no bfloat16: weights are converted to fp16 once, while loading.
 TRACE_DTYPE = torch.float16
@@ -113,7 +112,7 @@ class ExportPlan:
     kv_write: KVWrite = KVWrite.BLEND  # how main and prefill write the global caches
 
     @property
-    def target_cfg(self) -> MuseGlimmerConfig:
+    def target_cfg(self) -> TargetConfig:
         return self.configs.target
 
     def asset(self, role: str) -> AssetPlan:
@@ -162,7 +161,7 @@ def plan_export(options: ExportOptions, target_dir: Path, drafter_dir: Path | No
                       context, kv_write_strategy(options, configs.target))
 
 
-def kv_write_strategy(options: ExportOptions, target: MuseGlimmerConfig) -> KVWrite:
+def kv_write_strategy(options: ExportOptions, target: TargetConfig) -> KVWrite:
     """--kv-write, checked against the target: `slice` writes the global layers by position,
     so a target without global layers has nothing it could apply to."""
     strategy = KVWrite(options.kv_write)  # the value itself: options.check_flag_rules

@@ -12,9 +12,33 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from museflash.models import llama, muse_glimmer, qwen3
+
+
+class TargetConfig(Protocol):
+    """What the exporter, the checks and the bundle description read of a target's config,
+    whichever family parsed it (MuseGlimmerConfig, Qwen3Config, LlamaConfig): the geometry,
+    the layer kinds and the logits' softcap (None for a family without one). A family with
+    sliding layers also has `sliding_window`."""
+
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    raw: dict[str, Any]
+
+    @property
+    def layer_types(self) -> list[str]: ...
+
+    @property
+    def global_layer_ids(self) -> list[int]: ...
+
+    @property
+    def final_logit_softcapping(self) -> float | None: ...
 
 
 @dataclass(frozen=True)
