@@ -73,6 +73,20 @@ TINY_DRAFTER_CONFIG: dict[str, Any] = {
     "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
 }
 
+def shallow_tiny_pair_configs(layers: int = 4) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(target, drafter) configs of the tiny pair cut to the target's first `layers` layers
+    (at least 4: three sliding and a global one), the drafter tapping layers 1 to 3: for tests
+    of the export whose subject does not depend on depth, at a fraction of its conversion time
+    (write_tiny_checkpoints(target_config=..., drafter_config=...))."""
+    if layers < 4:
+        raise ValueError(f"layers must be at least 4 (three sliding, one global): {layers}")
+    text = dict(TINY_TARGET_CONFIG["text_config"], num_hidden_layers=layers)
+    for key in ("layer_types", "layer_rope_theta"):
+        text[key] = text[key][:layers]
+    return ({**TINY_TARGET_CONFIG, "text_config": text},
+            {**TINY_DRAFTER_CONFIG, "target_layer_ids": [1, 2, 3]})
+
+
 # A DFlash2 drafter for the tiny target, in z-lab's layout: the keys of z-lab/dflash's
 # tests/fixtures/dflash2-config.json (the real checkpoint's), at tiny sizes.
 TINY_DFLASH2_CONFIG: dict[str, Any] = {

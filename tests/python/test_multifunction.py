@@ -9,11 +9,7 @@ import torch
 
 from museflash.bundle import PACKAGE_SPEC, PACKAGE_WEIGHT_FILE
 from museflash.checkpoint.tensor_files import WeightLocation
-from museflash.demo_checkpoint import (
-    TINY_DRAFTER_CONFIG,
-    TINY_TARGET_CONFIG,
-    write_tiny_checkpoints,
-)
+from museflash.demo_checkpoint import shallow_tiny_pair_configs, write_tiny_checkpoints
 from museflash.export.blobfile import read_record
 from museflash.export.convert import convert_function
 from museflash.export.merge import (
@@ -38,22 +34,15 @@ class _Quiet(Progress):
         super().__init__(echo=lambda _line: None)
 
 
-def _first_layers(config, count):
-    text = dict(config["text_config"], num_hidden_layers=count)
-    for key in ("layer_types", "layer_rope_theta"):
-        text[key] = text[key][:count]
-    return {**config, "text_config": text}
-
-
 @pytest.fixture(scope="module")
 def parts(tmp_path_factory):
     """The tiny target's two functions converted into single-function packages, once with the
     real weights and once with placeholders. Four of its eight layers (three sliding, one
     global) are enough to merge, and each conversion is a quarter of the work."""
     root = tmp_path_factory.mktemp("parts")
-    target_dir, drafter_dir = write_tiny_checkpoints(
-        root / "demo", target_config=_first_layers(TINY_TARGET_CONFIG, 4),
-        drafter_config={**TINY_DRAFTER_CONFIG, "target_layer_ids": [1, 2, 3]})
+    target_config, drafter_config = shallow_tiny_pair_configs()
+    target_dir, drafter_dir = write_tiny_checkpoints(root / "demo", target_config=target_config,
+                                                     drafter_config=drafter_config)
     options = ExportOptions(output_dir=root / "unused", checkpoint=target_dir, fused_target=True,
                             max_context_length=64, prefill_length=8)
     plan = plan_export(options, target_dir, drafter_dir)

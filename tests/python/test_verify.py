@@ -15,7 +15,7 @@ import pytest
 from prebuilt import prebuilt_bundle
 
 from museflash.checks.verify import VerifyOptions, run_verify
-from museflash.demo_checkpoint import write_tiny_checkpoints
+from museflash.demo_checkpoint import shallow_tiny_pair_configs, write_tiny_checkpoints
 from museflash.export.options import ExportOptions
 from museflash.export.pipeline import export_bundle
 from museflash.export.progress import Progress
@@ -130,8 +130,10 @@ def test_zlab_layout_drafter_exports_and_verifies(tmp_path):
     exports with its per-query sliding window, and the exported draft matches eager."""
     from zlab_layout import to_zlab_layout
 
-    target_dir, drafter_dir = write_tiny_checkpoints(tmp_path / "pair")
-    to_zlab_layout(drafter_dir)
+    target_config, drafter_config = shallow_tiny_pair_configs()  # depth is not the subject
+    target_dir, drafter_dir = write_tiny_checkpoints(tmp_path / "pair", target_config=target_config,
+                                                     drafter_config=drafter_config)
+    to_zlab_layout(drafter_dir, target_depth=target_config["text_config"]["num_hidden_layers"])
     out = tmp_path / "bundle"
     export_bundle(ExportOptions(output_dir=out, checkpoint=target_dir,
                                 drafter_checkpoint=drafter_dir, fused_target=True,

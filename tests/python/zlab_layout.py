@@ -9,11 +9,14 @@ from museflash.demo_checkpoint import TINY_TARGET_CONFIG
 from museflash.models.dflash import ZLAB_ENCODER_KEYS
 
 
-def to_zlab_layout(drafter_dir: Path, *, is_causal: bool = False) -> None:
+def to_zlab_layout(drafter_dir: Path, *, is_causal: bool = False,
+                   target_depth: int = TINY_TARGET_CONFIG["text_config"]["num_hidden_layers"],
+                   ) -> None:
     """Rewrites a drafter checkpoint written here (Meta layout) in z-lab's DFlashDraftModel
     layout, as z-lab/dflash's tests/fixtures show it: the encoder as `fc` / `hidden_norm`, the
     DFlash settings under `dflash_config`, model_type `qwen3`, `is_causal` and `layer_types`
-    and `num_target_layers` stated. The weights are unchanged."""
+    and `num_target_layers` stated (`target_depth`, the tiny target's by default). The weights
+    are unchanged."""
     from safetensors.torch import load_file, save_file
 
     weights_path = Path(drafter_dir) / "model.safetensors"
@@ -24,7 +27,6 @@ def to_zlab_layout(drafter_dir: Path, *, is_causal: bool = False) -> None:
     config_path = Path(drafter_dir) / "config.json"
     config = json.loads(config_path.read_text())
     moved = {k: config.pop(k) for k in ("block_size", "mask_token_id", "target_layer_ids")}
-    target_depth = TINY_TARGET_CONFIG["text_config"]["num_hidden_layers"]
     config.update(model_type="qwen3", architectures=["DFlashDraftModel"], is_causal=is_causal,
                   dflash_config=moved, num_target_layers=target_depth,
                   layer_types=[LayerType.SLIDING_ATTENTION.value] * config["num_hidden_layers"])
