@@ -12,6 +12,7 @@ from museflash.checkpoint.tensor_files import CheckpointError
 from museflash.checkpoint.tokenizer import read_tokenizer
 from museflash.demo_checkpoint import (
     TINY_DRAFTER_CONFIG,
+    shallow_tiny_pair_configs,
     write_tiny_checkpoints,
     write_word_tokenizer,
 )
@@ -25,8 +26,12 @@ MASK = TINY_DRAFTER_CONFIG["mask_token_id"]
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
+    """The tiny pair over the target's first four layers (the tokenizer does not depend on
+    depth, and the exports below convert half as much)."""
     root = tmp_path_factory.mktemp("checkpoints")
-    target, drafter = write_tiny_checkpoints(root)
+    target_config, drafter_config = shallow_tiny_pair_configs()
+    target, drafter = write_tiny_checkpoints(root, target_config=target_config,
+                                             drafter_config=drafter_config)
     write_word_tokenizer(target, VOCAB, {"<pad>": 0, "<mask>": MASK})
     return target, drafter
 
