@@ -73,6 +73,7 @@ TINY_DRAFTER_CONFIG: dict[str, Any] = {
     "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
 }
 
+
 def shallow_tiny_pair_configs(layers: int = 4) -> tuple[dict[str, Any], dict[str, Any]]:
     """(target, drafter) configs of the tiny pair cut to the target's first `layers` layers
     (at least 4: three sliding and a global one), the drafter tapping layers 1 to 3: for tests
