@@ -90,7 +90,7 @@ def test_a_ring_slot_read_or_written_wrong_is_a_mismatch(bundle, monkeypatch, da
         monkeypatch.setattr(muse_glimmer, name, replacement)
     with builtin_checkpoints("tiny") as dirs:
         target, _ = verify.load_reference_models(metadata, *dirs)
-    for function, entry, seed in (("main", "forward", 1), ("prefill", "prefill", 3)):
+    for function, entry, seed in verify.TARGET_CHECKS:
         result = verify.check_target(bundle, metadata, target, function, entry, seed)
         assert not result.ok and "wraps the ring" in result.note, result.line()
 

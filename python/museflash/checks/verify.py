@@ -227,6 +227,10 @@ def check_target(export_dir: Path, metadata: Metadata, target, function: Functio
     return result
 
 
+# The target functions parity checks: (function, the eager model's entry point, seed).
+TARGET_CHECKS = ((FunctionName.MAIN, "forward", 1), (FunctionName.PREFILL, "prefill", 3))
+
+
 def _write_prefix(target, metadata: Metadata, states: dict[str, np.ndarray], end: int,
                   chunk: int) -> None:
     """Positions [0, end) of the caches written by the eager model over a seeded `<bos>`-led
@@ -596,11 +600,8 @@ def run_verify(options: VerifyOptions) -> int:
                                                          compressed)
             except CheckpointError as error:
                 raise VerifyInputError(str(error)) from error
-            checks = [
-                check_target(export_dir, metadata, target, FunctionName.MAIN, "forward", seed=1),
-                check_target(export_dir, metadata, target, FunctionName.PREFILL, "prefill",
-                             seed=3),
-            ]
+            checks = [check_target(export_dir, metadata, target, function, entry, seed)
+                      for function, entry, seed in TARGET_CHECKS]
             if dflash:
                 checks.append(check_dflash_drafter(export_dir, metadata,
                                                    drafters[AssetRole.DFLASH_DRAFTER],
