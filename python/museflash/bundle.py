@@ -353,13 +353,19 @@ class CompressionPreset(Name):
 
 class CompressionMode(Name):
     LINEAR = "linear"  # constexpr_blockwise_shift_scale: symmetric integers x fp16 scales
+    # constexpr_blockwise_shift_scale with an offset: (unsigned integers - fp16 offsets) x fp16
+    # scales, each block over its own minimum to maximum (llama.cpp's Q4_1 blocks)
+    AFFINE = "affine"
     PALETTIZE = "palettize"  # constexpr_lut_to_dense: indices into fp16 look-up tables
     NONE = "none"  # fp16 (a rule only)
 
 
-# The Core ML op that rebuilds a weight of each mode on device, and its (data, side) inputs.
+# The Core ML op that rebuilds a weight of each mode on device, and its inputs: the data, then
+# the fp16 side tensors (scale; scale and offset, each of the scale's shape; look-up table).
+# linear and affine share an op: an affine op is the one with an offset.
 COMPRESSION_OPS = {
     CompressionMode.LINEAR: ("constexpr_blockwise_shift_scale", "data", "scale"),
+    CompressionMode.AFFINE: ("constexpr_blockwise_shift_scale", "data", "scale", "offset"),
     CompressionMode.PALETTIZE: ("constexpr_lut_to_dense", "indices", "lut"),
 }
 
@@ -370,28 +376,28 @@ class CompressionRule:
     match: str = _doc("fnmatch glob over checkpoint tensor names")
     mode: CompressionMode
     bits: int | None = _doc("4 or 8; null for mode none")
-    block_size: int | None = _doc("linear: elements per scale along the input axis; null: one "
-                                  "scale per output channel")
+    block_size: int | None = _doc("linear, affine: elements per scale along the input axis; "
+                                  "null: one scale per output channel")
     group_size: int | None = _doc("palettize: output channels sharing one look-up table")
 
 
 @dataclass(frozen=True)
 class StoredCount:
     tensors: int
-    bytes: int = _doc("payload bytes in the package's weight file: data plus fp16 scales or "
-                      "look-up tables")
+    bytes: int = _doc("payload bytes in the package's weight file: data plus fp16 scales "
+                      "(and offsets) or look-up tables")
 
 
 @dataclass(frozen=True)
 class CompressedGroup:
     """The weights one rule compressed alike, and what storing them costs."""
     rule: int = _doc("index in `rules` of the rule these weights matched")
-    mode: CompressionMode = _doc("linear or palettize")
-    bits: int = _doc("bits per stored element: int4/int8 data (linear), uint4/uint8 indices "
-                     "(palettize)")
-    block_size: int | None = _doc("linear: elements per fp16 scale along the input axis "
-                                  "(scale shape [O, I / block_size]); null: per output channel "
-                                  "(scale shape [O, 1])")
+    mode: CompressionMode = _doc("linear, affine or palettize")
+    bits: int = _doc("bits per stored element: int4/int8 data (linear), uint4/uint8 data "
+                     "(affine), uint4/uint8 indices (palettize)")
+    block_size: int | None = _doc("linear, affine: elements per fp16 scale (and offset) along "
+                                  "the input axis (scale shape [O, I / block_size]); null: per "
+                                  "output channel (scale shape [O, 1])")
     group_size: int | None = _doc("palettize: output channels per look-up table (lut shape "
                                   "[O / group_size, 1, 2^bits, 1])")
     tensors: int = _doc("unique checkpoint weights in the group")

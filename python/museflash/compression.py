@@ -5,8 +5,10 @@ in the layouts of the iOS18 constexpr ops that rebuild them on device.
 Presets (`--compression`):
 - `none`: every weight fp16.
 - `8bit`: every large weight int8, symmetric, one fp16 scale per output channel (scale [O, 1]).
-- `4bit`: large weights int4, symmetric, one fp16 scale per block of 32 along the input axis
-  (scale [O, I/32]); the clipping of each block is chosen to minimise its squared error.
+- `4bit`: large weights affine uint4, one fp16 scale and one fp16 offset per block of 32 along
+  the input axis (scale and offset [O, I/32]), each block spanning its own minimum to maximum.
+  Those are the blocks of llama.cpp's Q4_1 (d * q + m, q in 0..15, per 32 inputs), so a Q4_1
+  GGUF file's weights pass through unchanged but for the fp16 rounding of the offset -m/d.
   The embedding and the lm_head (`*embed_tokens.weight`, `lm_head.weight`, any prefix) are
   int8 per output channel. A weight whose input dimension is not a multiple of 32 falls back
   to int8 per output channel.
@@ -16,19 +18,25 @@ Presets (`--compression`):
   output dimension is not a multiple of 32 falls back to int8 per output channel.
 
 User rules (`--compression-config FILE`): a JSON list of rules, or {"rules": [...]}, each
-  {"match": "<glob over checkpoint tensor names>", "mode": "linear" | "palettize" | "none",
+  {"match": "<glob over checkpoint tensor names>",
+   "mode": "linear" | "affine" | "palettize" | "none",
    "bits": 4 | 8, "block_size": N, "group_size": N}
-`block_size` (linear only; absent or null: per output channel) counts input elements per
-scale; `group_size` (palettize only; default 32) counts output channels per look-up table.
-The first rule whose glob matches a name decides; a weight no rule matches stays fp16. Unlike
-a preset's, a user rule is checked strictly: a rule that decides no weight, or a block or
-group size that does not divide the weight, is an error rather than a fallback.
+`linear` is symmetric (int data times a scale, the clipping chosen to minimise each block's
+squared error); `affine` is unsigned data minus an fp16 offset, times a scale, over each
+block's minimum to maximum. `block_size` (linear and affine; absent or null: per output
+channel) counts input elements per scale; `group_size` (palettize only; default 32) counts
+output channels per look-up table. The first rule whose glob matches a name decides; a
+weight no rule matches stays fp16. Unlike a preset's, a user rule is checked strictly: a rule
+that decides no weight, or a block or group size that does not divide the weight, is an error
+rather than a fallback.
 
 Always, whatever the rules: a tensor that is not 2-D or has fewer than 2^16 elements (norms,
 biases, RoPE tables, small projections) stays fp16.
 
 Ranges follow coremltools' `linear_symmetric` (coremltools.optimize._utils.get_quant_range):
-int8 data in [-127, 127], int4 in [-7, 7], dequantized as data * scale.
+int8 data in [-127, 127], int4 in [-7, 7], dequantized as data * scale. Affine data is uint8 in
+[0, 255] or uint4 in [0, 15], dequantized as (data - offset) * scale (constexpr_blockwise_shift_
+scale with an fp16 offset, which its iOS18 definition allows beside integer data).
 
 This module imports nothing from the rest of museflash but its compiled loops
 (`compression_kernels`, numba), and no torch or coremltools.
@@ -52,7 +60,7 @@ class CompressionError(ValueError):
 
 PRESETS: tuple[str, ...] = ("none", "8bit", "4bit", "palettize4")
 MIN_ELEMENTS = 1 << 16
-MODES = ("linear", "palettize", "none")
+MODES = ("linear", "affine", "palettize", "none")
 BITS = (4, 8)
 DEFAULT_BLOCK_SIZE = 32  # the `4bit` preset's block along the input axis
 DEFAULT_GROUP_SIZE = 32  # output channels per look-up table when a rule names none
@@ -71,6 +79,10 @@ _CHUNK_ELEMENTS = 1 << 20
 # Values of the groups palettized together (their histograms take 2 MB per group).
 _PALETTIZE_BATCH_VALUES = 1 << 21
 _FP16_TINY = np.float32(2.0**-24)  # the smallest positive fp16 (subnormal)
+# An affine block's offset stays within +-AFFINE_OFFSET_LIMIT (its scale is at least the
+# block's largest |value| / this): fp16 holds the offset there to within 1/4, an error of at
+# most |value| / 4096, below the fp16 rounding of the value itself.
+AFFINE_OFFSET_LIMIT = 1024
 
 
 @dataclass(frozen=True)
@@ -78,7 +90,7 @@ class Rule:
     """One user or preset rule: checkpoint tensors whose name matches `match` (an fnmatch glob,
     case-sensitive) are compressed with `mode`, unless an earlier rule matched them."""
     match: str
-    mode: str  # "linear", "palettize" or "none" (stays fp16)
+    mode: str  # "linear", "affine", "palettize" or "none" (stays fp16)
     bits: int | None = None  # 4 or 8; None for mode none
     block_size: int | None = None  # linear: input elements per scale; None: per output channel
     group_size: int | None = None  # palettize: output channels per look-up table
@@ -97,24 +109,36 @@ class Rule:
 @dataclass(frozen=True)
 class Scheme:
     """What one tensor gets."""
-    mode: str  # "linear" or "palettize"
+    mode: str  # "linear", "affine" or "palettize"
     bits: int  # 4 or 8
-    block_size: int | None = None  # linear: block along the input axis; None: whole row
+    block_size: int | None = None  # linear, affine: block along the input axis; None: whole row
     group_size: int | None = None  # palettize: output channels per LUT
 
     def __post_init__(self):
-        if self.mode not in ("linear", "palettize"):
-            raise CompressionError(f"scheme mode {self.mode!r} is not linear or palettize")
+        if self.mode not in ("linear", "affine", "palettize"):
+            raise CompressionError(f"scheme mode {self.mode!r} is not linear, affine or "
+                                   "palettize")
         if self.bits not in BITS:
             raise CompressionError(f"scheme bits {self.bits!r} is not 4 or 8")
         if self.mode == "palettize" and not self.group_size:
             raise CompressionError("a palettize scheme needs a group_size")
 
+    @property
+    def blocked(self) -> bool:
+        """Scales per block of inputs (linear and affine), not look-up tables per group."""
+        return self.mode != "palettize"
+
+    @property
+    def sides(self) -> int:
+        """fp16 blobs beside the data: the scale (linear), the scale and the offset (affine),
+        the look-up table (palettize); each of `scale_shape`."""
+        return 2 if self.mode == "affine" else 1
+
     def scale_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
-        """linear: the scale's shape [O, I/block] ([O, 1] per channel); palettize: the look-up
-        table's [O/group, 1, 2^bits, 1]."""
+        """linear, affine: the scale's (and offset's) shape [O, I/block] ([O, 1] per channel);
+        palettize: the look-up table's [O/group, 1, 2^bits, 1]."""
         rows, columns = _matrix_shape(shape)
-        if self.mode == "linear":
+        if self.blocked:
             block = columns if self.block_size is None else self.block_size
             _check_divides(block, columns, "block_size", "input", shape)
             return (rows, columns // block)
@@ -122,9 +146,11 @@ class Scheme:
         return (rows // self.group_size, 1, 1 << self.bits, 1)
 
     def stored_bytes(self, shape: tuple[int, ...]) -> int:
-        """Bytes in the weight file: the packed data or indices plus the fp16 scales or LUT."""
+        """Bytes in the weight file: the packed data or indices plus the fp16 scales (and
+        offsets) or LUT."""
         rows, columns = _matrix_shape(shape)
-        return -(-self.bits * rows * columns // 8) + 2 * int(np.prod(self.scale_shape(shape)))
+        return (-(-self.bits * rows * columns // 8)
+                + 2 * self.sides * int(np.prod(self.scale_shape(shape))))
 
     def to_json(self) -> dict[str, Any]:
         return {"mode": self.mode, "bits": self.bits, "block_size": self.block_size,
@@ -146,7 +172,7 @@ def preset_rules(preset: str) -> list[Rule]:
         return [Rule("*", "linear", 8)]
     head = [Rule(glob, "linear", 8) for glob in _EMBEDDING_AND_HEAD]
     if preset == "4bit":
-        return head + [Rule("*", "linear", 4, block_size=DEFAULT_BLOCK_SIZE)]
+        return head + [Rule("*", "affine", 4, block_size=DEFAULT_BLOCK_SIZE)]
     return head + [Rule("*", "palettize", 4, group_size=DEFAULT_GROUP_SIZE)]
 
 
@@ -179,7 +205,7 @@ def parse_rule(item: Any, index: int, where: str = "compression rules") -> Rule:
 
     if not isinstance(item, dict):
         raise fail(f"is a {type(item).__name__}, not an object",
-                   'write {"match": GLOB, "mode": "linear"|"palettize"|"none", ...}')
+                   'write {"match": GLOB, "mode": "linear"|"affine"|"palettize"|"none", ...}')
     unknown = sorted(set(item) - set(_RULE_KEYS))
     if unknown:
         raise fail(f"has unknown key(s) {unknown}", f"use only {list(_RULE_KEYS)}")
@@ -196,20 +222,20 @@ def parse_rule(item: Any, index: int, where: str = "compression rules") -> Rule:
         given = [key for key in ("bits", "block_size", "group_size") if item.get(key) is not None]
         if given:
             raise fail(f"{index_glob} has mode none (fp16) but sets {given}",
-                       "remove them or choose mode linear or palettize")
+                       "remove them or choose mode linear, affine or palettize")
         return Rule(match, mode)
     if not _is_int(bits) or bits not in BITS:
         raise fail(f"{index_glob} has bits {bits!r}", f'mode {mode} needs "bits": 4 or 8')
-    if mode == "linear":
+    if mode in ("linear", "affine"):
         if group is not None:
             raise fail(f"{index_glob} sets group_size, which only palettize uses",
-                       'remove it (linear takes "block_size")')
+                       f'remove it ({mode} takes "block_size")')
         if block is not None and (not _is_int(block) or block < 1):
             raise fail(f"{index_glob} has block_size {block!r}", "give a positive integer "
                        "(e.g. 32), or null for one scale per output channel")
         return Rule(match, mode, bits, block_size=block)
     if block is not None:
-        raise fail(f"{index_glob} sets block_size, which only linear uses",
+        raise fail(f"{index_glob} sets block_size, which only linear and affine use",
                    'remove it (palettize takes "group_size")')
     if group is None:
         group = DEFAULT_GROUP_SIZE
@@ -277,7 +303,7 @@ def _scheme_for(rule: Rule, index: int, name: str, shape: tuple[int, int],
     if scheme is None:
         return None
     rows, columns = shape
-    if scheme.mode == "linear" and scheme.block_size is not None:
+    if scheme.blocked and scheme.block_size is not None:
         size, dim, axis, key = scheme.block_size, columns, "input", "block_size"
     elif scheme.mode == "palettize":
         size, dim, axis, key = scheme.group_size, rows, "output", "group_size"
@@ -409,6 +435,70 @@ def dequantize_linear(data: np.ndarray, scale: np.ndarray) -> np.ndarray:
         scales += [s, 1]
     out = data.astype(np.float32).reshape(blocked) * scale.astype(np.float32).reshape(scales)
     return out.reshape(data.shape)
+
+
+# Affine quantization -----------------------------------------------------------------------
+
+def quantize_affine(weight: np.ndarray, bits: int,
+                    block_size: int | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Affine quantization of a float [O, I] weight, one fp16 scale and one fp16 offset per
+    block of `block_size` input elements (None: per output channel): (data uint8 [O, I] in
+    [0, 2^bits - 1], scale float16 [O, I/block], offset float16 [O, I/block]); weight ~=
+    (data - offset) * scale.
+
+    Each block spans its minimum lo to its maximum hi: scale = (hi - lo) / (2^bits - 1) rounded
+    to fp16 (at least max(|lo|, |hi|) / AFFINE_OFFSET_LIMIT, and fp16's smallest), offset =
+    -lo / scale rounded to fp16, data = clip(rint(weight / scale + offset)). A block that is
+    already such a grid, as every block of llama.cpp's Q4_1 (d * q + m, q in 0..15, 15 and 0
+    both taken) is with bits 4 and blocks of 32, comes back exactly but for the rounding of
+    -m / d to fp16 (at most d / 512 at offsets below 8, d / 256 below 16). Rows are
+    independent, so a weight may be quantized a slice of rows at a time."""
+    weight = _as_matrix(weight, "quantize_affine")
+    if bits not in BITS:
+        raise CompressionError(f"quantize_affine: bits {bits!r} is not 4 or 8")
+    rows, columns = weight.shape
+    block = columns if block_size is None else block_size
+    _check_divides(block, columns, "block_size", "input", weight.shape)
+    blocks = columns // block
+    levels = np.float32((1 << bits) - 1)
+    data = np.empty((rows, columns), np.uint8)
+    scale = np.empty((rows, blocks), np.float16)
+    offset = np.empty((rows, blocks), np.float16)
+    step = max(1, _CHUNK_ELEMENTS // columns)
+    for start in range(0, rows, step):
+        stop = min(rows, start + step)
+        x = np.asarray(weight[start:stop], dtype=np.float32).reshape(stop - start, blocks, block)
+        low, high = x.min(axis=2), x.max(axis=2)
+        _check_finite(low, "quantize_affine")
+        _check_finite(high, "quantize_affine")
+        floor = np.maximum(np.abs(low), np.abs(high)) / np.float32(AFFINE_OFFSET_LIMIT)
+        wanted = np.maximum(np.maximum((high - low) / levels, floor), _FP16_TINY)
+        s = wanted.astype(np.float16)
+        if np.isinf(s).any():
+            raise CompressionError("quantize_affine: a block's scale overflows fp16 (its range "
+                                   "above 65504 * (2^bits - 1)); keep such a weight fp16")
+        s32 = s.astype(np.float32)
+        z = (-low / s32).astype(np.float16)
+        levels_of = np.rint(x / s32[..., None] + z.astype(np.float32)[..., None])
+        data[start:stop] = np.clip(levels_of, 0, levels).astype(np.uint8).reshape(stop - start,
+                                                                                   columns)
+        scale[start:stop], offset[start:stop] = s, z
+    return data, scale, offset
+
+
+def dequantize_affine(data: np.ndarray, scale: np.ndarray, offset: np.ndarray) -> np.ndarray:
+    """float32 (data - offset) * scale, each scale and offset covering a block of (data dim /
+    scale dim) elements along every axis (the iOS18 constexpr_blockwise_shift_scale with an
+    offset)."""
+    data, offset = np.asarray(data), np.asarray(offset, np.float32)
+    if offset.shape != np.shape(scale) or offset.ndim != data.ndim or any(
+            o < 1 or d % o for d, o in zip(data.shape, offset.shape, strict=True)):
+        raise CompressionError(f"dequantize_affine: offset shape {list(offset.shape)} is not "
+                               f"the scale's {list(np.shape(scale))} or does not tile data "
+                               f"shape {list(data.shape)}")
+    for axis, (d, o) in enumerate(zip(data.shape, offset.shape, strict=True)):
+        offset = np.repeat(offset, d // o, axis=axis)
+    return dequantize_linear(data.astype(np.float32) - offset, scale)
 
 
 # Palettization -----------------------------------------------------------------------------
@@ -637,19 +727,23 @@ def depalettize(indices: np.ndarray, lut: np.ndarray) -> np.ndarray:
     return lut[(*groups, indices.astype(np.intp), 0)].astype(np.float32)
 
 
-def compress(weight: np.ndarray, scheme: Scheme,
-             clip: str = "mse") -> tuple[np.ndarray, np.ndarray]:
-    """(data, scale) of a linear scheme (quantize_linear) or (indices, lut) of a palettize
-    scheme (palettize): the two blobs the scheme's constexpr op reads. Rows are independent
-    (linear) or independent per group of `group_size` rows (palettize), so a weight may be
-    compressed a slice of rows at a time. `clip` applies to linear schemes."""
+def compress(weight: np.ndarray, scheme: Scheme, clip: str = "mse") -> tuple[np.ndarray, ...]:
+    """The blobs the scheme's constexpr op reads: (data, scale) of a linear scheme
+    (quantize_linear), (data, scale, offset) of an affine one (quantize_affine), (indices, lut)
+    of a palettize one (palettize). Rows are independent (linear, affine) or independent per
+    group of `group_size` rows (palettize), so a weight may be compressed a slice of rows at a
+    time. `clip` applies to linear schemes."""
     if scheme.mode == "linear":
         return quantize_linear(weight, scheme.bits, scheme.block_size, clip=clip)
+    if scheme.mode == "affine":
+        return quantize_affine(weight, scheme.bits, scheme.block_size)
     return palettize(weight, scheme.bits, scheme.group_size)
 
 
-def expand(data: np.ndarray, side: np.ndarray, scheme: Scheme) -> np.ndarray:
+def expand(blobs: tuple[np.ndarray, ...], scheme: Scheme) -> np.ndarray:
     """The float32 weight `compress`'s blobs stand for."""
     if scheme.mode == "linear":
-        return dequantize_linear(data, side)
-    return depalettize(data, side)
+        return dequantize_linear(*blobs)
+    if scheme.mode == "affine":
+        return dequantize_affine(*blobs)
+    return depalettize(*blobs)

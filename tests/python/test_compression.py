@@ -15,10 +15,12 @@ from museflash.compression import (
     Rule,
     Scheme,
     depalettize,
+    dequantize_affine,
     dequantize_linear,
     palettize,
     plan_compression,
     preset_rules,
+    quantize_affine,
     quantize_linear,
     read_rules,
 )
@@ -393,6 +395,76 @@ def test_depalettize_reads_each_group_table():
                                   [[10, 20], [20, 10], [40, 40], [30, 30]])
 
 
+# Affine quantization ---------------------------------------------------------------------
+
+def q4_1_blocks(rows, columns, seed=0):
+    """Weights as llama.cpp's Q4_1 dequantizes them: per block of 32 inputs, d * q + m with d
+    and m fp16, q in 0..15 (0 and 15 both taken: the block's minimum and maximum), in float32;
+    and (q, d, m)."""
+    rng = np.random.default_rng(seed)
+    blocks = columns // 32
+    q = rng.integers(0, 16, size=(rows, blocks, 32))
+    q[:, :, 0], q[:, :, 1] = 0, 15
+    for row in q:  # the two ends anywhere in the block
+        for block in row:
+            rng.shuffle(block)
+    d = (rng.uniform(0.5, 2.0, (rows, blocks)) * 1e-3).astype(np.float16)
+    m = (-d.astype(np.float32) * rng.uniform(4, 11, (rows, blocks))).astype(np.float16)
+    weight = (d.astype(np.float32)[..., None] * q + m.astype(np.float32)[..., None])
+    return weight.astype(np.float32).reshape(rows, columns), q.reshape(rows, columns), d, m
+
+
+def test_affine_int4_blocks_of_32_hold_q4_1_weights_exactly_but_for_the_offset_rounding():
+    weight, q, d, m = q4_1_blocks(64, 256, seed=3)
+    data, scale, offset = quantize_affine(weight, 4, 32)
+    np.testing.assert_array_equal(data, q)  # the same levels
+    np.testing.assert_array_equal(scale, d)  # the same step
+    np.testing.assert_allclose(offset.astype(np.float32), -m.astype(np.float32) / d, rtol=2e-3)
+    rebuilt = dequantize_affine(data, scale, offset)
+    step = np.repeat(d.astype(np.float32), 32, axis=1)
+    # Offsets -m/d in [4, 11]: fp16 rounds them by at most 2^-8 (below 8) or 2^-7 (below 16).
+    assert (np.abs(rebuilt - weight) <= step / 256).all()
+    # The symmetric int4 of the same blocks loses about a third of a step on average.
+    symmetric = dequantize_linear(*quantize_linear(weight, 4, 32))
+    assert np.abs(symmetric - weight).mean() > 50 * np.abs(rebuilt - weight).mean()
+
+
+@pytest.mark.parametrize("bits, block", [(4, 32), (8, None), (4, None)])
+def test_quantize_affine_shapes_range_and_error_bound(bits, block):
+    weight = student_t((48, 128), seed=bits)
+    data, scale, offset = quantize_affine(weight, bits, block)
+    blocks = 1 if block is None else 128 // block
+    assert data.dtype == np.uint8 and data.shape == weight.shape
+    assert scale.dtype == offset.dtype == np.float16 and scale.shape == offset.shape == (48, blocks)
+    assert data.max() <= (1 << bits) - 1
+    rebuilt = dequantize_affine(data, scale, offset)
+    per_element = np.repeat(scale.astype(np.float32), 128 // blocks, axis=1)
+    # Half a step from rounding, a little more from the fp16 scale and offset.
+    assert (np.abs(rebuilt - weight) <= 0.51 * per_element + 1e-7).all()
+    assert np.abs(rebuilt - weight).mean() < np.abs(weight).mean() / (3 if bits == 4 else 50)
+
+
+def test_affine_offsets_stay_in_fp16_range_for_blocks_far_from_zero():
+    weight = normal((8, 64), seed=5, scale=1e-4) + np.float32(30.0)  # [29.9997, 30.0003]
+    weight[0] = 0  # and an all-zero row
+    data, scale, offset = quantize_affine(weight, 4, 32)
+    assert np.isfinite(offset.astype(np.float32)).all()
+    assert np.abs(offset.astype(np.float32)).max() <= compression.AFFINE_OFFSET_LIMIT
+    rebuilt = dequantize_affine(data, scale, offset)
+    assert np.abs(rebuilt - weight).max() <= 30.0 / 2048  # below fp16's rounding of 30
+    assert (rebuilt[0] == 0).all()
+
+
+def test_compress_and_expand_name_every_blob_of_each_mode():
+    weight = normal((64, 128), seed=9)
+    for scheme, count in ((Scheme("linear", 4, 32), 2), (Scheme("affine", 4, 32), 3),
+                          (Scheme("palettize", 4, group_size=32), 2)):
+        blobs = compression.compress(weight, scheme)
+        assert len(blobs) == count == 1 + scheme.sides
+        assert all(side.shape == scheme.scale_shape(weight.shape) for side in blobs[1:])
+        assert np.abs(compression.expand(blobs, scheme) - weight).max() < 0.02
+
+
 # Schemes ---------------------------------------------------------------------------------
 
 def test_scheme_scale_shapes_and_stored_bytes():
@@ -408,18 +480,20 @@ def test_scheme_scale_shapes_and_stored_bytes():
     assert lut4.stored_bytes(shape) == 2_097_152 + 4_096
     lut8 = Scheme("palettize", 8, group_size=64)
     assert lut8.stored_bytes(shape) == 4_194_304 + 64 * 256 * 2
+    affine4 = Scheme("affine", 4, block_size=32)
+    assert affine4.scale_shape(shape) == (4096, 32)
+    assert affine4.stored_bytes(shape) == 2_097_152 + 2 * 262_144  # scales and offsets
 
 
 @pytest.mark.parametrize("scheme", [Scheme("linear", 4, 32), Scheme("linear", 8),
+                                    Scheme("affine", 4, 32), Scheme("affine", 8),
                                     Scheme("palettize", 4, group_size=32)])
 def test_stored_bytes_is_what_the_arrays_take(scheme):
     weight = normal((64, 320), seed=13)
-    if scheme.mode == "linear":
-        data, side = quantize_linear(weight, scheme.bits, scheme.block_size)
-    else:
-        data, side = palettize(weight, scheme.bits, scheme.group_size)
-    assert side.shape == scheme.scale_shape(weight.shape)
-    assert scheme.stored_bytes(weight.shape) == data.size * scheme.bits // 8 + side.nbytes
+    data, *sides = compression.compress(weight, scheme)
+    assert all(side.shape == scheme.scale_shape(weight.shape) for side in sides)
+    assert scheme.stored_bytes(weight.shape) == (data.size * scheme.bits // 8
+                                                 + sum(side.nbytes for side in sides))
 
 
 # Presets, rules and plans ----------------------------------------------------------------
@@ -438,6 +512,7 @@ SHAPES = {
 LINEAR8 = Scheme("linear", 8)
 LINEAR4 = Scheme("linear", 4, block_size=32)
 LUT4 = Scheme("palettize", 4, group_size=32)
+AFFINE4 = Scheme("affine", 4, block_size=32)
 
 
 def expected(embedding, q, gate, down, heads):
@@ -457,7 +532,7 @@ def expected(embedding, q, gate, down, heads):
 @pytest.mark.parametrize("preset, plan", [
     ("none", expected(None, None, None, None, None)),
     ("8bit", expected(LINEAR8, LINEAR8, LINEAR8, LINEAR8, LINEAR8)),
-    ("4bit", expected(LINEAR8, LINEAR4, LINEAR4, LINEAR8, LINEAR8)),
+    ("4bit", expected(LINEAR8, AFFINE4, AFFINE4, LINEAR8, LINEAR8)),
     ("palettize4", expected(LINEAR8, LUT4, LINEAR8, LUT4, LINEAR8)),
 ])
 def test_preset_plans(preset, plan):
@@ -519,6 +594,9 @@ def test_unknown_preset():
      ["rule 0", "block_size"]),
     ([{"match": "*", "mode": "linear", "bits": 4, "group_size": 32}],
      ["rule 0", "group_size"]),
+    ([{"match": "*", "mode": "affine", "bits": 4, "group_size": 32}],
+     ["rule 0", "group_size", "affine"]),
+    ([{"match": "*", "mode": "affine", "bits": 3}], ["rule 0", "bits", "3"]),
     ([{"match": "*", "mode": "palettize", "bits": 4, "block_size": 32}],
      ["rule 0", "block_size"]),
     ([{"match": "*", "mode": "palettize", "bits": 4, "group_size": -1}],
@@ -607,6 +685,12 @@ def test_indivisible_group_size_names_the_tensor_its_shape_and_divisors():
     lambda: quantize_linear(np.ones((8, 64), np.int32), 8, None),
     lambda: quantize_linear(np.where(np.eye(8, 64) > 0, np.nan, 1.0), 8, None),
     lambda: quantize_linear(np.full((8, 64), np.inf, np.float32), 4, 32),
+    lambda: quantize_affine(normal((8, 100)), 4, 32),
+    lambda: quantize_affine(normal((8, 64)), 2, 32),
+    lambda: quantize_affine(np.where(np.eye(8, 64) > 0, np.nan, 1.0), 8, None),
+    lambda: quantize_affine(np.eye(8, 64, dtype=np.float32) * np.float32(1e9), 8, None),
+    lambda: dequantize_affine(np.zeros((4, 8), np.uint8), np.ones((4, 2), np.float16),
+                              np.ones((4, 1), np.float16)),
     lambda: palettize(normal((40, 64)), 4, 32),
     lambda: palettize(normal((32, 64)), 3, 32),
     lambda: palettize(np.where(np.eye(32, 64) > 0, np.inf, 0.5).astype(np.float32), 4, 32),

@@ -2,7 +2,7 @@
 the checkpoint's weights quantized or palettized as planned, that verify passes on it, and the
 one-line errors for bad input.
 
-The trained demo pair (demo/) compressed by rules giving both modes, as the build exported it
+The trained demo pair (demo/) compressed by rules giving every mode, as the build exported it
 once (//tests/integration:compressed_bundle); the tiny random pair has no weight large enough
 (2^16 elements) to compress.
 """
@@ -20,7 +20,7 @@ from prebuilt import COMPRESSED_BUNDLE, COMPRESSION_RULES, prebuilt_bundle
 from museflash.bundle import COMPRESSION_OPS, PACKAGE_WEIGHT_FILE, AssetRole, Metadata
 from museflash.checkpoint.tensor_files import SafetensorsReader
 from museflash.checks.verify import VerifyOptions, run_verify
-from museflash.compression import MIN_ELEMENTS, palettize, quantize_linear
+from museflash.compression import MIN_ELEMENTS, palettize, quantize_affine, quantize_linear
 from museflash.demo_checkpoint import builtin_checkpoints
 from museflash.export.blobfile import read_record
 from museflash.export.merge import read_spec
@@ -77,15 +77,15 @@ def test_each_package_stores_what_its_metadata_declares(mixed):
         found: dict[tuple, set[int]] = {}
         for function_ops in ops.values():
             for op in function_ops:
-                data_input = COMPRESSION_OPS[_mode_of(op.type)][1]
+                data_input = COMPRESSION_OPS[_mode_of(op)][1]
                 value = op.inputs[data_input].arguments[0].value
-                key = (op.type, value.type.tensorType.dataType)
+                key = (_mode_of(op), value.type.tensorType.dataType)
                 found.setdefault(key, set()).add(value.blobFileValue.offset)
         declared: dict[tuple, int] = {}
         for group in compression.groups:
             stored = group.packages.get(role)
             if stored:
-                key = (COMPRESSION_OPS[group.mode][0], _data_type(group.mode, group.bits))
+                key = (group.mode, _data_type(group.mode, group.bits))
                 declared[key] = declared.get(key, 0) + stored.tensors
         assert {k: len(v) for k, v in found.items()} == declared, role
         # The size below which metadata says nothing is compressed holds for every weight the
@@ -98,7 +98,7 @@ def test_each_package_stores_what_its_metadata_declares(mixed):
         # the drafter's draft reads the embedding and lm_head through the target's.
         main, prefill = ({op.outputs[0].name for op in ops[f]} for f in ("main", "prefill"))
         assert main == prefill and main
-        offsets = {f: {op.inputs[COMPRESSION_OPS[_mode_of(op.type)][1]].arguments[0].value
+        offsets = {f: {op.inputs[COMPRESSION_OPS[_mode_of(op)][1]].arguments[0].value
                        .blobFileValue.offset for op in ops[f]} for f in ("main", "draft")}
         assert len(offsets["draft"] & offsets["main"]) == 2  # embedding and lm_head
     # Layer 0's MLP kept fp16 by the 'none' rule (down_proj matched the palettize rule first).
@@ -107,17 +107,19 @@ def test_each_package_stores_what_its_metadata_declares(mixed):
         "p_layers_0_mlp_gate_proj_weight", "p_layers_0_mlp_up_proj_weight"}
 
 
-def _mode_of(op_type: str):
-    return next(mode for mode, (name, _, _) in COMPRESSION_OPS.items() if name == op_type)
+def _mode_of(op):
+    """The mode of a constexpr op (proto): linear and affine share an op, affine has an offset."""
+    return next(mode for mode, (name, *inputs) in COMPRESSION_OPS.items()
+                if name == op.type and set(op.inputs) == set(inputs))
 
 
 def _data_type(mode, bits: int) -> int:
     from coremltools.proto import MIL_pb2
 
     kinds = MIL_pb2.DataType
-    linear = str(mode) == "linear"
+    signed = str(mode) == "linear"
     return {(True, 4): kinds.INT4, (True, 8): kinds.INT8,
-            (False, 4): kinds.UINT4, (False, 8): kinds.UINT8}[(linear, bits)]
+            (False, 4): kinds.UINT4, (False, 8): kinds.UINT8}[(signed, bits)]
 
 
 def _checkpoint_weight(key: str) -> np.ndarray:
@@ -128,8 +130,8 @@ def _checkpoint_weight(key: str) -> np.ndarray:
 
 def test_stored_data_is_the_checkpoint_compressed_as_planned(mixed):
     """The streamed packing (row slices, sub-byte data written by coremltools' blob writer)
-    holds exactly what quantize_linear / palettize give for the whole weight, and coremltools'
-    own reading of the constexpr ops equals the interpreter's."""
+    holds exactly what quantize_linear / quantize_affine / palettize give for the whole weight,
+    and coremltools' own reading of the constexpr ops equals the interpreter's."""
     program = load_program(mixed / "target.mlpackage", "main")
     ops = {op.outputs[0].name: op for op in program.functions["main"].operations}
     checks = {
@@ -143,13 +145,21 @@ def test_stored_data_is_the_checkpoint_compressed_as_planned(mixed):
         data, scale = quantize_linear(_checkpoint_weight(key), bits, block)
         np.testing.assert_array_equal(op.data.val.astype(np.int8), data)
         np.testing.assert_array_equal(op.scale.val, scale)
+        assert op.offset is None or op.offset.val is None
+    affine = ops["p_layers_1_mlp_gate_proj_weight"]
+    assert affine.op_type == "constexpr_blockwise_shift_scale"
+    data, scale, offset = quantize_affine(
+        _checkpoint_weight("model.language_model.layers.1.mlp.gate_proj.weight"), 4, 32)
+    np.testing.assert_array_equal(affine.data.val.astype(np.uint8), data)
+    np.testing.assert_array_equal(affine.scale.val, scale)
+    np.testing.assert_array_equal(affine.offset.val, offset)
     op = ops["p_layers_2_mlp_down_proj_weight"]
     assert op.op_type == "constexpr_lut_to_dense"
     indices, lut = palettize(
         _checkpoint_weight("model.language_model.layers.2.mlp.down_proj.weight"), 4, 32)
     np.testing.assert_array_equal(op.indices.val, indices)
     np.testing.assert_array_equal(op.lut.val, lut)
-    for op in (ops["p_embed_tokens_weight"], ops["p_layers_2_mlp_down_proj_weight"]):
+    for op in (ops["p_embed_tokens_weight"], affine, ops["p_layers_2_mlp_down_proj_weight"]):
         ours = DECOMPRESSORS[op.op_type](op).astype(np.float16)
         np.testing.assert_array_equal(ours, op.materialized_val_inference())
 

@@ -170,7 +170,7 @@ def compressed_value(weight: torch.Tensor, scheme: Scheme, clip: str = "mse") ->
     palettized by `scheme`, exactly as the export's merge writes it, and expanded back.
     `clip="absmax"`: linear blocks scaled by their absolute maximum instead (a baseline)."""
     values = weight.detach().to(torch.float32).numpy()
-    rebuilt = expand(*compress(values, scheme, clip), scheme)
+    rebuilt = expand(compress(values, scheme, clip), scheme)
     return torch.from_numpy(np.ascontiguousarray(rebuilt, dtype=np.float32))
 
 

@@ -63,7 +63,7 @@ flags.DEFINE_integer("conversion-processes", None,
                      "to 2; each adds ~0.35 GB of memory). 1 converts everything in-process.")
 flags.DEFINE_string("compression", None,
                     "Weight compression preset: none (default), 8bit (int8 per output channel), "
-                    "4bit (int4 per block of 32, error-minimising clipping; embedding and "
+                    "4bit (affine uint4 per block of 32, Q4_1's blocks; embedding and "
                     "lm_head int8), palettize4 (4-bit look-up table per 32 output channels; "
                     "embedding and lm_head int8). See docs/compression.md.")
 flags.DEFINE_string("compression-config", None,

@@ -37,6 +37,8 @@ from museflash.export.progress import Progress
 # Core ML stores sub-byte data packed; the writer takes it one element per byte.
 _BLOB_DTYPES = {("linear", 4): ("INT4", blobfile.INT4),
                 ("linear", 8): ("INT8", blobfile.INT8),
+                ("affine", 4): ("UINT4", blobfile.UINT4),
+                ("affine", 8): ("UINT8", blobfile.UINT8),
                 ("palettize", 4): ("UINT4", blobfile.UINT4),
                 ("palettize", 8): ("UINT8", blobfile.UINT8)}
 _ROWS_BYTES = 4 << 20  # bytes of checkpoint rows read (and compressed) at a time, per thread
@@ -137,8 +139,8 @@ def write_compressed(writer: blobfile.BlobFileWriter, location: WeightLocation, 
                      pool: ThreadPoolExecutor | None = None) -> CompressedWeight:
     """Reads the weight a slice of rows at a time (fp32, from the checkpoint's own dtype),
     compresses each slice and writes its data into the data blob (by the pool's threads at
-    once, if one is given), then the scales or look-up table. Memory: a slice per thread, and
-    the scales or tables (1/16 of the fp16 weight or less)."""
+    once, if one is given), then the scales (and offsets) or look-up table. Memory: a slice per
+    thread, and the scales or tables (1/8 of the fp16 weight or less)."""
     from coremltools.proto import MIL_pb2
 
     rows, columns = location.shape
@@ -148,7 +150,8 @@ def write_compressed(writer: blobfile.BlobFileWriter, location: WeightLocation, 
     step = max(unit, _ROWS_BYTES // (4 * columns) // unit * unit)
     if columns % 2 and step % 2:
         step += unit
-    side = np.empty(scheme.scale_shape(location.shape), np.float16)
+    sides = [np.empty(scheme.scale_shape(location.shape), np.float16)
+             for _ in range(scheme.sides)]
     data_type, blob_dtype = _BLOB_DTYPES[(scheme.mode, scheme.bits)]
     blob = writer.reserve(blob_dtype, rows * columns)
 
@@ -157,23 +160,25 @@ def write_compressed(writer: blobfile.BlobFileWriter, location: WeightLocation, 
         values = location.read_rows(start, stop, torch.float32).numpy()
         if unholdable(values):  # the constexpr op rebuilds it in fp16
             raise location_value_error(location)
-        data, side[start // unit:stop // unit] = compress(values, scheme)
+        data, *parts = compress(values, scheme)
+        for side, part in zip(sides, parts, strict=True):
+            side[start // unit:stop // unit] = part
         blob.write(start * columns, data)
 
     _each(pool, one_slice, range(0, rows, step))
-    if unholdable(side):
-        what = "scales" if scheme.mode == "linear" else "look-up tables"
-        raise WeightValueError(
-            f"{location.path}: tensor {location.key!r}: its {scheme.mode} {scheme.bits}-bit "
-            f"{what} overflow fp16 ({int((~np.isfinite(side)).sum())} of {side.size} inf or "
-            "NaN), which the device cannot rebuild the weight from; keep this tensor fp16 "
-            "(a compression rule with mode \"none\") or rescale it")
-    data_offset = blob.finish()
-    side_offset = writer.write(blobfile.FLOAT16, side)
-    op_type, data_input, side_input = COMPRESSION_OPS[CompressionMode(scheme.mode)]
-    return CompressedWeight(op_type, (
-        (data_input, data_offset, getattr(MIL_pb2.DataType, data_type), (rows, columns)),
-        (side_input, side_offset, MIL_pb2.DataType.FLOAT16, tuple(side.shape))))
+    op_type, data_input, *side_inputs = COMPRESSION_OPS[CompressionMode(scheme.mode)]
+    for side, name in zip(sides, side_inputs, strict=True):
+        if unholdable(side):
+            raise WeightValueError(
+                f"{location.path}: tensor {location.key!r}: its {scheme.mode} {scheme.bits}-bit "
+                f"{name} overflows fp16 ({int((~np.isfinite(side)).sum())} of {side.size} inf "
+                "or NaN), which the device cannot rebuild the weight from; keep this tensor "
+                "fp16 (a compression rule with mode \"none\") or rescale it")
+    inputs = [(data_input, blob.finish(), getattr(MIL_pb2.DataType, data_type), (rows, columns))]
+    for side, name in zip(sides, side_inputs, strict=True):
+        inputs.append((name, writer.write(blobfile.FLOAT16, side), MIL_pb2.DataType.FLOAT16,
+                       tuple(side.shape)))
+    return CompressedWeight(op_type, tuple(inputs))
 
 
 def _each(pool: ThreadPoolExecutor | None, function, items) -> None:

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from museflash.bundle import COMPRESSION_OPS, PACKAGE_WEIGHTS_DIR, CompressionMode
-from museflash.compression import depalettize, dequantize_linear
+from museflash.compression import depalettize, dequantize_affine, dequantize_linear
 from museflash.runtime.mil_kernels import (  # noqa: F401 (SUPPORTED_OP_TYPES: re-exported)
     KERNELS,
     SUPPORTED_OP_TYPES,
@@ -152,15 +152,11 @@ def _static_shape(var: Any) -> tuple[int, ...] | None:
 def _blockwise_shift_scale(op: Any) -> np.ndarray:
     """iOS18 constexpr_blockwise_shift_scale: (data - offset) * scale, each scale (and offset)
     covering a block of data dim / scale dim elements along every axis."""
-    data = np.asarray(op.data.val)
+    data, scale = np.asarray(op.data.val), np.asarray(op.scale.val)
     offset = getattr(op, "offset", None)
     if offset is not None and offset.val is not None:
-        repeats = [d // o for d, o in zip(data.shape, np.shape(offset.val), strict=True)]
-        whole = np.asarray(offset.val, np.float32)
-        for axis, count in enumerate(repeats):
-            whole = np.repeat(whole, count, axis=axis)
-        data = data.astype(np.float32) - whole
-    return dequantize_linear(data, np.asarray(op.scale.val))
+        return dequantize_affine(data, scale, np.asarray(offset.val))
+    return dequantize_linear(data, scale)
 
 
 def _lut_to_dense(op: Any) -> np.ndarray:
@@ -174,7 +170,9 @@ def _lut_to_dense(op: Any) -> np.ndarray:
 
 
 # The numpy interpreter's own decompression (museflash.compression), not coremltools'.
+# linear and affine weights share constexpr_blockwise_shift_scale.
 DECOMPRESSORS = {COMPRESSION_OPS[CompressionMode.LINEAR][0]: _blockwise_shift_scale,
+                 COMPRESSION_OPS[CompressionMode.AFFINE][0]: _blockwise_shift_scale,
                  COMPRESSION_OPS[CompressionMode.PALETTIZE][0]: _lut_to_dense}
 
 

@@ -2,11 +2,11 @@
 
     ./bazelw run //:compression_figures [-- --output FILE.json] [--no-exports]
 
-Quality, for each variant (the checkpoint's weights; 8bit; 4bit; 4bit with plain absmax
-clipping instead of error-minimising clipping; palettize4): the eager target and drafter carry
-their weights as that variant's export stores them (compression.py, expanded to fp32; verify
-proves an export computes the same within fp16 tolerance), then on the files the pair never
-saw (train_demo's split of the Python standard library):
+Quality, for each variant (the checkpoint's weights; 8bit; 4bit, affine; symmetric int4 blocks
+of 32 with error-minimising clipping, and with plain absmax clipping; palettize4): the eager
+target and drafter carry their weights as that variant's export stores them (compression.py,
+expanded to fp32; verify proves an export computes the same within fp16 tolerance), then on
+the files the pair never saw (train_demo's split of the Python standard library):
 - the target's perplexity per token and bits per byte (as train_demo.held_out_figures);
 - top-1 agreement of its next-token prediction with the uncompressed model's, at every scored
   position;
@@ -14,7 +14,8 @@ saw (train_demo's split of the Python standard library):
   K - 1 drafted tokens per step from the block-16 drafter, as demo_figures measures an export);
 - the weight error: squared error over squared norm of the weights the variant compresses;
 - paired differences in loss per token, held-out document by document, with their standard
-  error: each variant against the uncompressed model, and clipped 4-bit against absmax 4-bit
+  error: each variant against the uncompressed model, affine 4-bit against symmetric, and
+  clipped symmetric 4-bit against absmax
   (whether a difference in perplexity is more than the held-out text's noise).
 
 Size (unless --no-exports): each preset is exported (fused target + DFlash drafter) and the
@@ -40,17 +41,20 @@ from museflash.checkpoint.load import (
     target_checkpoint_tensors,
 )
 from museflash.checkpoint.tensor_files import checkpoint_shapes
-from museflash.compression import Scheme, preset_rules
+from museflash.compression import DEFAULT_BLOCK_SIZE, Rule, Scheme, preset_rules
 from museflash.demo_checkpoint import builtin_checkpoints
 from museflash.export.placeholders import compressed_weights
 from museflash.export.weights import StoredWeight
 
-# name -> (preset, clipping of linear schemes)
+# The 4bit preset before it was affine: symmetric int4 blocks, the embedding and head int8.
+SYMMETRIC_4BIT = "4bit-symmetric"
+# name -> (preset, or the rules of SYMMETRIC_4BIT; clipping of linear schemes)
 VARIANTS = {
     "none": ("none", "mse"),
     "8bit": ("8bit", "mse"),
     "4bit": ("4bit", "mse"),
-    "4bit-absmax": ("4bit", "absmax"),
+    SYMMETRIC_4BIT: (SYMMETRIC_4BIT, "mse"),
+    "4bit-symmetric-absmax": (SYMMETRIC_4BIT, "absmax"),
     "palettize4": ("palettize4", "mse"),
 }
 KS = (4, 8, 16)
@@ -58,7 +62,12 @@ CONTEXT = 256  # the demo target's training context
 
 
 def schemes_for(preset: str, shapes: dict[str, tuple[int, ...]]) -> dict[str, Scheme]:
-    return compressed_weights(preset_rules(preset), shapes, strict=False)
+    """The schemes of a preset, or of SYMMETRIC_4BIT."""
+    if preset == SYMMETRIC_4BIT:
+        rules = preset_rules("4bit")[:-1] + [Rule("*", "linear", 4, DEFAULT_BLOCK_SIZE)]
+    else:
+        rules = preset_rules(preset)
+    return compressed_weights(rules, shapes, strict=False)
 
 
 def store_as(params: dict[str, torch.Tensor], original: dict[str, torch.Tensor],
@@ -197,10 +206,10 @@ def quality(log=print, prompts: int = 8, prompt_tokens: int = 48,
                             figures["acceptance_greedy"].items())
                 + f", weight error {figures['weight_relative_error']:.2e}"
                 + f" ({time.perf_counter() - began:.0f} s)")
-        # Is error-minimising clipping worse than plain absmax for the model? Each variant's
-        # loss against the uncompressed model's, and clipped 4-bit against absmax 4-bit.
+        # Each variant's loss against the uncompressed model's; affine 4-bit against symmetric;
+        # is error-minimising clipping worse than plain absmax for the model?
         pairs = [(name, "none") for name in VARIANTS if name != "none"] + [
-            ("4bit", "4bit-absmax")]
+            ("4bit", SYMMETRIC_4BIT), (SYMMETRIC_4BIT, "4bit-symmetric-absmax")]
         results["paired_loss_per_token"] = {
             f"{a} - {b}": paired_difference(losses[a], losses[b], counts) for a, b in pairs}
         for pair, figures in results["paired_loss_per_token"].items():

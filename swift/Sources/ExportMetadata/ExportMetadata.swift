@@ -622,6 +622,9 @@ extension ExportMetadata {
     public enum CompressionMode: String, Codable, Sendable, CaseIterable, ContractName {
         /// `constexpr_blockwise_shift_scale`: symmetric integers times fp16 scales.
         case linear
+        /// `constexpr_blockwise_shift_scale` with an offset: (unsigned integers - fp16 offsets)
+        /// times fp16 scales, each block over its own minimum to maximum.
+        case affine
         /// `constexpr_lut_to_dense`: indices into fp16 look-up tables.
         case palettize
         /// fp16 (a rule only).

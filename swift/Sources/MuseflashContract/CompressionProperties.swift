@@ -76,8 +76,8 @@ extension LoadedBundle {
                 problems.require(group.mode != .none, "\(label).mode is none; a group holds compressed weights")
                 problems.require([4, 8].contains(group.bits), "\(label).bits is \(group.bits), not 4 or 8")
                 switch group.mode {
-                case .linear:
-                    problems.require(group.groupSize == nil, "\(label) is linear but has group_size \(group.groupSize ?? 0)")
+                case .linear, .affine:
+                    problems.require(group.groupSize == nil, "\(label) is \(group.mode) but has group_size \(group.groupSize ?? 0)")
                     if let block = group.blockSize {
                         problems.require(block >= 1, "\(label).block_size is \(block)")
                     }
@@ -190,10 +190,10 @@ extension LoadedBundle {
             var payload: [MILBlobReference: UInt64] = [:]
             for weight in analysis.weights {
                 let use = analysis.uses[weight.uses[0]]
-                guard let data = use.data, let side = use.side else { continue }
+                guard use.data != nil, use.side != nil else { continue }
                 var total: UInt64 = 0
                 var good = true
-                for (input, tensor) in [(use.dataInput, data), (use.sideInput, side)] {
+                for (input, tensor) in use.blobs {
                     switch headers[tensor.blob] {
                     case .failure(let error)?:
                         unreadable.append("\(use.label) \(input): \(error)")
@@ -303,13 +303,13 @@ extension LoadedBundle {
         return texts.isEmpty ? "none" : texts.joined(separator: ", ")
     }
 
-    /// `linear int4 block_size 32`, `palettize uint4 group_size 32`.
+    /// `linear int4 block_size 32`, `affine uint4 block_size 32`, `palettize uint4 group_size 32`.
     static func schemeText(_ group: CompressedGroup) -> String {
         let type = CompressionScheme.dataType(mode: group.mode, bits: group.bits).map { "\($0)".lowercased() }
             ?? "\(group.bits)-bit"
         switch group.mode {
-        case .linear:
-            return "linear \(type) " + (group.blockSize.map { "block_size \($0)" } ?? "per output channel")
+        case .linear, .affine:
+            return "\(group.mode.rawValue) \(type) " + (group.blockSize.map { "block_size \($0)" } ?? "per output channel")
         case .palettize:
             return "palettize \(type) group_size \(group.groupSize.map(String.init) ?? "null")"
         case .none:
@@ -326,22 +326,32 @@ func capped(_ items: [String], limit: Int = 5) -> String {
 
 /// The data a compressed weight of a group has, and the shape of its scales or look-up tables.
 enum CompressionScheme {
-    /// bundle.py COMPRESSION_OPS: the op of each mode and its (data, side) inputs.
-    static let ops: [CompressionMode: (type: String, data: String, side: String)] = [
-        .linear: ("constexpr_blockwise_shift_scale", "data", "scale"),
-        .palettize: ("constexpr_lut_to_dense", "indices", "lut"),
+    /// bundle.py COMPRESSION_OPS: the op of each mode and its inputs: the data, the fp16 side
+    /// tensor (scale or look-up table) and, for affine, the fp16 offset of the scale's shape.
+    static let ops: [CompressionMode: (type: String, data: String, side: String, offset: String?)] = [
+        .linear: ("constexpr_blockwise_shift_scale", "data", "scale", nil),
+        .affine: ("constexpr_blockwise_shift_scale", "data", "scale", "offset"),
+        .palettize: ("constexpr_lut_to_dense", "indices", "lut", nil),
     ]
     static let constexprPrefix = "constexpr_"
 
-    static func mode(ofOpType type: String) -> CompressionMode? {
-        ops.first { $0.value.type == type }?.key
+    /// The mode whose op this is: linear and affine share an op type, and an affine op is the one
+    /// with an offset input.
+    static func mode(of operation: MILOperation) -> CompressionMode? {
+        let candidates = ops.filter { $0.value.type == operation.type }
+        guard candidates.count > 1 else { return candidates.first?.key }
+        let hasOffset = operation.input(named: "offset") != nil
+        return candidates.first { ($0.value.offset != nil) == hasOffset }?.key
     }
 
-    /// linear: signed int4/int8 data; palettize: unsigned uint4/uint8 indices.
+    /// linear: signed int4/int8 data; affine: unsigned uint4/uint8 data; palettize: unsigned
+    /// uint4/uint8 indices.
     static func dataType(mode: CompressionMode, bits: Int) -> MILDataType? {
         switch (mode, bits) {
         case (.linear, 4): return .int4
         case (.linear, 8): return .int8
+        case (.affine, 4): return .uint4
+        case (.affine, 8): return .uint8
         case (.palettize, 4): return .uint4
         case (.palettize, 8): return .uint8
         default: return nil
@@ -354,7 +364,7 @@ enum CompressionScheme {
         guard shape.count == 2 else { return nil }
         let (rows, columns) = (shape[0], shape[1])
         switch group.mode {
-        case .linear:
+        case .linear, .affine:
             guard let block = group.blockSize else { return [rows, 1] }
             guard block > 0, columns % UInt64(block) == 0 else { return nil }
             return [rows, columns / UInt64(block)]
@@ -407,6 +417,8 @@ struct CompressionAnalysis {
         var output: [UInt64]?
         var data: BlobTensor?
         var side: BlobTensor?
+        /// An affine op's offsets (the scale's shape).
+        var offset: BlobTensor?
         /// Why the op is not a well-formed compressed weight.
         var problems: [String] = []
         /// Indices of the groups whose op it is.
@@ -415,15 +427,24 @@ struct CompressionAnalysis {
         var label: String { "\(function).\(name)" }
         var dataInput: String { mode.flatMap { CompressionScheme.ops[$0]?.data } ?? "data" }
         var sideInput: String { mode.flatMap { CompressionScheme.ops[$0]?.side } ?? "side" }
+        var offsetInput: String { mode.flatMap { CompressionScheme.ops[$0]?.offset } ?? "offset" }
+
+        /// The op's blob inputs, by input name: data, side and (affine) offset.
+        var blobs: [(String, BlobTensor)] {
+            [(dataInput, data), (sideInput, side), (offsetInput, offset)].compactMap { input, tensor in
+                tensor.map { (input, $0) }
+            }
+        }
 
         var summary: String {
-            guard let data = data, let side = side else { return opType }
-            return "\(opType) \(dataInput) \(data.text), \(sideInput) \(side.text)"
+            guard data != nil, side != nil else { return opType }
+            return "\(opType) " + blobs.map { "\($0.0) \($0.1.text)" }.joined(separator: ", ")
         }
 
         /// Everything functions must agree on.
         var signature: String {
-            "\(summary) -> \(output.map { "\($0)" } ?? "?") @\(data?.blob.offset ?? 0)/\(side?.blob.offset ?? 0)"
+            "\(summary) -> \(output.map { "\($0)" } ?? "?") @"
+                + blobs.map { "\($0.1.blob.offset)" }.joined(separator: "/")
         }
 
         /// What the shapes say about the scheme, for a use of no declared group.
@@ -432,13 +453,13 @@ struct CompressionAnalysis {
                 return "unknown"
             }
             switch mode {
-            case .linear:
-                let bits = data.dataType.bitWidth.map { "int\($0)" } ?? "\(data.dataType)"
+            case .linear, .affine:
+                let bits = data.dataType.bitWidth.map { "\(mode == .affine ? "u" : "")int\($0)" } ?? "\(data.dataType)"
                 guard side.shape.count == 2, side.shape[0] == output[0], side.shape[1] > 0,
                       output[1] % side.shape[1] == 0 else {
-                    return "linear \(bits) with scale \(describe(side.shape.map { Int64(clamping: $0) })) fitting no block size"
+                    return "\(mode) \(bits) with scale \(describe(side.shape.map { Int64(clamping: $0) })) fitting no block size"
                 }
-                return "linear \(bits) " + (side.shape[1] == 1 ? "per output channel" : "block_size \(output[1] / side.shape[1])")
+                return "\(mode) \(bits) " + (side.shape[1] == 1 ? "per output channel" : "block_size \(output[1] / side.shape[1])")
             case .palettize:
                 let bits = data.dataType.bitWidth.map { "uint\($0)" } ?? "\(data.dataType)"
                 guard side.shape.count == 4, side.shape[0] > 0, output[0] % side.shape[0] == 0 else {
@@ -562,7 +583,7 @@ struct CompressionAnalysis {
 
     private static func use(_ operation: MILOperation, function: String, functionName: String,
                             groups: [CompressedGroup]) -> Use {
-        let mode = CompressionScheme.mode(ofOpType: operation.type)
+        let mode = CompressionScheme.mode(of: operation)
         var use = Use(function: function, functionName: functionName, name: operation.outputs.first?.name ?? "?",
                       opType: operation.type, mode: mode)
         guard let mode = mode, let op = CompressionScheme.ops[mode] else {
@@ -580,8 +601,9 @@ struct CompressionAnalysis {
             use.problems.append("its output is not a 2-D fp16 tensor")
         }
         let names = operation.inputs.map(\.name).sorted()
-        if names != [op.data, op.side].sorted() {
-            use.problems.append("its inputs are \(names), not exactly \(op.data) and \(op.side)")
+        let expected = ([op.data, op.side] + (op.offset.map { [$0] } ?? [])).sorted()
+        if names != expected {
+            use.problems.append("its inputs are \(names), not exactly \(expected.joined(separator: ", "))")
         }
         func tensor(_ input: String) -> BlobTensor? {
             guard let arguments = operation.input(named: input), arguments.count == 1,
@@ -598,6 +620,15 @@ struct CompressionAnalysis {
         use.side = tensor(op.side)
         if let side = use.side, side.dataType != .float16 {
             use.problems.append("\(op.side) is \(side.dataType), not FLOAT16")
+        }
+        if let name = op.offset {
+            use.offset = tensor(name)
+            if let offset = use.offset, offset.dataType != .float16 {
+                use.problems.append("\(name) is \(offset.dataType), not FLOAT16")
+            }
+            if let offset = use.offset, let side = use.side, offset.shape != side.shape {
+                use.problems.append("\(name) \(offset.text) is not the shape of \(op.side) \(side.text)")
+            }
         }
         if let data = use.data, let output = use.output, data.shape != output {
             use.problems.append("\(op.data) \(data.text) is not the output's shape \(describe(output.map { Int64(clamping: $0) }))")
@@ -617,7 +648,7 @@ struct CompressionAnalysis {
     func readHeaders() throws -> [MILBlobReference: Result<BlobHeader, WeightFileError>] {
         var offsetsByFile: [String: Set<UInt64>] = [:]
         for use in uses {
-            for tensor in [use.data, use.side].compactMap({ $0 }) {
+            for (_, tensor) in use.blobs {
                 offsetsByFile[tensor.blob.fileName, default: []].insert(tensor.blob.offset)
             }
         }

@@ -157,6 +157,45 @@ final class CompressionContractTests: XCTestCase {
             detail("target.compression.functions_agree", report))
     }
 
+    // MARK: Affine weights
+
+    /// An affine weight (uint4 data, fp16 scale and offset of one shape) declared as its own
+    /// group passes every property; its offset blob counts in its bytes.
+    func testAffineWeightDeclaredAsSuchPassesEveryProperty() throws {
+        export.editWeight(role: "target", "p_layers_0_mlp_gate_proj_weight") { $0.storage = .affine(bits: 4, blockSize: 8) }
+        export.declareCompression()
+        let report = try report()
+        ContractAssertions.assertFailing([], in: report, expected: expected)
+        let ops = detail("target.compression.ops_declared", report)
+        XCTAssertTrue(detail("metadata.compression", report).contains("groups"), detail("metadata.compression", report))
+        XCTAssertTrue(detail("target.compression.stored_compressed", report).contains("(affine uint4 block_size 8): 1"),
+                      detail("target.compression.stored_compressed", report))
+        XCTAssertTrue(ops.contains("each of a declared group"), ops)
+    }
+
+    /// linear and affine share constexpr_blockwise_shift_scale: an op with an offset is affine
+    /// whatever metadata.json says, and one declared affine without an offset is linear.
+    func testAffineAndLinearAreToldApartByTheOffset() throws {
+        var affine = SyntheticExport.compressedFusedTargetWithDFlashDrafter()
+        affine.editWeight(role: "target", "p_layers_0_mlp_gate_proj_weight") { $0.storage = .affine(bits: 4, blockSize: 8) }
+        // metadata.json as before: the weight declared linear int4.
+        let undeclared = try ContractAssertions.check(affine)
+        XCTAssertEqual(undeclared.result(named: "target.compression.ops_declared")?.holds, false)
+        let ops = detail("target.compression.ops_declared", undeclared)
+        XCTAssertTrue(ops.contains("offset FLOAT16 [32, 2]) is affine uint4 block_size 8, but the declared affine groups are none"), ops)
+
+        var linear = SyntheticExport.compressedFusedTargetWithDFlashDrafter()
+        linear.editWeight(role: "target", "p_layers_0_mlp_gate_proj_weight") { $0.storage = .affine(bits: 4, blockSize: 8) }
+        linear.declareCompression()
+        linear.editWeight(role: "target", "p_layers_0_mlp_gate_proj_weight") { $0.storage = .linear(bits: 4, blockSize: 8) }
+        let short = try ContractAssertions.check(linear)
+        XCTAssertEqual(short.result(named: "target.compression.stored_compressed")?.holds, false,
+                       short.verdictLines.joined(separator: "\n"))
+        XCTAssertTrue(detail("target.compression.stored_compressed", short)
+            .contains("(affine uint4 block_size 8): metadata.json declares 1 target weights, the package stores 0"),
+                      detail("target.compression.stored_compressed", short))
+    }
+
     // MARK: Ops of no declared group
 
     func testWrongBlockSizeFailsOpsDeclared() throws {

@@ -127,6 +127,8 @@ public struct WeightSpec {
     public enum Storage: Equatable {
         case fp16
         case linear(bits: Int, blockSize: Int?)
+        /// Unsigned data with an fp16 offset beside each scale.
+        case affine(bits: Int, blockSize: Int?)
         case palettize(bits: Int, groupSize: Int)
     }
 
@@ -153,7 +155,7 @@ public struct WeightSpec {
         switch storage {
         case .fp16: return nil
         case .linear(let bits, _): return bits == 4 ? (MILBytes.int4, WeightFileBuilder.int4) : (MILBytes.int8, WeightFileBuilder.int8)
-        case .palettize(let bits, _): return bits == 4 ? (MILBytes.uint4, WeightFileBuilder.uint4) : (MILBytes.uint8, WeightFileBuilder.uint8)
+        case .affine(let bits, _), .palettize(let bits, _): return bits == 4 ? (MILBytes.uint4, WeightFileBuilder.uint4) : (MILBytes.uint8, WeightFileBuilder.uint8)
         }
     }
 
@@ -161,7 +163,7 @@ public struct WeightSpec {
     public var sideShape: [Int64]? {
         switch storage {
         case .fp16: return nil
-        case .linear(_, let block): return [shape[0], block.map { shape[1] / Int64($0) } ?? 1]
+        case .linear(_, let block), .affine(_, let block): return [shape[0], block.map { shape[1] / Int64($0) } ?? 1]
         case .palettize(let bits, let group): return [shape[0] / Int64(group), 1, 1 << Int64(bits), 1]
         }
     }
@@ -169,20 +171,26 @@ public struct WeightSpec {
     public var bits: Int? {
         switch storage {
         case .fp16: return nil
-        case .linear(let bits, _), .palettize(let bits, _): return bits
+        case .linear(let bits, _), .affine(let bits, _), .palettize(let bits, _): return bits
         }
     }
 
     public var elements: Int { Int(shape[0] * shape[1]) }
     public var dataBytes: Int { (elements * (bits ?? 16) + 7) / 8 }
     public var sideBytes: Int { 2 * Int(sideShape?.reduce(1, *) ?? 0) }
-    /// What the exporter counts as its stored bytes: data plus scales or look-up table (fp16: its data).
-    public var storedBytes: Int { bits == nil ? 2 * elements : dataBytes + sideBytes }
+    /// The offsets of an affine weight (the scales' shape), nil otherwise.
+    public var offsetBytes: Int? {
+        if case .affine = storage { return sideBytes }
+        return nil
+    }
+    /// What the exporter counts as its stored bytes: data plus scales (and offsets) or look-up
+    /// table (fp16: its data).
+    public var storedBytes: Int { bits == nil ? 2 * elements : dataBytes + sideBytes + (offsetBytes ?? 0) }
 
     var opType: String? {
         switch storage {
         case .fp16: return nil
-        case .linear: return "constexpr_blockwise_shift_scale"
+        case .linear, .affine: return "constexpr_blockwise_shift_scale"
         case .palettize: return "constexpr_lut_to_dense"
         }
     }
@@ -198,6 +206,7 @@ extension PackageSpec {
     public struct BlobOffsets {
         public var data: UInt64?
         public var side: UInt64?
+        public var offset: UInt64?
         /// The fp16 blob of a weight stored (in some function) as a plain const.
         public var fp16: UInt64?
     }
@@ -220,6 +229,9 @@ extension PackageSpec {
             if let dataType = weight.dataType {
                 blobs.data = file.append(dataType: dataType.blob, size: weight.dataBytes)
                 blobs.side = file.append(dataType: WeightFileBuilder.float16, size: weight.sideBytes)
+                if let bytes = weight.offsetBytes {
+                    blobs.offset = file.append(dataType: WeightFileBuilder.float16, size: bytes)
+                }
             }
             if weight.storage == .fp16 || functions.contains(where: { $0.plainWeights.contains(weight.name) }) {
                 blobs.fp16 = file.append(dataType: WeightFileBuilder.float16, size: 2 * weight.elements)
@@ -242,7 +254,8 @@ extension PackageSpec {
                     operations.append(MILBytes.operation(type, inputs: [
                         (names.data, [.value(MILBytes.blobValue(dataType.mil, weight.shape, offset: blobs.data!))]),
                         (names.side, [.value(MILBytes.blobValue(MILBytes.float16, side, offset: blobs.side!))]),
-                    ], outputs: [output]))
+                    ] + (blobs.offset.map { [("offset", [.value(MILBytes.blobValue(MILBytes.float16, side, offset: $0))])] } ?? []),
+                    outputs: [output]))
                 } else {
                     operations.append(MILBytes.operation("const", outputs: [output], attributes: [
                         ("val", MILBytes.blobValue(MILBytes.float16, weight.shape, offset: blobs.fp16!)),
@@ -375,8 +388,8 @@ extension SyntheticExport {
             "groups": groups.map { group -> [String: Any] in
                 var scheme: [String: Any] = ["block_size": NSNull(), "group_size": NSNull()]
                 switch group.weight.storage {
-                case .linear(let bits, let block):
-                    scheme["mode"] = "linear"
+                case .linear(let bits, let block), .affine(let bits, let block):
+                    if case .affine = group.weight.storage { scheme["mode"] = "affine" } else { scheme["mode"] = "linear" }
                     scheme["bits"] = bits
                     scheme["block_size"] = block ?? NSNull()
                 case .palettize(let bits, let size):
