@@ -95,6 +95,32 @@ def test_a_ring_slot_read_or_written_wrong_is_a_mismatch(bundle, monkeypatch, da
         assert not result.ok and "wraps the ring" in result.note, result.line()
 
 
+def test_a_drafter_ring_slot_written_wrong_is_a_mismatch(bundle, monkeypatch):
+    """verify writes the drafter's ring positions before the checked blocks with the eager
+    drafter, from the eager target's drafter_features (checks/verify.py,
+    _write_drafter_prefix); a drafter that writes each position one slot on must still differ
+    from the package. Here the reference drafter carries the damage."""
+    from museflash.bundle import Metadata
+    from museflash.checks import verify
+    from museflash.demo_checkpoint import builtin_checkpoints
+    from museflash.models import dflash
+
+    metadata = Metadata.read(bundle)
+    with builtin_checkpoints("tiny") as dirs:
+        target, drafters = verify.load_reference_models(metadata, *dirs)
+    drafter = drafters[verify.AssetRole.DFLASH_DRAFTER]
+    healthy = verify.check_dflash_drafter(bundle, metadata, drafter, target, seed=5)
+    assert healthy.ok, healthy.line()
+    written = dflash.write_cache_slots
+
+    def one_slot_on(cache, layer, slots, values):
+        written(cache, layer, (slots + 1) % cache.shape[2], values)
+
+    monkeypatch.setattr(dflash, "write_cache_slots", one_slot_on)
+    damaged = verify.check_dflash_drafter(bundle, metadata, drafter, target, seed=5)
+    assert not damaged.ok and "wraps the ring" in damaged.note, damaged.line()
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"prompt_tokens": 3}, "--prompt-tokens 3 is shorter"),
     ({"prompt_tokens": 40, "new_tokens": 30}, "context_length is 64"),

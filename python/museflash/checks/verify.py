@@ -3,7 +3,9 @@
 1. Parity: every exported function, run by the numpy ML-program interpreter, against eager
    torch loaded from the source checkpoints (fp32 compute, fp16 caches like the states), from
    the same cache contents (positions before the checked ones written by the eager model over
-   a seeded prompt, every other slot random), on positions that wrap every ring.
+   a seeded prompt: the target's caches by the target, the DFlash drafter's ring by the drafter
+   from the target's drafter_features; every other slot random), on positions that wrap every
+   ring.
 2. Speculative decoding over the exported artifacts only, on a deterministic prompt; it must
    reproduce the exported target's own greedy output (lossless). Agreement with eager fp32
    greedy decoding is reported but not required (the export computes in fp16). A ring-drafter
@@ -254,6 +256,29 @@ def _write_prefix(target, metadata: Metadata, states: dict[str, np.ndarray], end
     states.update(module_states(target, states))
 
 
+def _write_drafter_prefix(drafter, target, metadata: Metadata, states: dict[str, np.ndarray],
+                          end: int, block: int) -> None:
+    """The drafter's ring positions [0, end) written by the eager drafter's inject_kv from the
+    eager target's drafter_features over `_write_prefix`'s seeded prompt, as decoding writes
+    them; `states` and the drafter's buffers then hold the same values. The checked blocks
+    attend to those positions: over N(0, 1) keys and values the draft logits of the SmolLM2
+    drafter moved by up to rel 0.019 (fp16) and 0.056 (int8 weights) between the package and
+    eager, against 0.001 to 0.0016 over written ones (docs/smollm2.md). Slots no position below
+    `end` reaches keep their random contents."""
+    if end <= 0:
+        return
+    avoid = metadata.speculative_decoding.mask_token_id
+    ids = torch.from_numpy(np.array(deterministic_prompt(end, metadata.vocab_size, avoid,
+                                                         metadata), dtype=np.int32))
+    forward, inject = target.with_entry_point("forward"), drafter.with_entry_point("inject_kv")
+    with torch.no_grad():
+        for first in range(0, end, block):
+            positions = torch.arange(first, min(first + block, end), dtype=torch.int32)
+            _, features = forward(ids[first:first + len(positions)].reshape(1, -1), positions)
+            inject(features.to(torch.float16).float(), positions)
+    states.update(module_states(drafter, states))
+
+
 def _span_note(starts: list[int], length: int, ring: int) -> str:
     if not starts:
         return "no positions fit"
@@ -276,7 +301,7 @@ class _Fp32Inputs:
         return getattr(self.module, name)
 
 
-def check_dflash_drafter(export_dir: Path, metadata: Metadata, drafter,
+def check_dflash_drafter(export_dir: Path, metadata: Metadata, drafter, target,
                          seed: int) -> CheckResult:
     asset = metadata.asset(AssetRole.DFLASH_DRAFTER)
     program = load_program(export_dir / asset.path)
@@ -294,6 +319,8 @@ def check_dflash_drafter(export_dir: Path, metadata: Metadata, drafter,
     # Context block then a draft block right after it, as in the decoding loop; the next
     # inject starts where the draft block did (its rows are overwritten).
     starts = _wrapping_starts(ring, block, metadata.context_length - block)
+    if starts:
+        _write_drafter_prefix(drafter, target, metadata, states, starts[0], block)
     peaks = metadata.fp16_range.peak_tokens if metadata.fp16_range else []
     for step, start in enumerate(starts):
         features = rng.standard_normal((1, block, width)).astype(np.float16)
@@ -604,7 +631,7 @@ def run_verify(options: VerifyOptions) -> int:
                       for function, entry, seed in TARGET_CHECKS]
             if dflash:
                 checks.append(check_dflash_drafter(export_dir, metadata,
-                                                   drafters[AssetRole.DFLASH_DRAFTER],
+                                                   drafters[AssetRole.DFLASH_DRAFTER], target,
                                                    seed=5))
             else:
                 checks.append(check_ring_drafter(export_dir, metadata,
