@@ -101,18 +101,24 @@ def test_nan_in_a_compressed_weight_is_refused_naming_it(tmp_path):
         write_weights(tmp_path / "w.bin", locations, {"lm_head.weight": Scheme("linear", 8)})
 
 
-def test_a_scale_that_overflows_fp16_is_refused(tmp_path, monkeypatch):
+@pytest.mark.parametrize("scheme, blob, named", [
+    (Scheme("linear", 8), 1, "linear 8-bit scales"),
+    (Scheme("affine", 8), 1, "affine 8-bit scales"),
+    (Scheme("affine", 4, block_size=32), 2, "affine 4-bit offsets"),
+])
+def test_a_scale_or_offset_that_overflows_fp16_is_refused(tmp_path, monkeypatch, scheme, blob,
+                                                          named):
     real = weights.compress
 
     def overflowing(values, scheme):
-        data, side = real(values, scheme)
-        side[:] = np.float16(np.inf)
-        return data, side
+        blobs = list(real(values, scheme))
+        blobs[blob] = np.full_like(blobs[blob], np.inf)
+        return tuple(blobs)
 
     monkeypatch.setattr(weights, "compress", overflowing)
     locations = _locations(tmp_path, {"q": _weight(40, 64, torch.float16)})
-    with pytest.raises(WeightValueError, match=r"'q'.*scales overflow fp16"):
-        write_weights(tmp_path / "w.bin", locations, {"q": Scheme("linear", 8)})
+    with pytest.raises(WeightValueError, match=rf"'q'.*{named} overflow fp16"):
+        write_weights(tmp_path / "w.bin", locations, {"q": scheme})
 
 
 def _tiny_pair(tmp_path, damage):

@@ -41,6 +41,8 @@ _BLOB_DTYPES = {("linear", 4): ("INT4", blobfile.INT4),
                 ("affine", 8): ("UINT8", blobfile.UINT8),
                 ("palettize", 4): ("UINT4", blobfile.UINT4),
                 ("palettize", 8): ("UINT8", blobfile.UINT8)}
+# The constexpr ops' side inputs, as an error message names them.
+_SIDE_WORDS = {"scale": "scales", "offset": "offsets", "lut": "look-up tables"}
 _ROWS_BYTES = 4 << 20  # bytes of checkpoint rows read (and compressed) at a time, per thread
 # Slices read, compressed and written at once: one per core, from 2 to 8 (each holds about
 # 10 MB). This machine has 2 cores; more were not measured here.
@@ -169,9 +171,10 @@ def write_compressed(writer: blobfile.BlobFileWriter, location: WeightLocation, 
     op_type, data_input, *side_inputs = COMPRESSION_OPS[CompressionMode(scheme.mode)]
     for side, name in zip(sides, side_inputs, strict=True):
         if unholdable(side):
+            what = _SIDE_WORDS.get(name, name)
             raise WeightValueError(
                 f"{location.path}: tensor {location.key!r}: its {scheme.mode} {scheme.bits}-bit "
-                f"{name} overflows fp16 ({int((~np.isfinite(side)).sum())} of {side.size} inf "
+                f"{what} overflow fp16 ({int((~np.isfinite(side)).sum())} of {side.size} inf "
                 "or NaN), which the device cannot rebuild the weight from; keep this tensor "
                 "fp16 (a compression rule with mode \"none\") or rescale it")
     inputs = [(data_input, blob.finish(), getattr(MIL_pb2.DataType, data_type), (rows, columns))]
