@@ -6,33 +6,29 @@ grouped-query attention with a weighted RMSNorm on each q and k head before RoPE
 plain (w, not 1 + w) RMSNorm weights; no embedding scale; lm_head tied to the embedding when
 `tie_word_embeddings` (the small sizes). Caches: every layer is global, so only the global
 pair exists, globalKeyCache / globalValueCache [layers, kv_heads, max_context, head_dim],
-indexed by absolute position (docs/positions.md). There is no sliding ring.
+indexed by absolute position (docs/positions.md). There is no sliding ring. The embedding,
+head, caches and entry points are the shared wrapper's (models/causal_lm.py).
 """
 
 from __future__ import annotations
 
-import copy
 import math
-from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
-from museflash.bundle import KVWrite, LayerType, StateName
+from museflash.bundle import KVWrite, LayerType
 from museflash.models.base import (
     RMSNorm,
-    RotaryTables,
     SwiGLU,
     apply_rope,
     attend,
-    global_causal_mask,
     read_cache,
     write_cache,
 )
-from museflash.models.dflash import DFlashConfig, DFlashEncoder
+from museflash.models.causal_lm import GlobalCausalLM, WithDrafterFeatures
 from museflash.models.hf_config import (
     check_absent,
     check_full_attention,
@@ -202,7 +198,7 @@ class Qwen3DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(hidden, eps, unit_offset=False)
         self.post_attention_layernorm = RMSNorm(hidden, eps, unit_offset=False)
         # What the sublayers add to the residual stream is multiplied by this
-        # (Qwen3ForCausalLM.scale_residual); 1 adds no op to the graph.
+        # (GlobalCausalLM.scale_residual); 1 adds no op to the graph.
         self.output_scale = 1.0
 
     def scaled(self, update: torch.Tensor) -> torch.Tensor:
@@ -218,174 +214,11 @@ class Qwen3DecoderLayer(nn.Module):
         return h + self.scaled(self.mlp(self.post_attention_layernorm(h)))
 
 
-class Qwen3ForCausalLM(nn.Module):
-    """Target decoder with stateful caches (the global pair only).
+class Qwen3ForCausalLM(GlobalCausalLM):
+    """Qwen3's target decoder (models/causal_lm.py: the caches and entry points)."""
 
-    Entry points (all take input_ids [1, T] int, position_ids [T] int):
-      forward -> logits [1, T, vocab]
-      prefill -> logits [1, 1, vocab] of the last position only
-    `with_entry_point(name)` returns a view of the same module (shared weights and caches)
-    whose forward is that entry point, for torch.export. `batch_logits` (input_ids [B, T], no
-    caches) is for training and batched evaluation, not an entry point.
-    """
-
-    entry_points = ("forward", "prefill")
-
-    def __init__(
-        self,
-        config: Qwen3Config,
-        *,
-        max_context: int = 4096,
-        max_query_len: int = 64,
-        cache_dtype: torch.dtype = torch.float16,
-    ):
-        super().__init__()
-        self.config = config
-        self.max_context = max_context
-        self.max_query_len = max_query_len
-        self.entry_point = "forward"
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(
-            Qwen3DecoderLayer(config) for _ in range(config.num_hidden_layers)
-        )
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, unit_offset=False)
-        if config.tie_word_embeddings:
-            self.lm_head = None
-        else:
-            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.rotary = RotaryTables(config.head_dim, [config.rope_theta], max_context)
-        self.cache_dtype = cache_dtype
-        self.residual_scale = 1.0  # scale_residual
-        self.kv_write = KVWrite.BLEND  # how the caches are written (export/plan.py sets it)
-        self.reset_caches()
-
-    def reset_caches(self) -> None:
-        """(Re)creates zeroed caches on the CPU; also used after building on `meta`."""
-        cfg = self.config
-        shape = (cfg.num_hidden_layers, cfg.num_key_value_heads, self.max_context, cfg.head_dim)
-        for name in (StateName.GLOBAL_KEY_CACHE.value, StateName.GLOBAL_VALUE_CACHE.value):
-            self.register_buffer(name, torch.zeros(shape, dtype=self.cache_dtype, device="cpu"))
-
-    def scale_residual(self, factor: float) -> None:
-        """Multiplies the residual stream by `factor`, a power of two, leaving logits and drafter
-        features unchanged but for rounding (docs/fp16.md): the embedding and what each sublayer
-        adds are multiplied in the graph (the embedding may be tied to lm_head, so its weight
-        stays), and every norm that reads the stream (the drafter encoder's too, which reads it
-        through `fc`) scales its eps."""
-        for layer in self.layers:
-            layer.output_scale *= factor
-            layer.input_layernorm.scale_input(factor)
-            layer.post_attention_layernorm.scale_input(factor)
-        self.norm.scale_input(factor)
-        encoder = getattr(self, "encoder", None)
-        if encoder is not None:
-            encoder.output_norm_enc.scale_input(factor)
-        self.residual_scale *= factor
-
-    def with_entry_point(self, name: str) -> Qwen3ForCausalLM:
-        if name not in self.entry_points:
-            raise ValueError(f"unknown entry point {name!r}; choose from {self.entry_points}")
-        view = copy.copy(self)  # shares parameter, buffer and submodule dicts
-        view.entry_point = name
-        return view
-
-    def output_weight(self) -> torch.Tensor:
-        return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-
-    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        x = self.embed_tokens(input_ids)
-        return x if self.residual_scale == 1.0 else x * self.residual_scale
-
-    def hidden_states(
-        self,
-        input_ids: torch.Tensor,
-        position_ids: torch.Tensor,
-        capture_layers: tuple[int, ...] = (),
-    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """Runs the decoder, writing the caches. Returns the final hidden state (before the
-        final norm) and the outputs of `capture_layers` in that order."""
-        length = input_ids.shape[-1]
-        if length > self.max_query_len:
-            raise ValueError(f"query length {length} exceeds max_query_len {self.max_query_len}")
-        positions = position_ids.reshape(-1)
-        x = self.embed(input_ids.reshape(1, -1))
-        mask = global_causal_mask(positions, self.max_context)
-        rope = self.rotary(positions, self.config.rope_theta, x.dtype)
-        caches = (self.globalKeyCache, self.globalValueCache)
-        captured: dict[int, torch.Tensor] = {}
-        for layer_id, layer in enumerate(self.layers):
-            x = layer(x, rope, *caches, layer_id, positions, mask, self.kv_write)
-            if layer_id in capture_layers:
-                captured[layer_id] = x
-        return x, [captured[i] for i in capture_layers]
-
-    def batch_hidden_states(
-        self, input_ids: torch.Tensor, capture_layers: tuple[int, ...] = (),
-        around_layer: Callable[[int], AbstractContextManager] | None = None,
-    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """Cache-free `hidden_states` for a batch of whole sequences: input_ids [B, T] at
-        positions 0..T-1, T <= max_context. Reads and writes no cache. `around_layer(i)`, when
-        given, is entered around layer i's step (the fp16 range audit)."""
-        length = input_ids.shape[-1]
-        if length > self.max_context:
-            raise ValueError(f"sequence length {length} exceeds max_context {self.max_context}")
-        positions = torch.arange(length, device=input_ids.device)
-        x = self.embed(input_ids)
-        mask = global_causal_mask(positions, length)
-        rope = self.rotary(positions, self.config.rope_theta, x.dtype)
-        captured: dict[int, torch.Tensor] = {}
-        for layer_id, layer in enumerate(self.layers):
-            with around_layer(layer_id) if around_layer else nullcontext():
-                x = layer.forward_batch(x, rope, mask)
-            if layer_id in capture_layers:
-                captured[layer_id] = x
-        return x, [captured[i] for i in capture_layers]
-
-    def batch_logits(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Logits [B, T, vocab] for input_ids [B, T] at positions 0..T-1, without caches."""
-        hidden, _ = self.batch_hidden_states(input_ids)
-        return self.logits(hidden)
-
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return nn.functional.linear(self.norm(hidden), self.output_weight())
-
-    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor):
-        if self.entry_point == "prefill":
-            return self.prefill(input_ids, position_ids)
-        hidden, _ = self.hidden_states(input_ids, position_ids)
-        return self.logits(hidden)
-
-    def prefill(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
-        hidden, _ = self.hidden_states(input_ids, position_ids)
-        return self.logits(hidden[:, -1:])
+    decoder_layer = Qwen3DecoderLayer
 
 
-class Qwen3WithDrafterFeatures(Qwen3ForCausalLM):
-    """Target that also returns DFlash drafter features (the encoder runs inside it): the
-    encoder reads the outputs of the layers the drafter's `target_layer_ids` name.
-
-      forward(input_ids, position_ids) -> (logits [1, T, vocab], features [1, T, drafter_hidden])
-      prefill(input_ids, position_ids) -> (logits [1, 1, vocab], features [1, T, drafter_hidden])
-    """
-
-    def __init__(self, config: Qwen3Config, drafter_config: DFlashConfig, **cache_kwargs):
-        super().__init__(config, **cache_kwargs)
-        bad = [i for i in drafter_config.target_layer_ids
-               if not 0 <= i < config.num_hidden_layers]
-        if bad:
-            raise ValueError(
-                f"target_layer_ids {drafter_config.target_layer_ids} include {bad}, outside the "
-                f"target's {config.num_hidden_layers} layers"
-            )
-        self.target_layer_ids = tuple(drafter_config.target_layer_ids)
-        self.encoder = DFlashEncoder(drafter_config, config.hidden_size)
-
-    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor):
-        if self.entry_point == "prefill":
-            return self.prefill(input_ids, position_ids)
-        hidden, captured = self.hidden_states(input_ids, position_ids, self.target_layer_ids)
-        return self.logits(hidden), self.encoder(captured)
-
-    def prefill(self, input_ids: torch.Tensor, position_ids: torch.Tensor):
-        hidden, captured = self.hidden_states(input_ids, position_ids, self.target_layer_ids)
-        return self.logits(hidden[:, -1:]), self.encoder(captured)
+class Qwen3WithDrafterFeatures(WithDrafterFeatures, Qwen3ForCausalLM):
+    """Qwen3ForCausalLM that also returns DFlash drafter features (WithDrafterFeatures)."""
