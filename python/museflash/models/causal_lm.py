@@ -1,12 +1,14 @@
-"""The causal-LM wrapper around a family's decoder layers, shared by the families whose layers
-are all global attention with one RoPE theta (models/qwen3.py, models/llama.py), so that their
-model files hold only their own math: the config, the checkpoint keys, the attention, MLP and
-decoder layer.
+"""The causal-LM wrapper around a family's decoder layers, so that the model files hold only
+their own math: the config, the checkpoint keys, the attention, MLP and decoder layer.
 
-`GlobalCausalLM` owns what is the same in each: the embedding, the final norm and lm_head
-(tied or not), the RoPE tables, the caches, the entry points and the residual rescaling.
-`WithDrafterFeatures` adds the DFlash drafter's encoder over the tapped layers; a family's
-fused target is `class XWithDrafterFeatures(WithDrafterFeatures, XForCausalLM)`.
+`CausalLM` is what every target family shares: the entry points and their views, the output
+weight, logits over a batch. `WithDrafterFeatures` adds the DFlash drafter's encoder over the
+tapped layers; a family's fused target is
+`class XWithDrafterFeatures(WithDrafterFeatures, XForCausalLM)`. `GlobalCausalLM` is the rest
+of the wrapper for the families whose layers are all global attention with one RoPE theta
+(models/qwen3.py, models/llama.py): the embedding, the final norm and lm_head (tied or not),
+the RoPE tables, the caches and the residual rescaling. Muse Glimmer, with sliding rings and
+an embedding norm, has its own (models/muse_glimmer.py).
 """
 
 from __future__ import annotations
@@ -24,8 +26,10 @@ from museflash.models.base import RMSNorm, RotaryTables, global_causal_mask
 from museflash.models.dflash import DFlashConfig, DFlashEncoder
 
 
-class GlobalCausalLM(nn.Module):
-    """Target decoder with stateful caches (the global pair only).
+class CausalLM(nn.Module):
+    """A target decoder with stateful caches. A family supplies `hidden_states` (writing the
+    caches; the outputs of `capture_layers` too), `batch_hidden_states` (cache-free), `logits`,
+    `embed_tokens`, `lm_head` (None when tied to the embedding) and `entry_point` ("forward").
 
     Entry points (all take input_ids [1, T] int, position_ids [T] int):
       forward -> logits [1, T, vocab]
@@ -33,6 +37,40 @@ class GlobalCausalLM(nn.Module):
     `with_entry_point(name)` returns a view of the same module (shared weights and caches)
     whose forward is that entry point, for torch.export. `batch_logits` (input_ids [B, T], no
     caches) is for training and batched evaluation, not an entry point.
+    """
+
+    entry_points = ("forward", "prefill")
+
+    def with_entry_point(self, name: str) -> Self:
+        if name not in self.entry_points:
+            raise ValueError(f"unknown entry point {name!r}; choose from {self.entry_points}")
+        view = copy.copy(self)  # shares parameter, buffer and submodule dicts
+        view.entry_point = name
+        return view
+
+    def output_weight(self) -> torch.Tensor:
+        return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
+    def batch_logits(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Logits [B, T, vocab] for input_ids [B, T] at positions 0..T-1, without caches: the
+        training forward. Equal (within float tolerance) to feeding each row through `forward`
+        from empty caches."""
+        hidden, _ = self.batch_hidden_states(input_ids)
+        return self.logits(hidden)
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor):
+        if self.entry_point == "prefill":
+            return self.prefill(input_ids, position_ids)
+        hidden, _ = self.hidden_states(input_ids, position_ids)
+        return self.logits(hidden)
+
+    def prefill(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        hidden, _ = self.hidden_states(input_ids, position_ids)
+        return self.logits(hidden[:, -1:])
+
+
+class GlobalCausalLM(CausalLM):
+    """Target decoder with stateful caches (the global pair only), entry points as CausalLM's.
 
     A family sets `decoder_layer` and, if its RoPE frequencies are rescaled, overrides
     `rope_scaling`. Its config has the geometry of families.TargetConfig and rope_theta,
@@ -42,7 +80,6 @@ class GlobalCausalLM(nn.Module):
     (w) RMSNorms `input_layernorm` and `post_attention_layernorm` reading it.
     """
 
-    entry_points = ("forward", "prefill")
     # The family's decoder layer, built from the config once per layer.
     decoder_layer: ClassVar[Callable[[Any], nn.Module]]
 
@@ -103,16 +140,6 @@ class GlobalCausalLM(nn.Module):
             encoder.output_norm_enc.scale_input(factor)
         self.residual_scale *= factor
 
-    def with_entry_point(self, name: str) -> Self:
-        if name not in self.entry_points:
-            raise ValueError(f"unknown entry point {name!r}; choose from {self.entry_points}")
-        view = copy.copy(self)  # shares parameter, buffer and submodule dicts
-        view.entry_point = name
-        return view
-
-    def output_weight(self) -> torch.Tensor:
-        return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
         return x if self.residual_scale == 1.0 else x * self.residual_scale
@@ -162,26 +189,11 @@ class GlobalCausalLM(nn.Module):
                 captured[layer_id] = x
         return x, [captured[i] for i in capture_layers]
 
-    def batch_logits(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Logits [B, T, vocab] for input_ids [B, T] at positions 0..T-1, without caches."""
-        hidden, _ = self.batch_hidden_states(input_ids)
-        return self.logits(hidden)
-
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return nn.functional.linear(self.norm(hidden), self.output_weight())
 
-    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor):
-        if self.entry_point == "prefill":
-            return self.prefill(input_ids, position_ids)
-        hidden, _ = self.hidden_states(input_ids, position_ids)
-        return self.logits(hidden)
 
-    def prefill(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
-        hidden, _ = self.hidden_states(input_ids, position_ids)
-        return self.logits(hidden[:, -1:])
-
-
-class WithDrafterFeatures(GlobalCausalLM):
+class WithDrafterFeatures(CausalLM):
     """Target that also returns DFlash drafter features (the encoder runs inside it): the
     encoder reads the outputs of the layers the drafter's `target_layer_ids` name. Listed
     before the family's causal LM among the bases, it builds that model, then the encoder.

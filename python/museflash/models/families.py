@@ -1,12 +1,12 @@
 """The target architectures museflash exports, and which one a `config.json` names.
 
-Each family is one model file (models/muse_glimmer.py, models/qwen3.py, models/llama.py) with
-its config dataclass, checkpoint-key mapping and the fused variant that also emits DFlash
-drafter features; Qwen3 and Llama take their causal-LM wrapper from models/causal_lm.py. This
-module only lists them. A config names its family by `model_type` and `architectures`, as
-transformers writes them; one that names none is a Muse Glimmer config (the layout museflash
-read before it had other families). A config naming another architecture is refused by name,
-listing the supported ones.
+Each family is one model file (models/muse_glimmer.py, models/qwen3.py, models/llama.py) with its
+config dataclass, checkpoint-key mapping and the fused variant that also emits DFlash drafter
+features; the entry points and that variant's encoder are models/causal_lm.py's, as is the whole
+causal-LM wrapper of Qwen3 and Llama. This module only lists them. A config names its family by
+`model_type` and `architectures`, as transformers writes them; one that names none is a Muse Glimmer
+config (the layout museflash read before it had other families). A config naming another
+architecture is refused by name, listing the supported ones.
 """
 
 from __future__ import annotations

@@ -7,7 +7,6 @@ Caches: see docs/positions.md.
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
@@ -31,7 +30,7 @@ from museflash.models.base import (
     softcap,
     write_cache,
 )
-from museflash.models.dflash import DFlashConfig, DFlashEncoder
+from museflash.models.causal_lm import CausalLM, WithDrafterFeatures
 
 SLIDING = LayerType.SLIDING_ATTENTION.value
 FULL = LayerType.FULL_ATTENTION.value
@@ -242,19 +241,9 @@ class MuseGlimmerDecoderLayer(nn.Module):
         return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
 
 
-class MuseGlimmerForCausalLM(nn.Module):
-    """Target decoder with stateful caches.
-
-    Entry points (all take input_ids [1, T] int, position_ids [T] int):
-      forward -> logits [1, T, vocab]
-      prefill -> logits [1, 1, vocab] of the last position only
-    `with_entry_point(name)` returns a view of the same module (shared weights and caches)
-    whose forward is that entry point, for torch.export.
-    Training and batched evaluation use `batch_logits` (input_ids [B, T], no caches), which is
-    not an entry point.
-    """
-
-    entry_points = ("forward", "prefill")
+class MuseGlimmerForCausalLM(CausalLM):
+    """Target decoder with stateful caches, the sliding rings and the global pair; entry
+    points, their views and `batch_logits` as CausalLM's (models/causal_lm.py)."""
 
     def __init__(
         self,
@@ -325,16 +314,6 @@ class MuseGlimmerForCausalLM(nn.Module):
             encoder.output_norm_enc.scale_input(factor)
         self.residual_scale *= factor
 
-    def with_entry_point(self, name: str) -> MuseGlimmerForCausalLM:
-        if name not in self.entry_points:
-            raise ValueError(f"unknown entry point {name!r}; choose from {self.entry_points}")
-        view = copy.copy(self)  # shares parameter, buffer and submodule dicts
-        view.entry_point = name
-        return view
-
-    def output_weight(self) -> torch.Tensor:
-        return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-
     def hidden_states(
         self,
         input_ids: torch.Tensor,
@@ -395,13 +374,6 @@ class MuseGlimmerForCausalLM(nn.Module):
                 captured[layer_id] = x
         return x, [captured[i] for i in capture_layers]
 
-    def batch_logits(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Logits [B, T, vocab] for input_ids [B, T] at positions 0..T-1, without caches: the
-        training forward. Equal (within float tolerance) to feeding each row through
-        `forward` from empty caches."""
-        hidden, _ = self.batch_hidden_states(input_ids)
-        return self.logits(hidden)
-
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         # The multiplier scales the logits, not lm_head's input: a Python float is an fp32
         # constant to coremltools, and an fp32 input would make it copy the whole lm_head
@@ -411,42 +383,6 @@ class MuseGlimmerForCausalLM(nn.Module):
             logits = logits * self.config.output_multiplier
         return softcap(logits, self.config.final_logit_softcapping)
 
-    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor):
-        if self.entry_point == "prefill":
-            return self.prefill(input_ids, position_ids)
-        hidden, _ = self.hidden_states(input_ids, position_ids)
-        return self.logits(hidden)
 
-    def prefill(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
-        hidden, _ = self.hidden_states(input_ids, position_ids)
-        return self.logits(hidden[:, -1:])
-
-
-class MuseGlimmerWithDrafterFeatures(MuseGlimmerForCausalLM):
-    """Target that also returns DFlash drafter features (the encoder runs inside it).
-
-      forward(input_ids, position_ids) -> (logits [1, T, vocab], features [1, T, drafter_hidden])
-      prefill(input_ids, position_ids) -> (logits [1, 1, vocab], features [1, T, drafter_hidden])
-    """
-
-    def __init__(self, config: MuseGlimmerConfig, drafter_config: DFlashConfig, **cache_kwargs):
-        super().__init__(config, **cache_kwargs)
-        bad = [i for i in drafter_config.target_layer_ids
-               if not 0 <= i < config.num_hidden_layers]
-        if bad:
-            raise ValueError(
-                f"target_layer_ids {drafter_config.target_layer_ids} include {bad}, outside the "
-                f"target's {config.num_hidden_layers} layers"
-            )
-        self.target_layer_ids = tuple(drafter_config.target_layer_ids)
-        self.encoder = DFlashEncoder(drafter_config, config.hidden_size)
-
-    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor):
-        if self.entry_point == "prefill":
-            return self.prefill(input_ids, position_ids)
-        hidden, captured = self.hidden_states(input_ids, position_ids, self.target_layer_ids)
-        return self.logits(hidden), self.encoder(captured)
-
-    def prefill(self, input_ids: torch.Tensor, position_ids: torch.Tensor):
-        hidden, captured = self.hidden_states(input_ids, position_ids, self.target_layer_ids)
-        return self.logits(hidden[:, -1:]), self.encoder(captured)
+class MuseGlimmerWithDrafterFeatures(WithDrafterFeatures, MuseGlimmerForCausalLM):
+    """MuseGlimmerForCausalLM that also returns DFlash drafter features (WithDrafterFeatures)."""
