@@ -39,6 +39,7 @@ from museflash.checkpoint.tensor_files import (
 from museflash.checkpoint.weight_values import unholdable, weight_value_error
 from museflash.compression import Scheme, compress, expand
 from museflash.models.base import RotaryTables
+from museflash.models.causal_lm import CausalLM
 from museflash.models.dflash import (
     DRAFTER_BORROWED,
     ENCODER_PREFIX,
@@ -48,7 +49,6 @@ from museflash.models.dflash import (
     encoder_key,
 )
 from museflash.models.families import TargetFamily, family_of
-from museflash.models.muse_glimmer import MuseGlimmerForCausalLM
 
 
 class StandIns(Protocol):
@@ -71,7 +71,7 @@ def load_target(
     cache_dtype: torch.dtype = torch.float16,
     placeholders: StandIns | None = None,
     compressed: Mapping[str, Scheme] | None = None,
-) -> MuseGlimmerForCausalLM:
+) -> CausalLM:
     """The target; with `drafter_dir`, the fused target whose forward also returns drafter
     features (its encoder weights come from the drafter checkpoint). With `placeholders`, the
     large weights are stand-ins registered there instead of loaded."""
@@ -108,7 +108,7 @@ def load_target(
 
 def load_drafter(
     drafter_dir: str | Path,
-    target: MuseGlimmerForCausalLM,
+    target: CausalLM,
     *,
     target_dir: str | Path | None = None,
     dtype: str | torch.dtype = torch.float32,
@@ -241,7 +241,7 @@ def _check_unexpected_target_keys(reader: SafetensorsReader, expected: set[str],
 # --- Writing: a model's parameters under their checkpoint keys -------------------------------
 
 
-def target_checkpoint_tensors(model: MuseGlimmerForCausalLM) -> dict[str, torch.Tensor]:
+def target_checkpoint_tensors(model: CausalLM) -> dict[str, torch.Tensor]:
     key = family_of(model.config).checkpoint_key
     return {
         key(name): param
