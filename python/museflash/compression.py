@@ -451,8 +451,9 @@ def quantize_affine(weight: np.ndarray, bits: int,
     -lo / scale rounded to fp16, data = clip(rint(weight / scale + offset)). A block that is
     already such a grid, as every block of llama.cpp's Q4_1 (d * q + m, q in 0..15, 15 and 0
     both taken) is with bits 4 and blocks of 32, comes back exactly but for the rounding of
-    -m / d to fp16 (at most d / 512 at offsets below 8, d / 256 below 16). Rows are
-    independent, so a weight may be quantized a slice of rows at a time."""
+    -m / d to fp16 and of q + m / d to fp16 when the op rebuilds it (dequantize_affine): at most
+    d / 128 at offsets below 16. Rows are independent, so a weight may be quantized a slice of
+    rows at a time."""
     weight = _as_matrix(weight, "quantize_affine")
     if bits not in BITS:
         raise CompressionError(f"quantize_affine: bits {bits!r} is not 4 or 8")
@@ -489,16 +490,22 @@ def quantize_affine(weight: np.ndarray, bits: int,
 def dequantize_affine(data: np.ndarray, scale: np.ndarray, offset: np.ndarray) -> np.ndarray:
     """float32 (data - offset) * scale, each scale and offset covering a block of (data dim /
     scale dim) elements along every axis (the iOS18 constexpr_blockwise_shift_scale with an
-    offset)."""
-    data, offset = np.asarray(data), np.asarray(offset, np.float32)
-    if offset.shape != np.shape(scale) or offset.ndim != data.ndim or any(
+    offset). As coremltools' own decompression of the op computes it: data in the scale's
+    dtype, so with fp16 scales and offsets data - offset is rounded to fp16 before the product
+    (an integer minus an offset below 1 can need more than fp16's 11 bits)."""
+    data, scale, offset = np.asarray(data), np.asarray(scale), np.asarray(offset)
+    if offset.shape != scale.shape or offset.ndim != data.ndim or any(
             o < 1 or d % o for d, o in zip(data.shape, offset.shape, strict=True)):
         raise CompressionError(f"dequantize_affine: offset shape {list(offset.shape)} is not "
-                               f"the scale's {list(np.shape(scale))} or does not tile data "
-                               f"shape {list(data.shape)}")
+                               f"the scale's {list(scale.shape)} or does not tile data shape "
+                               f"{list(data.shape)}")
+    whole = offset.astype(np.float32)
     for axis, (d, o) in enumerate(zip(data.shape, offset.shape, strict=True)):
-        offset = np.repeat(offset, d // o, axis=axis)
-    return dequantize_linear(data.astype(np.float32) - offset, scale)
+        whole = np.repeat(whole, d // o, axis=axis)
+    shifted = data.astype(np.float32) - whole  # exact: integers minus fp16 values
+    if np.result_type(scale.dtype, offset.dtype) == np.float16:
+        shifted = shifted.astype(np.float16).astype(np.float32)
+    return dequantize_linear(shifted, scale)
 
 
 # Palettization -----------------------------------------------------------------------------

@@ -204,7 +204,8 @@ def rewrite_metadata(bundle, edit):
 def test_the_compressed_bundle_satisfies_every_property(compressed):
     passed = every_property_holds(compressed)
     metadata = json.loads((compressed / "metadata.json").read_text())
-    assert {group["mode"] for group in metadata["compression"]["groups"]} == {"linear", "palettize"}
+    assert {group["mode"] for group in metadata["compression"]["groups"]} == {
+        "linear", "affine", "palettize"}
     # One package holds the target's and the drafter's functions: its owner, target, names
     # the per-package properties.
     assert {asset["path"] for asset in metadata["assets"].values()} == {"target.mlpackage"}

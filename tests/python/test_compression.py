@@ -422,8 +422,9 @@ def test_affine_int4_blocks_of_32_hold_q4_1_weights_exactly_but_for_the_offset_r
     np.testing.assert_allclose(offset.astype(np.float32), -m.astype(np.float32) / d, rtol=2e-3)
     rebuilt = dequantize_affine(data, scale, offset)
     step = np.repeat(d.astype(np.float32), 32, axis=1)
-    # Offsets -m/d in [4, 11]: fp16 rounds them by at most 2^-8 (below 8) or 2^-7 (below 16).
-    assert (np.abs(rebuilt - weight) <= step / 256).all()
+    # Offsets -m/d in [4, 11]: fp16 rounds them by at most 2^-8 (below 8) or 2^-7 (below 16),
+    # and q + m/d (below 16) by at most 2^-8 again when the op rebuilds the weight.
+    assert (np.abs(rebuilt - weight) <= step / 128).all()
     # The symmetric int4 of the same blocks loses about a third of a step on average.
     symmetric = dequantize_linear(*quantize_linear(weight, 4, 32))
     assert np.abs(symmetric - weight).mean() > 50 * np.abs(rebuilt - weight).mean()
@@ -453,6 +454,22 @@ def test_affine_offsets_stay_in_fp16_range_for_blocks_far_from_zero():
     rebuilt = dequantize_affine(data, scale, offset)
     assert np.abs(rebuilt - weight).max() <= 30.0 / 2048  # below fp16's rounding of 30
     assert (rebuilt[0] == 0).all()
+
+
+def test_dequantize_affine_rounds_the_shift_as_coremltools_decompresses():
+    """coremltools' constexpr_blockwise_shift_scale.decompress casts data to the scale's dtype,
+    so with fp16 inputs data - offset is rounded to fp16 before it is multiplied."""
+    iOS18 = pytest.importorskip("coremltools.converters.mil.mil.ops.defs.iOS18.compression")
+    rng = np.random.default_rng(4)
+    data = rng.integers(0, 16, size=(64, 128)).astype(np.uint8)
+    scale = rng.uniform(1e-3, 1e-2, (64, 4)).astype(np.float16)
+    offset = rng.uniform(0, 1, (64, 4)).astype(np.float16)  # small: the shift needs > 11 bits
+    theirs = iOS18.constexpr_blockwise_shift_scale.decompress(data, scale, offset)
+    ours = dequantize_affine(data, scale, offset).astype(np.float16)
+    np.testing.assert_array_equal(ours, theirs)
+    unrounded = (data - np.repeat(offset.astype(np.float32), 32, axis=1)) * np.repeat(
+        scale.astype(np.float32), 32, axis=1)
+    assert (unrounded.astype(np.float16) != theirs).any()  # the case the rounding is for
 
 
 def test_compress_and_expand_name_every_blob_of_each_mode():

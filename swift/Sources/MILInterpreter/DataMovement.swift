@@ -372,10 +372,15 @@ let decompressors: [String: Kernel] = [
         if let offset = offset, offset.shape != scale.shape { throw KernelError("offset \(offset.shape) differs from scale \(scale.shape)") }
         let scaleIndex = blockIndices(shape: data.shape, grid: scale.shape)
         let values = data.floats(), scales = scale.floats(), offsets = offset?.floats()
+        // data - offset is computed in the scale's dtype, as coremltools' own decompression of
+        // the op does: with fp16 scales and offsets it is rounded to fp16 before the product
+        // (an integer minus an offset below 1 can need more than fp16's 11 bits).
+        let halfShift = scale.type == .float16 && offset?.type == .float16
         var out = [Float](repeating: 0, count: data.count)
         for position in 0..<data.count {
             let s = scaleIndex[position]
-            let shifted = offsets.map { values[position] - $0[s] } ?? values[position]
+            var shifted = offsets.map { values[position] - $0[s] } ?? values[position]
+            if halfShift { shifted = Half.round(shifted) }
             out[position] = shifted * scales[s]
         }
         return [.floats(out, shape: data.shape)]
