@@ -1,5 +1,7 @@
 /// linear and matmul: every output element is one dot product of two contiguous rows.
 
+import Foundation
+
 /// Four float64 partial sums: lane j of a `Chains` adds up the products at k = j, j + 4, j + 8,
 /// ... in increasing k. A dot product is `(s0 + s1) + (s2 + s3)` of its four lanes, rounded
 /// once to fp32, the same order whatever the tile size or instruction set: the sums are those
@@ -177,18 +179,47 @@ func widen(_ source: UnsafePointer<Float>, toDoubles destination: UnsafeMutableP
     }
 }
 
+/// The cores the large linear and matmul calls split their outputs across.
+let workerCount = max(1, ProcessInfo.processInfo.activeProcessorCount)
+
+/// Multiply-adds below which a call stays on the calling thread: waking the other workers
+/// costs tens of microseconds, what about 2^18 multiply-adds take on one core.
+let parallelMultiplyAdds = 1 << 18
+
+/// `body` over consecutive parts of 0..<count that together cover it, each part but the last
+/// a multiple of `align` long, in parallel when `work` (multiply-adds) pays for it. A few
+/// parts per worker rather than one each, so that a core another process holds for a while
+/// delays only its part. Every output element is computed by the same code whichever part
+/// it falls in, so the results are the same bits however the range is cut.
+func forEachPart(of count: Int, align: Int, work: Int, _ body: (Range<Int>) -> Void) {
+    let units = (count + align - 1) / align
+    let parts = work >= parallelMultiplyAdds ? min(units, 4 * workerCount) : 1
+    guard parts > 1, workerCount > 1 else {
+        body(0..<count)
+        return
+    }
+    DispatchQueue.concurrentPerform(iterations: parts) { part in
+        let start = units * part / parts * align, end = min(units * (part + 1) / parts * align, count)
+        if start < end { body(start..<end) }
+    }
+}
+
+/// `count` float64 values, aligned to a cache line: a 32-byte load at an offset that is a
+/// multiple of 32 then never straddles two lines.
+func allocateDoubles(_ count: Int) -> UnsafeMutablePointer<Double> {
+    UnsafeMutableRawPointer.allocate(byteCount: max(count, 1) * MemoryLayout<Double>.stride, alignment: 64)
+        .bindMemory(to: Double.self, capacity: max(count, 1))
+}
+
 /// out[m, n] = dot(x[m, :], w[n, :]) (+ bias[n]) for x [M, K] and w [N, K]: x widened to
 /// float64 once, the weight rows (fp16 or fp32) three at a time into a scratch block that
-/// every row of x is dotted with.
+/// every row of x is dotted with. Large calls split the weight rows across cores
+/// (`forEachPart`), each part with its own scratch block.
 func rowDots(x: [Float], rows: Int, depth: Int, weight: TensorData, outputs: Int, bias: [Float]?) -> [Float] {
     // Every element is written below.
     var out = [Float](unsafeUninitializedCapacity: rows * outputs) { _, initialized in initialized = rows * outputs }
-    let wide = UnsafeMutablePointer<Double>.allocate(capacity: max(rows * depth, 1))
-    let scratch = UnsafeMutablePointer<Double>.allocate(capacity: max(3 * depth, 1))
-    defer {
-        wide.deallocate()
-        scratch.deallocate()
-    }
+    let wide = allocateDoubles(rows * depth)
+    defer { wide.deallocate() }
     x.withUnsafeBufferPointer { xs in
         if let source = xs.baseAddress { widen(source, toDoubles: wide, count: rows * depth) }
     }
@@ -199,25 +230,29 @@ func rowDots(x: [Float], rows: Int, depth: Int, weight: TensorData, outputs: Int
             (bias ?? []).withUnsafeBufferPointer { offsets in
                 let halfWeights: UnsafePointer<UInt16>?
                 if case .half(let storage) = weight { halfWeights = storage.values.baseAddress } else { halfWeights = nil }
-                func block(_ n: Int, _ count: Int) {
-                    if let halfWeights = halfWeights {
-                        widen(halfWeights + n &* depth, toDoubles: scratch, count: count &* depth)
-                    } else {
-                        widen(fw.baseAddress! + n &* depth, toDoubles: scratch, count: count &* depth)
-                    }
-                }
                 let out = result.baseAddress!
                 let offsets = bias == nil ? nil : offsets.baseAddress
-                var n = 0
-                while n &+ 3 <= outputs {
-                    block(n, 3)
-                    rowsAgainst(cols: 3, wide, rows: rows, scratch, depth: depth, out + n, outputs, bias: offsets.map { $0 + n })
-                    n &+= 3
-                }
-                while n < outputs {
-                    block(n, 1)
-                    rowsAgainst(cols: 1, wide, rows: rows, scratch, depth: depth, out + n, outputs, bias: offsets.map { $0 + n })
-                    n &+= 1
+                forEachPart(of: outputs, align: 3, work: rows * depth * outputs) { part in
+                    let scratch = allocateDoubles(3 * depth)
+                    defer { scratch.deallocate() }
+                    func block(_ n: Int, _ count: Int) {
+                        if let halfWeights = halfWeights {
+                            widen(halfWeights + n &* depth, toDoubles: scratch, count: count &* depth)
+                        } else {
+                            widen(fw.baseAddress! + n &* depth, toDoubles: scratch, count: count &* depth)
+                        }
+                    }
+                    var n = part.lowerBound
+                    while n &+ 3 <= part.upperBound {
+                        block(n, 3)
+                        rowsAgainst(cols: 3, wide, rows: rows, scratch, depth: depth, out + n, outputs, bias: offsets.map { $0 + n })
+                        n &+= 3
+                    }
+                    while n < part.upperBound {
+                        block(n, 1)
+                        rowsAgainst(cols: 1, wide, rows: rows, scratch, depth: depth, out + n, outputs, bias: offsets.map { $0 + n })
+                        n &+= 1
+                    }
                 }
             }
         }
@@ -289,10 +324,18 @@ let linearAlgebraKernels: [String: Kernel] = [
         // Every element is written below.
         var out = [Float](unsafeUninitializedCapacity: batches * m * n) { _, initialized in initialized = batches * m * n }
         out.withUnsafeMutableBufferPointer { op in
-            for b in 0..<batches {
-                let xBase = xs.baseAddress! + (xIndex?[b] ?? b) * m * k
-                let yBase = ys.baseAddress! + (yIndex?[b] ?? b) * n * k
-                rowProducts(UnsafePointer(xBase), rows: m, UnsafePointer(yBase), cols: n, depth: k, op.baseAddress! + b * m * n, n)
+            // The output columns of every batch, numbered batch by batch, split across cores.
+            forEachPart(of: batches * n, align: 3, work: batches * m * n * k) { part in
+                var column = part.lowerBound
+                while column < part.upperBound {
+                    let b = column / n, j = column - b * n
+                    let end = min(part.upperBound, (b + 1) * n)
+                    let xBase = xs.baseAddress! + (xIndex?[b] ?? b) * m * k
+                    let yBase = ys.baseAddress! + (yIndex?[b] ?? b) * n * k + j * k
+                    rowProducts(UnsafePointer(xBase), rows: m, UnsafePointer(yBase), cols: end - column, depth: k,
+                                op.baseAddress! + b * m * n + j, n)
+                    column = end
+                }
             }
         }
         return [.floats(out, shape: batch + [m, n])]

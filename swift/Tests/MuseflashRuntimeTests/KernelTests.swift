@@ -194,6 +194,26 @@ final class KernelTests: XCTestCase {
         XCTAssertGreaterThan(orderSensitive, 500)
     }
 
+    /// Calls large enough to be split across cores (LinearAlgebra.swift's `forEachPart`, from
+    /// 2^18 multiply-adds): every element is still the one four-chain dot, whatever part of
+    /// the output it falls in, with values whose sums tell the chains' orders apart.
+    func testLinearSplitAcrossCoresEqualsTheFourChainDot() throws {
+        var generator = SeededGenerator(seed: 23)
+        let rows = 8, depth = 101, outputs = 700
+        XCTAssertGreaterThan(rows * depth * outputs, 1 << 18)
+        let (x, w) = Self.cancellingRows(rows: rows, outputs: outputs, depth: depth, &generator)
+        let bias = Self.halfValues(outputs, &generator)
+        let weight = Tensor(shape: [outputs, depth], type: .float16, data: .half(HalfStorage(fp16Bits: w.map(Half.fromFloat))))
+        let got = try Self.run("linear", ["x": Self.fp16(x, [1, rows, depth]), "weight": weight, "bias": Self.fp16(bias, [outputs])])
+        var want: [Float] = []
+        for m in 0..<rows {
+            for n in 0..<outputs {
+                want.append(Self.dot(x[(m * depth)..<((m + 1) * depth)], w[(n * depth)..<((n + 1) * depth)]) + bias[n])
+            }
+        }
+        assertSameBits(got, want, shape: [1, rows, outputs], "linear \(rows)x\(depth)x\(outputs) split across cores")
+    }
+
     /// fp32 inputs that are not fp16 values: products of two fp32 values are still exact in
     /// float64, so a fused multiply-add gives the same sums.
     func testLinearOnFp32ValuesEqualsTheFourChainDot() throws {
@@ -218,6 +238,10 @@ final class KernelTests: XCTestCase {
             ([2, 1, 6, 4], [3, 4, 5], false, false),
             ([16, 9], [1, 16, 7], true, false),
             ([2, 3, 6], [2, 5, 3], true, true),
+            // Large enough to be split across cores: attention's shapes and the KV blend's.
+            ([3, 24, 64], [3, 256, 64], false, true),
+            ([3, 24, 256], [3, 256, 64], false, false),
+            ([8, 256], [3, 8, 64], true, false),
         ]
         for (xShape, yShape, tx, ty) in cases {
             let xs = Self.halfValues(xShape.reduce(1, *), &generator), ys = Self.halfValues(yShape.reduce(1, *), &generator)
