@@ -150,6 +150,95 @@ func rowProducts(_ a: UnsafePointer<Double>, rows: Int, _ b: UnsafePointer<Doubl
     }
 }
 
+/// out[0, 4v ..< 4v + 4] for v < `vectors` (<= 3, a literal at every call) = the dot products
+/// of one row of x with 4 * `vectors` adjacent columns of y: x's k-th element at
+/// `x[k * xStep]`, y's row k at `y + k * ldy` (columns contiguous). The columns are the lanes:
+/// a `Chains` per column group and per chain, chain j taking k = j, j + 4, ... in increasing
+/// k (the remainder on chain 0), added as `(s0 + s1) + (s2 + s3)` lane by lane: each lane is
+/// the four-chain dot of its column, the same sums in the same order as `tile`'s, without a
+/// copy of y transposed and without a sum across lanes.
+@inline(__always)
+func columnTile(vectors: Int, _ x: UnsafePointer<Double>, _ xStep: Int, _ y: UnsafePointer<Double>, _ ldy: Int,
+                depth: Int, _ out: UnsafeMutablePointer<Float>) {
+    var a0 = Chains.zero, a1 = Chains.zero, a2 = Chains.zero, a3 = Chains.zero
+    var b0 = Chains.zero, b1 = Chains.zero, b2 = Chains.zero, b3 = Chains.zero
+    var c0 = Chains.zero, c1 = Chains.zero, c2 = Chains.zero, c3 = Chains.zero
+    @inline(__always)
+    func step(_ k: Int, _ s0: inout Chains, _ s1: inout Chains, _ s2: inout Chains) {
+        let xk = Chains(repeating: x[k &* xStep])
+        let row = y + k &* ldy
+        multiplyAdd(&s0, xk, loadChains(row))
+        if vectors > 1 { multiplyAdd(&s1, xk, loadChains(row + 4)) }
+        if vectors > 2 { multiplyAdd(&s2, xk, loadChains(row + 8)) }
+    }
+    var k = 0
+    while k &+ 4 <= depth {
+        step(k, &a0, &b0, &c0)
+        step(k &+ 1, &a1, &b1, &c1)
+        step(k &+ 2, &a2, &b2, &c2)
+        step(k &+ 3, &a3, &b3, &c3)
+        k &+= 4
+    }
+    // A depth that is not a multiple of 4: the last products go to the first chain, in order.
+    while k < depth {
+        step(k, &a0, &b0, &c0)
+        k &+= 1
+    }
+    @inline(__always)
+    func store(_ s0: Chains, _ s1: Chains, _ s2: Chains, _ s3: Chains, _ to: UnsafeMutablePointer<Float>) {
+        let sums = (s0 + s1) + (s2 + s3)
+        to[0] = Float(sums[0])
+        to[1] = Float(sums[1])
+        to[2] = Float(sums[2])
+        to[3] = Float(sums[3])
+    }
+    store(a0, a1, a2, a3, out)
+    if vectors > 1 { store(b0, b1, b2, b3, out + 4) }
+    if vectors > 2 { store(c0, c1, c2, c3, out + 8) }
+}
+
+/// One four-chain dot of strided float64 values: x's k-th at `x[k * xStep]`, y's at
+/// `y[k * yStep]`. For the columns a `columnTile` leaves over.
+@inline(__always)
+func stridedDot(_ x: UnsafePointer<Double>, _ xStep: Int, _ y: UnsafePointer<Double>, _ yStep: Int, depth: Int) -> Float {
+    var sums = Chains.zero
+    var k = 0
+    while k &+ 4 <= depth {
+        let a = Chains(x[k &* xStep], x[(k &+ 1) &* xStep], x[(k &+ 2) &* xStep], x[(k &+ 3) &* xStep])
+        let b = Chains(y[k &* yStep], y[(k &+ 1) &* yStep], y[(k &+ 2) &* yStep], y[(k &+ 3) &* yStep])
+        multiplyAdd(&sums, a, b)
+        k &+= 4
+    }
+    while k < depth {
+        sums[0] += x[k &* xStep] * y[k &* yStep]
+        k &+= 1
+    }
+    return total(sums)
+}
+
+/// out[i, j] = dot(x row i, y column j) for `rows` rows of x (x's element (i, k) at
+/// `x[i * xRow + k * xStep]`) and `cols` columns of y ([depth, cols] rows `ldy` apart):
+/// twelve columns at a time, then four, then one by one. `out` has `ldo` floats per row.
+func columnProducts(_ x: UnsafePointer<Double>, rows: Int, xRow: Int, xStep: Int, _ y: UnsafePointer<Double>, cols: Int,
+                    ldy: Int, depth: Int, _ out: UnsafeMutablePointer<Float>, _ ldo: Int) {
+    for i in 0..<rows {
+        let xi = x + i &* xRow, oi = out + i &* ldo
+        var j = 0
+        while j &+ 12 <= cols {
+            columnTile(vectors: 3, xi, xStep, y + j, ldy, depth: depth, oi + j)
+            j &+= 12
+        }
+        while j &+ 4 <= cols {
+            columnTile(vectors: 1, xi, xStep, y + j, ldy, depth: depth, oi + j)
+            j &+= 4
+        }
+        while j < cols {
+            oi[j] = stridedDot(xi, xStep, y + j, ldy, depth: depth)
+            j &+= 1
+        }
+    }
+}
+
 /// `count` fp16 values as float64 (exact).
 @inline(__always)
 func widen(_ source: UnsafePointer<UInt16>, toDoubles destination: UnsafeMutablePointer<Double>, count: Int) {
@@ -306,17 +395,25 @@ let linearAlgebraKernels: [String: Kernel] = [
     "matmul": { args in
         var x = try args.tensor("x"), y = try args.tensor("y")
         guard x.rank >= 2, y.rank >= 2 else { throw KernelError("matmul of rank < 2 (\(x), \(y)) is not supported") }
-        if try args.bool("transpose_x") { x = swapLastAxes(x) }
-        // Rows of y^T are contiguous columns of y.
-        let yT = try args.bool("transpose_y") ? y : swapLastAxes(y)
-        let m = x.shape[x.rank - 2], k = x.shape[x.rank - 1]
-        let n = yT.shape[yT.rank - 2]
-        guard yT.shape[yT.rank - 1] == k else { throw KernelError("matmul inner sizes differ: \(x) and \(y)") }
-        let xBatch = Array(x.shape.dropLast(2)), yBatch = Array(yT.shape.dropLast(2))
+        let transposeX = try args.bool("transpose_x"), transposeY = try args.bool("transpose_y")
+        let m = x.shape[x.rank - (transposeX ? 1 : 2)], k = x.shape[x.rank - (transposeX ? 2 : 1)]
+        let n = y.shape[y.rank - (transposeY ? 2 : 1)]
+        guard y.shape[y.rank - (transposeY ? 1 : 2)] == k else { throw KernelError("matmul inner sizes differ: \(x) and \(y)") }
+        // y's columns are contiguous rows of y^T (copied when y is not transposed), or else,
+        // for a short depth, the lanes of `columnProducts`, which reads y and x as they are
+        // (from four columns). A short dot spends more on `tile`'s sums across lanes than
+        // on its multiply-adds; a long one is better in `tile`, which loads fewer operands
+        // per multiply-add, even after the copy of y^T.
+        let byColumns = !transposeY && n >= 4 && k <= 32
+        if !byColumns {
+            if transposeX { x = swapLastAxes(x) }
+            if !transposeY { y = swapLastAxes(y) }
+        }
+        let xBatch = Array(x.shape.dropLast(2)), yBatch = Array(y.shape.dropLast(2))
         let batch = try broadcastShape([xBatch, yBatch])
         let batches = elementCount(batch)
         let xIndex = broadcastIndices(from: xBatch, to: batch), yIndex = broadcastIndices(from: yBatch, to: batch)
-        let xs = wideCopy(x), ys = wideCopy(yT)
+        let xs = wideCopy(x), ys = wideCopy(y)
         defer {
             xs.deallocate()
             ys.deallocate()
@@ -324,6 +421,23 @@ let linearAlgebraKernels: [String: Kernel] = [
         // Every element is written below.
         var out = [Float](unsafeUninitializedCapacity: batches * m * n) { _, initialized in initialized = batches * m * n }
         out.withUnsafeMutableBufferPointer { op in
+            if byColumns {
+                // The rows of every batch, numbered batch by batch, split across cores.
+                let (xRow, xStep) = transposeX ? (1, m) : (k, 1)
+                forEachPart(of: batches * m, align: 1, work: batches * m * n * k) { part in
+                    var row = part.lowerBound
+                    while row < part.upperBound {
+                        let b = row / m, i = row - b * m
+                        let end = min(part.upperBound, (b + 1) * m)
+                        let xBase = xs.baseAddress! + (xIndex?[b] ?? b) * m * k + i * xRow
+                        let yBase = ys.baseAddress! + (yIndex?[b] ?? b) * k * n
+                        columnProducts(UnsafePointer(xBase), rows: end - row, xRow: xRow, xStep: xStep, UnsafePointer(yBase),
+                                       cols: n, ldy: n, depth: k, op.baseAddress! + b * m * n + i * n, n)
+                        row = end
+                    }
+                }
+                return
+            }
             // The output columns of every batch, numbered batch by batch, split across cores.
             forEachPart(of: batches * n, align: 3, work: batches * m * n * k) { part in
                 var column = part.lowerBound

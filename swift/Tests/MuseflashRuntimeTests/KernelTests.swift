@@ -176,6 +176,10 @@ final class KernelTests: XCTestCase {
                     let got = try Self.run("linear", ["x": Self.fp16(x, [rows, depth]), "weight": weight])
                     let product = try Self.run("matmul", ["x": Self.fp16(x, [rows, depth]), "y": Self.fp16(w, [outputs, depth]),
                                                           "transpose_y": .bools([true], shape: [])])
+                    // y as [depth, outputs]: from 4 outputs on, its columns are the lanes of
+                    // matmul's column tiles.
+                    let columns = (0..<(depth * outputs)).map { w[($0 % outputs) * depth + $0 / outputs] }
+                    let byColumns = try Self.run("matmul", ["x": Self.fp16(x, [rows, depth]), "y": Self.fp16(columns, [depth, outputs])])
                     var want: [Float] = []
                     for m in 0..<rows {
                         for n in 0..<outputs {
@@ -187,6 +191,7 @@ final class KernelTests: XCTestCase {
                     }
                     assertSameBits(got, want, shape: [rows, outputs], "linear \(rows)x\(depth)x\(outputs), cancelling values")
                     assertSameBits(product, want, shape: [rows, outputs], "matmul \(rows)x\(depth)x\(outputs), cancelling values")
+                    assertSameBits(byColumns, want, shape: [rows, outputs], "matmul \(rows)x\(depth)x\(outputs) by columns, cancelling values")
                 }
             }
         }
