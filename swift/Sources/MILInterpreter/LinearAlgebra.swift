@@ -120,6 +120,119 @@ func tile(rows: Int, cols: Int, _ a: UnsafePointer<Double>, _ lda: Int, _ b: Uns
     }
 }
 
+/// One weight row as `eightRowTile` reads it: fp16 values (as mapped from a weight file) or
+/// fp32 values, each group of four widened to float64 as it is loaded (the same float64
+/// values a widened copy holds, so the same sums).
+protocol WeightRow {
+    /// Values k ..< k + 4.
+    func chains(_ k: Int) -> Chains
+    /// Value k.
+    func element(_ k: Int) -> Double
+}
+
+struct HalfRow: WeightRow {
+    let base: UnsafePointer<UInt16>
+
+    @inline(__always)
+    func chains(_ k: Int) -> Chains {
+        let source = base + k
+        #if MILINTERPRETER_HASWELL
+        // F16C's conversion, as `widen` does.
+        let bits = UnsafeRawPointer(source).loadUnaligned(as: SIMD4<UInt16>.self)
+        return Chains(Double(Float(Float16(bitPattern: bits[0]))), Double(Float(Float16(bitPattern: bits[1]))),
+                      Double(Float(Float16(bitPattern: bits[2]))), Double(Float(Float16(bitPattern: bits[3]))))
+        #else
+        return Chains(Double(Half.widen(source[0])), Double(Half.widen(source[1])),
+                      Double(Half.widen(source[2])), Double(Half.widen(source[3])))
+        #endif
+    }
+
+    @inline(__always)
+    func element(_ k: Int) -> Double {
+        var value = 0.0
+        widen(base + k, toDoubles: &value, count: 1)
+        return value
+    }
+}
+
+struct FloatRow: WeightRow {
+    let base: UnsafePointer<Float>
+
+    @inline(__always)
+    func chains(_ k: Int) -> Chains {
+        let source = base + k
+        return Chains(Double(source[0]), Double(source[1]), Double(source[2]), Double(source[3]))
+    }
+
+    @inline(__always)
+    func element(_ k: Int) -> Double { Double(base[k]) }
+}
+
+/// Rows 8g ..< 8g + 8 of `wide` (`depth` float64 values each) interleaved by fours: for each
+/// k = 0, 4, 8, ... below depth rounded down to 4, the eight rows' values k ..< k + 4 in row
+/// order, so that `eightRowTile` reads all eight from one pointer at fixed offsets.
+func interleaveEights(_ wide: UnsafePointer<Double>, groups: Int, depth: Int, into packed: UnsafeMutablePointer<Double>) {
+    let quads = depth / 4
+    for g in 0..<groups {
+        let block = packed + g &* 32 &* quads
+        for r in 0..<8 {
+            let row = wide + (g &* 8 &+ r) &* depth
+            for q in 0..<quads {
+                UnsafeMutableRawPointer(block + (q &* 32 &+ r &* 4)).storeBytes(of: loadChains(row + q &* 4), as: Chains.self)
+            }
+        }
+    }
+}
+
+/// out[i * ldo] = dot(x row i, w) + offset for eight rows of x and one weight row: x's rows
+/// interleaved by `interleaveEights` at `packed` (the remainder of a depth that is not a
+/// multiple of 4 read from the rows themselves, `lda` apart, at `rows`), w widened as it is
+/// read. Eight dot products share each load of the weights, which are read once, in order;
+/// all x loads come from one pointer at fixed offsets, so the loop is little more than its
+/// multiply-adds.
+@inline(__always)
+func eightRowTile<W: WeightRow>(_ packed: UnsafePointer<Double>, _ rows: UnsafePointer<Double>, _ lda: Int, _ w: W,
+                                depth: Int, _ out: UnsafeMutablePointer<Float>, _ ldo: Int, offset: Float) {
+    var c0 = Chains.zero, c1 = Chains.zero, c2 = Chains.zero, c3 = Chains.zero
+    var c4 = Chains.zero, c5 = Chains.zero, c6 = Chains.zero, c7 = Chains.zero
+    var p = packed
+    var k = 0
+    while k &+ 4 <= depth {
+        let v = w.chains(k)
+        multiplyAdd(&c0, loadChains(p), v)
+        multiplyAdd(&c1, loadChains(p + 4), v)
+        multiplyAdd(&c2, loadChains(p + 8), v)
+        multiplyAdd(&c3, loadChains(p + 12), v)
+        multiplyAdd(&c4, loadChains(p + 16), v)
+        multiplyAdd(&c5, loadChains(p + 20), v)
+        multiplyAdd(&c6, loadChains(p + 24), v)
+        multiplyAdd(&c7, loadChains(p + 28), v)
+        p += 32
+        k &+= 4
+    }
+    // A depth that is not a multiple of 4: the last products go to the first chain, in order.
+    while k < depth {
+        let v = w.element(k)
+        c0[0] += rows[k] * v
+        c1[0] += rows[lda &+ k] * v
+        c2[0] += rows[2 &* lda &+ k] * v
+        c3[0] += rows[3 &* lda &+ k] * v
+        c4[0] += rows[4 &* lda &+ k] * v
+        c5[0] += rows[5 &* lda &+ k] * v
+        c6[0] += rows[6 &* lda &+ k] * v
+        c7[0] += rows[7 &* lda &+ k] * v
+        k &+= 1
+    }
+    out[0] = total(c0) + offset
+    out[ldo] = total(c1) + offset
+    out[2 &* ldo] = total(c2) + offset
+    out[3 &* ldo] = total(c3) + offset
+    out[4 &* ldo] = total(c4) + offset
+    out[5 &* ldo] = total(c5) + offset
+    out[6 &* ldo] = total(c6) + offset
+    out[7 &* ldo] = total(c7) + offset
+}
+
 /// Every row of `a` (`rows` x `depth`) against `cols` rows of `b` (`cols` <= 3), in tiles of 4.
 @inline(__always)
 func rowsAgainst(cols: Int, _ a: UnsafePointer<Double>, rows: Int, _ b: UnsafePointer<Double>, depth: Int,
@@ -300,18 +413,27 @@ func allocateDoubles(_ count: Int) -> UnsafeMutablePointer<Double> {
         .bindMemory(to: Double.self, capacity: max(count, 1))
 }
 
-/// out[m, n] = dot(x[m, :], w[n, :]) (+ bias[n]) for x [M, K] and w [N, K]: x widened to
-/// float64 once, the weight rows (fp16 or fp32) three at a time into a scratch block that
-/// every row of x is dotted with. Large calls split the weight rows across cores
-/// (`forEachPart`), each part with its own scratch block.
+/// out[m, n] = dot(x[m, :], w[n, :]) (+ bias[n]) for x [M, K] and w [N, K], x widened to
+/// float64 once. Rows of x in groups of eight go through `eightRowTile`, which widens each
+/// weight row (fp16 or fp32) as it reads it; the rows left over (all of them when M < 8) are
+/// dotted with the weight rows three at a time, widened into a scratch block first. Large
+/// calls split the weight rows across cores (`forEachPart`), each part with its own scratch.
 func rowDots(x: [Float], rows: Int, depth: Int, weight: TensorData, outputs: Int, bias: [Float]?) -> [Float] {
     // Every element is written below.
     var out = [Float](unsafeUninitializedCapacity: rows * outputs) { _, initialized in initialized = rows * outputs }
     let wide = allocateDoubles(rows * depth)
-    defer { wide.deallocate() }
+    let groups = rows / 8
+    let packed = allocateDoubles(groups * 8 * depth)
+    defer {
+        wide.deallocate()
+        packed.deallocate()
+    }
     x.withUnsafeBufferPointer { xs in
         if let source = xs.baseAddress { widen(source, toDoubles: wide, count: rows * depth) }
     }
+    interleaveEights(wide, groups: groups, depth: depth, into: packed)
+    // The rows after the groups of eight.
+    let rest = wide + groups * 8 * depth, restRows = rows - groups * 8
     let floatWeights: [Float]
     if case .float(let values) = weight { floatWeights = values } else { floatWeights = [] }
     out.withUnsafeMutableBufferPointer { result in
@@ -322,6 +444,19 @@ func rowDots(x: [Float], rows: Int, depth: Int, weight: TensorData, outputs: Int
                 let out = result.baseAddress!
                 let offsets = bias == nil ? nil : offsets.baseAddress
                 forEachPart(of: outputs, align: 3, work: rows * depth * outputs) { part in
+                    for n in part where groups > 0 {
+                        let offset = offsets?[n] ?? 0
+                        for g in 0..<groups {
+                            let block = packed + g &* 8 &* (depth / 4 &* 4), rows = wide + g &* 8 &* depth
+                            let o = out + (g &* 8 &* outputs &+ n)
+                            if let halfWeights = halfWeights {
+                                eightRowTile(block, rows, depth, HalfRow(base: halfWeights + n &* depth), depth: depth, o, outputs, offset: offset)
+                            } else {
+                                eightRowTile(block, rows, depth, FloatRow(base: fw.baseAddress! + n &* depth), depth: depth, o, outputs, offset: offset)
+                            }
+                        }
+                    }
+                    guard restRows > 0 else { return }
                     let scratch = allocateDoubles(3 * depth)
                     defer { scratch.deallocate() }
                     func block(_ n: Int, _ count: Int) {
@@ -331,15 +466,16 @@ func rowDots(x: [Float], rows: Int, depth: Int, weight: TensorData, outputs: Int
                             widen(fw.baseAddress! + n &* depth, toDoubles: scratch, count: count &* depth)
                         }
                     }
+                    let restOut = out + groups * 8 * outputs
                     var n = part.lowerBound
                     while n &+ 3 <= part.upperBound {
                         block(n, 3)
-                        rowsAgainst(cols: 3, wide, rows: rows, scratch, depth: depth, out + n, outputs, bias: offsets.map { $0 + n })
+                        rowsAgainst(cols: 3, rest, rows: restRows, scratch, depth: depth, restOut + n, outputs, bias: offsets.map { $0 + n })
                         n &+= 3
                     }
                     while n < part.upperBound {
                         block(n, 1)
-                        rowsAgainst(cols: 1, wide, rows: rows, scratch, depth: depth, out + n, outputs, bias: offsets.map { $0 + n })
+                        rowsAgainst(cols: 1, rest, rows: restRows, scratch, depth: depth, restOut + n, outputs, bias: offsets.map { $0 + n })
                         n &+= 1
                     }
                 }

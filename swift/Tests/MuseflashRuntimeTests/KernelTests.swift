@@ -106,7 +106,7 @@ final class KernelTests: XCTestCase {
 
     func testLinearTilesEqualTheFourChainDot() throws {
         var generator = SeededGenerator(seed: 11)
-        for rows in [1, 2, 3, 4, 5, 7, 16] {
+        for rows in [1, 2, 3, 4, 5, 7, 8, 11, 16] {
             for depth in [1, 3, 4, 5, 8, 13, 64] {
                 for outputs in [1, 2, 3, 4, 5, 7, 10] {
                     let x = Self.halfValues(rows * depth, &generator)
