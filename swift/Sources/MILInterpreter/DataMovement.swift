@@ -251,10 +251,12 @@ let dataMovementKernels: [String: Kernel] = [
             return [.bools(values, shape: x.shape)]
         } else {
             var values = x.takeFloats()
-            let source = update.floats()
-            let round = x.type == .float16
+            var source = update.floats()
+            // Rounded in one vectorized pass (a copy of the update's values, not of x), then
+            // copied: the same values as `Half.round` of each element as it is written.
+            if x.type == .float16 { Half.roundInPlace(&source) }
             values.withUnsafeMutableBufferPointer { target in
-                source.withUnsafeBufferPointer { plan.walk.scatter($0, into: target) { round ? Half.round($0) : $0 } }
+                source.withUnsafeBufferPointer { plan.walk.scatter($0, into: target) { $0 } }
             }
             return [.floats(values, shape: x.shape, type: x.type)]
         }

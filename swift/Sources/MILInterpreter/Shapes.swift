@@ -214,7 +214,7 @@ struct StridedWalk {
                 if step == 1 {
                     for t in 0..<length { (out + t).initialize(to: transform(run[t])) }
                 } else {
-                    for t in 0..<length { (out + t).initialize(to: transform(run[t * step])) }
+                    for t in 0..<length { (out + t).initialize(to: transform(run[t &* step])) }
                 }
                 out += length
             }
@@ -227,15 +227,17 @@ struct StridedWalk {
     @inline(__always)
     func scatter<T, S>(_ elements: UnsafeBufferPointer<S>, into target: UnsafeMutableBufferPointer<T>, _ transform: (S) -> T) {
         guard count > 0, let values = elements.baseAddress, let destination = target.baseAddress else { return }
-        var position = 0
+        var from = values
         for start in rowStarts {
             let run = destination + start
+            // Wrapping index arithmetic (bounded by the buffers' sizes): an overflow check
+            // would keep the copy from being vectorized.
             if step == 1 {
-                for t in 0..<length { run[t] = transform(values[position + t]) }
+                for t in 0..<length { run[t] = transform(from[t]) }
             } else {
-                for t in 0..<length { run[t * step] = transform(values[position + t]) }
+                for t in 0..<length { run[t &* step] = transform(from[t]) }
             }
-            position += length
+            from += length
         }
     }
 }
