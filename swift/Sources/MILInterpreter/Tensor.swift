@@ -148,10 +148,25 @@ public struct Tensor: @unchecked Sendable {
     /// No inf or NaN among its values (always true for integer, bool and string tensors).
     public var isFinite: Bool {
         switch data {
-        case .float(let values): return !values.contains { !$0.isFinite }
+        case .float(let values): return values.withUnsafeBufferPointer(Tensor.allFinite)
         case .half(let storage): return !storage.values.contains { $0 & 0x7C00 == 0x7C00 }
         default: return true
         }
+    }
+
+    /// No inf or NaN among `values`: the largest exponent field of each block of 1024, a
+    /// loop without a branch that vectorizes, where `contains` tests one element at a time.
+    /// Every op's result is checked, so this runs over every value computed.
+    static func allFinite(_ values: UnsafeBufferPointer<Float>) -> Bool {
+        var start = 0
+        while start < values.count {
+            let end = Swift.min(start &+ 1024, values.count)
+            var exponents: UInt32 = 0
+            for index in start..<end { exponents = Swift.max(exponents, values[index].bitPattern & 0x7F80_0000) }
+            if exponents == 0x7F80_0000 { return false }
+            start = end
+        }
+        return true
     }
 
     /// A state's stand-in while an in-place write holds its value (CompiledFunction.run): the
