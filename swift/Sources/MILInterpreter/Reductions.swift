@@ -86,6 +86,35 @@ func softmaxExp(_ d: Float, _ table: UnsafePointer<Float>?) -> Float {
     return viaDouble(Foundation.exp, d)
 }
 
+/// Softmax of `count` contiguous values in place, as the general loop computes it: the peak
+/// found eight lanes at a time (the same value as the running `Swift.max`, NaNs skipped alike;
+/// only the sign of a zero peak may differ, which no `v - peak` or its exp can tell), the
+/// exponentials and their float64 sum in order, then a division that vectorizes.
+@inline(__always)
+func softmaxRow(_ row: UnsafeMutablePointer<Float>, count: Int, _ table: UnsafePointer<Float>?) {
+    var lanes = SIMD8<Float>(repeating: -.infinity)
+    var a = 0
+    while a &+ 8 <= count {
+        let x = UnsafeRawPointer(row + a).loadUnaligned(as: SIMD8<Float>.self)
+        lanes.replace(with: x, where: x .> lanes)
+        a &+= 8
+    }
+    var peak = -Float.infinity
+    for lane in 0..<8 { peak = Swift.max(peak, lanes[lane]) }
+    while a < count {
+        peak = Swift.max(peak, row[a])
+        a &+= 1
+    }
+    var total = 0.0
+    for a in 0..<count {
+        let e = softmaxExp(row[a] - peak, table)
+        row[a] = e
+        total += Double(e)
+    }
+    let sum = Float(total)
+    for a in 0..<count { row[a] /= sum }
+}
+
 /// Sums along one axis in float64, each in order from 0, rounded once to fp32: `sumDouble`
 /// of every lane without building the lanes.
 func sumAxis(_ values: [Float], shape: [Int], axis: Int) -> [Float] {
@@ -133,6 +162,13 @@ let reductionKernels: [String: Kernel] = [
         // Differences from the peak are mostly fp16 values themselves: exp from its table.
         let table = x.count >= 1024 ? expTable.table : nil
         values.withUnsafeMutableBufferPointer { v in
+            if view.inner == 1, view.size > 0 {
+                // The softmax axis is the last (attention's rows): contiguous lanes.
+                for o in 0..<view.outer {
+                    softmaxRow(v.baseAddress! + o &* view.size, count: view.size, table)
+                }
+                return
+            }
             for o in 0..<view.outer {
                 for i in 0..<view.inner {
                     let base = o * view.size * view.inner + i
