@@ -17,6 +17,15 @@ func reduceAxis<T, R>(_ values: [T], shape: [Int], axis: Int, _ body: ([T]) -> R
     result.reserveCapacity(view.outer * view.inner)
     var lane = [T]()
     lane.reserveCapacity(view.size)
+    if view.inner == 1 {
+        // The axis is the last: each lane is a contiguous run, copied whole.
+        for o in 0..<view.outer {
+            lane.removeAll(keepingCapacity: true)
+            lane.append(contentsOf: values[(o * view.size)..<((o + 1) * view.size)])
+            result.append(body(lane))
+        }
+        return result
+    }
     for o in 0..<view.outer {
         for i in 0..<view.inner {
             lane.removeAll(keepingCapacity: true)

@@ -416,6 +416,30 @@ final class KernelTests: XCTestCase {
         }
     }
 
+    /// reduce_max and reduce_min along each axis (the last one's lanes are copied whole), with
+    /// zeros of both signs, where the first zero of the lane wins.
+    func testReduceMaxAndMinPickAlongEachAxis() throws {
+        var generator = SeededGenerator(seed: 18)
+        let shape = [3, 5, 130]
+        let x = Self.halfValues(shape.reduce(1, *), &generator).map { generator.next() % 4 == 0 ? -Swift.abs($0) : $0 }
+        for axis in 0..<3 {
+            for (name, larger) in [("reduce_max", true), ("reduce_min", false)] {
+                let got = try Self.run(name, ["x": Self.fp16(x, shape), "axes": Self.ints([axis - 3]), "keep_dims": .bools([true], shape: [])])
+                var outShape = shape
+                outShape[axis] = 1
+                let want = (0..<outShape.reduce(1, *)).map { index -> Float in
+                    var at = Self.coordinates(index, outShape)
+                    let lane = (0..<shape[axis]).map { k -> Float in
+                        at[axis] = k
+                        return x[Self.broadcastIndex(at, from: shape)]
+                    }
+                    return (larger ? lane.max() : lane.min())!
+                }
+                assertSameBits(got, want, shape: outShape, "\(name) axis \(axis)")
+            }
+        }
+    }
+
     /// The fp16 rounding of every op's fp32 result: the scalar definition, for values around
     /// every rounding boundary, subnormals, overflow and NaNs with payloads (a NaN comes out as
     /// the quiet NaN of its sign).
