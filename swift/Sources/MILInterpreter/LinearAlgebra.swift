@@ -384,15 +384,17 @@ func widen(_ source: UnsafePointer<Float>, toDoubles destination: UnsafeMutableP
 /// The cores the large linear and matmul calls split their outputs across.
 let workerCount = max(1, ProcessInfo.processInfo.activeProcessorCount)
 
-/// Multiply-adds below which a call stays on the calling thread: waking the other workers
-/// costs tens of microseconds, what about 2^18 multiply-adds take on one core.
+/// Multiply-adds below which a call stays on the calling thread. 2^18 take about 15 us on one
+/// core; handing parts to the other workers costs a few microseconds when they are awake,
+/// more when they must be woken or the cores are shared, which a smaller call would not
+/// earn back.
 let parallelMultiplyAdds = 1 << 18
 
 /// `body` over consecutive parts of 0..<count that together cover it, each part but the last
 /// a multiple of `align` long, in parallel when `work` (multiply-adds) pays for it. A few
-/// parts per worker rather than one each, so that a core another process holds for a while
-/// delays only its part. Every output element is computed by the same code whichever part
-/// it falls in, so the results are the same bits however the range is cut.
+/// parts per worker rather than one each, taken as workers come free, so that a core another
+/// process slows down takes fewer of them. Every output element is computed by the same code
+/// whichever part it falls in, so the results are the same bits however the range is cut.
 func forEachPart(of count: Int, align: Int, work: Int, _ body: (Range<Int>) -> Void) {
     let units = (count + align - 1) / align
     let parts = work >= parallelMultiplyAdds ? min(units, 4 * workerCount) : 1
@@ -447,12 +449,14 @@ func rowDots(x: [Float], rows: Int, depth: Int, weight: TensorData, outputs: Int
                     for n in part where groups > 0 {
                         let offset = offsets?[n] ?? 0
                         for g in 0..<groups {
-                            let block = packed + g &* 8 &* (depth / 4 &* 4), rows = wide + g &* 8 &* depth
+                            let interleaved = packed + g &* 8 &* (depth / 4 &* 4), xRows = wide + g &* 8 &* depth
                             let o = out + (g &* 8 &* outputs &+ n)
                             if let halfWeights = halfWeights {
-                                eightRowTile(block, rows, depth, HalfRow(base: halfWeights + n &* depth), depth: depth, o, outputs, offset: offset)
+                                eightRowTile(interleaved, xRows, depth, HalfRow(base: halfWeights + n &* depth), depth: depth,
+                                             o, outputs, offset: offset)
                             } else {
-                                eightRowTile(block, rows, depth, FloatRow(base: fw.baseAddress! + n &* depth), depth: depth, o, outputs, offset: offset)
+                                eightRowTile(interleaved, xRows, depth, FloatRow(base: fw.baseAddress! + n &* depth), depth: depth,
+                                             o, outputs, offset: offset)
                             }
                         }
                     }
