@@ -533,35 +533,32 @@ let linearAlgebraKernels: [String: Kernel] = [
         return [.floats(out, shape: Array(x.shape.dropLast()) + [outputs])]
     },
     "matmul": { args in
-        var x = try args.tensor("x"), y = try args.tensor("y")
+        var x = try args.tensor("x")
+        let y = try args.tensor("y")
         guard x.rank >= 2, y.rank >= 2 else { throw KernelError("matmul of rank < 2 (\(x), \(y)) is not supported") }
         let transposeX = try args.bool("transpose_x"), transposeY = try args.bool("transpose_y")
         let m = x.shape[x.rank - (transposeX ? 1 : 2)], k = x.shape[x.rank - (transposeX ? 2 : 1)]
         let n = y.shape[y.rank - (transposeY ? 2 : 1)]
         guard y.shape[y.rank - (transposeY ? 1 : 2)] == k else { throw KernelError("matmul inner sizes differ: \(x) and \(y)") }
-        // y's columns are contiguous rows of y^T (copied when y is not transposed), or else,
-        // for a short depth, the lanes of `columnProducts`, which reads y and x as they are
+        // y's columns are contiguous rows of y^T (copied when y is not transposed, below), or
+        // else, for a short depth, the lanes of `columnProducts`, which reads y and x as they are
         // (from four columns). A short dot spends more on `tile`'s sums across lanes than
         // on its multiply-adds; a long one is better in `tile`, which loads fewer operands
         // per multiply-add, even after the copy of y^T.
         let byColumns = !transposeY && n >= 4 && k <= 32
-        if !byColumns {
-            if transposeX { x = swapLastAxes(x) }
-            if !transposeY { y = swapLastAxes(y) }
-        }
+        if !byColumns, transposeX { x = swapLastAxes(x) }
         let xBatch = Array(x.shape.dropLast(2)), yBatch = Array(y.shape.dropLast(2))
         let batch = try broadcastShape([xBatch, yBatch])
         let batches = elementCount(batch)
         let xIndex = broadcastIndices(from: xBatch, to: batch), yIndex = broadcastIndices(from: yBatch, to: batch)
-        let xs = wideCopy(x), ys = wideCopy(y)
-        defer {
-            xs.deallocate()
-            ys.deallocate()
-        }
+        let xs = wideCopy(x)
+        defer { xs.deallocate() }
         // Every element is written below.
         var out = [Float](unsafeUninitializedCapacity: batches * m * n) { _, initialized in initialized = batches * m * n }
-        out.withUnsafeMutableBufferPointer { op in
-            if byColumns {
+        if byColumns {
+            let ys = wideCopy(y)
+            defer { ys.deallocate() }
+            out.withUnsafeMutableBufferPointer { op in
                 // The rows of every batch, numbered batch by batch, split across cores.
                 let (xRow, xStep) = transposeX ? (1, m) : (k, 1)
                 forEachPart(of: batches * m, align: 1, work: batches * m * n * k) { part in
@@ -576,19 +573,47 @@ let linearAlgebraKernels: [String: Kernel] = [
                         row = end
                     }
                 }
-                return
             }
-            // The output columns of every batch, numbered batch by batch, split across cores.
-            forEachPart(of: batches * n, align: 3, work: batches * m * n * k) { part in
-                var column = part.lowerBound
-                while column < part.upperBound {
-                    let b = column / n, j = column - b * n
-                    let end = min(part.upperBound, (b + 1) * n)
-                    let xBase = xs.baseAddress! + (xIndex?[b] ?? b) * m * k
-                    let yBase = ys.baseAddress! + (yIndex?[b] ?? b) * n * k + j * k
-                    rowProducts(UnsafePointer(xBase), rows: m, UnsafePointer(yBase), cols: end - column, depth: k,
-                                op.baseAddress! + b * m * n + j, n)
-                    column = end
+            return [.floats(out, shape: batch + [m, n])]
+        }
+        // The output columns of every batch, numbered batch by batch, split across cores. Each
+        // part widens the rows of y^T it reads into a scratch of its own (for y not transposed,
+        // its columns of y, copied row by row of y): the copy of y^T, and its widening, are
+        // split with the products instead of made whole before them.
+        let yValues = y.floats()
+        yValues.withUnsafeBufferPointer { yv in
+            out.withUnsafeMutableBufferPointer { op in
+                forEachPart(of: batches * n, align: 3, work: batches * m * n * k) { part in
+                    let scratch = allocateDoubles(min(part.count, n) * k)
+                    defer { scratch.deallocate() }
+                    var column = part.lowerBound
+                    while column < part.upperBound {
+                        let b = column / n, j = column - b * n
+                        let end = min(part.upperBound, (b + 1) * n)
+                        let count = end - column
+                        let yb = yv.baseAddress! + (yIndex?[b] ?? b) * n * k
+                        if transposeY {
+                            widen(yb + j * k, toDoubles: scratch, count: count * k)
+                        } else {
+                            // Eight rows of y at a time: each column's eight values fill one
+                            // cache line of the scratch, and the eight lines of y stay in cache
+                            // across the columns.
+                            var k0 = 0
+                            while k0 < k {
+                                let k1 = min(k0 &+ 8, k)
+                                for c in 0..<count {
+                                    let to = scratch + (c &* k)
+                                    let from = yb + (j &+ c)
+                                    for kk in k0..<k1 { to[kk] = Double(from[kk &* n]) }
+                                }
+                                k0 = k1
+                            }
+                        }
+                        let xBase = xs.baseAddress! + (xIndex?[b] ?? b) * m * k
+                        rowProducts(UnsafePointer(xBase), rows: m, UnsafePointer(scratch), cols: count, depth: k,
+                                    op.baseAddress! + b * m * n + j, n)
+                        column = end
+                    }
                 }
             }
         }
