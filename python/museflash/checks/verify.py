@@ -244,9 +244,7 @@ def _write_prefix(target, metadata: Metadata, states: dict[str, np.ndarray], end
     slot still shows."""
     if end <= 0:
         return
-    avoid = metadata.speculative_decoding.mask_token_id if metadata.speculative_decoding else -1
-    ids = np.array(deterministic_prompt(end, metadata.vocab_size, avoid, metadata),
-                   dtype=np.int32)
+    ids = _prefix_ids(metadata, end)
     module = target.with_entry_point("forward")
     with torch.no_grad():
         for first in range(0, end, chunk):
@@ -256,10 +254,18 @@ def _write_prefix(target, metadata: Metadata, states: dict[str, np.ndarray], end
     states.update(module_states(target, states))
 
 
+def _prefix_ids(metadata: Metadata, end: int) -> np.ndarray:
+    """The seeded `<bos>`-led prompt of `end` tokens whose positions the prefixes write (never
+    the mask token)."""
+    avoid = metadata.speculative_decoding.mask_token_id if metadata.speculative_decoding else -1
+    return np.array(deterministic_prompt(end, metadata.vocab_size, avoid, metadata),
+                    dtype=np.int32)
+
+
 def _write_drafter_prefix(drafter, target, metadata: Metadata, states: dict[str, np.ndarray],
                           end: int, block: int) -> None:
     """The drafter's ring positions [0, end) written by the eager drafter's inject_kv from the
-    eager target's drafter_features over `_write_prefix`'s seeded prompt, as decoding writes
+    eager target's drafter_features over the same seeded prompt, as decoding writes
     them; `states` and the drafter's buffers then hold the same values. The checked blocks
     attend to those positions: over N(0, 1) keys and values the draft logits of the SmolLM2
     drafter moved by up to rel 0.019 (fp16) and 0.056 (int8 weights) between the package and
@@ -267,9 +273,7 @@ def _write_drafter_prefix(drafter, target, metadata: Metadata, states: dict[str,
     `end` reaches keep their random contents."""
     if end <= 0:
         return
-    avoid = metadata.speculative_decoding.mask_token_id
-    ids = torch.from_numpy(np.array(deterministic_prompt(end, metadata.vocab_size, avoid,
-                                                         metadata), dtype=np.int32))
+    ids = torch.from_numpy(_prefix_ids(metadata, end))
     forward, inject = target.with_entry_point("forward"), drafter.with_entry_point("inject_kv")
     with torch.no_grad():
         for first in range(0, end, block):
