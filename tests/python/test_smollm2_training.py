@@ -86,3 +86,28 @@ def test_a_full_attention_drafter_sees_every_earlier_position():
     assert context_length(full, 8, 160) == 152
     windowed = SimpleNamespace(sliding_window=32, window_per_query=False)
     assert context_length(windowed, 8, 160) == context_length(windowed, 8) == 24
+
+
+def test_command_line_flags_reach_the_run_and_bad_ones_are_refused(tmp_path, monkeypatch,
+                                                                   capsys):
+    from command_line import run_main
+
+    from museflash.cli import train_smollm2_drafter_main as cli
+    from museflash.training import train_smollm2_drafter as trainer
+
+    seen = {}
+    monkeypatch.setattr(trainer, "run", lambda output_dir, **kwargs: seen.update(kwargs))
+    assert run_main(cli.main, "--output-dir", str(tmp_path), "--train-steps", "3",
+                    "--anchors-per-row", "4", "--batch", "16", "--blocks", "4,8",
+                    "--nocorpus-vocabulary", "--threads", "1") == 0
+    assert (seen["anchors_per_row"], seen["batch"], seen["blocks"]) == (4, 16, (4, 8))
+    assert seen["corpus_vocabulary"] is False and seen["train_steps"] == 3
+    for bad, flag in ((("--anchors-per-row", "5"), "--anchors-per-row"),
+                      (("--blocks", "4,x"), "--blocks"), (("--blocks", "1"), "--blocks"),
+                      (("--blocks", "32"), "--blocks")):
+        seen.clear()
+        capsys.readouterr()
+        assert run_main(cli.main, "--output-dir", str(tmp_path), "--train-steps", "3",
+                        "--threads", "1", *bad) == 2
+        errors = capsys.readouterr().err.splitlines()
+        assert len(errors) == 1 and flag in errors[0] and not seen

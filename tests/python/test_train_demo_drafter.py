@@ -139,6 +139,67 @@ def test_fp16_rings_train_without_copies_and_with_the_fp32_gradients(pair):
             assert torch.allclose(g16, g32, rtol=2e-2, atol=1e-3 * float(g32.abs().max()))
 
 
+def test_blocks_of_one_row_share_its_encoder_pass(pair):
+    """Several anchors per row (train's anchors_per_row) read their context from one encoder
+    pass over the row: the same features as encoding each block's own context."""
+    target, drafter, corpus = pair
+    rows = torch.tensor([2, 0, 2, 0, 1])
+    low, high = trainer._anchor_range(corpus, rows, 4)
+    anchors = torch.minimum(low + torch.tensor([0, 3, 5, 9, 2]), high - 1)
+    (features, ctx, _, _), _ = trainer._blocks(target, drafter, corpus, rows, anchors, 4)
+    with torch.no_grad():
+        alone = torch.stack([target.encoder([corpus.captured[r, c.clamp(min=0)][None]])[0]
+                             for r, c in zip(rows, ctx, strict=True)])
+    assert torch.allclose(features.detach(), alone, rtol=1e-5, atol=1e-6)
+    assert not torch.equal(features[0], features[2])  # same row, other anchors
+
+
+def test_the_vocabulary_loss_is_the_block_loss_when_it_holds_every_token(pair):
+    """vocabulary_block_loss is block_loss with the softmax over fewer tokens: equal over the
+    whole vocabulary, lower over a part of it (a smaller normaliser), and a label outside the
+    part is refused."""
+    target, drafter, corpus = pair
+    rows = torch.tensor([0, 1, 2, 3])
+    low, _ = trainer._anchor_range(corpus, rows, 4)
+    vocab = target.config.vocab_size
+    with torch.no_grad():
+        full = trainer.block_loss(target, drafter, corpus, rows, low, 4)
+        every = trainer.vocabulary_block_loss(torch.arange(vocab))(
+            target, drafter, corpus, rows, low, 4)
+        part = trainer.vocabulary_block_loss(corpus.tokens.unique())(
+            target, drafter, corpus, rows, low, 4)
+    assert torch.allclose(every, full, rtol=1e-5)
+    assert corpus.tokens.unique().numel() < vocab and float(part) < float(full)
+    label = corpus.tokens[0, low[0] + 1]  # the first block's first label
+    missing = corpus.tokens.unique()[corpus.tokens.unique() != label]
+    with pytest.raises(ValueError, match="outside the loss's vocabulary"):
+        trainer.vocabulary_block_loss(missing)(target, drafter, corpus, rows, low, 4)
+
+
+def test_training_with_anchors_per_row_lowers_the_loss(pair):
+    """train() with several anchors per sampled row and the vocabulary loss (the SmolLM2
+    recipe's settings) learns: the held loss drops."""
+    target, drafter, corpus = pair
+    rows = torch.tensor([0, 1, 2, 3])
+    low, _ = trainer._anchor_range(corpus, rows, 4)
+    loss_fn = trainer.vocabulary_block_loss(corpus.tokens.unique())
+    saved = {k: v.clone() for k, v in drafter.state_dict().items()}
+    saved_encoder = {k: v.clone() for k, v in target.encoder.state_dict().items()}
+    try:
+        with torch.no_grad():
+            before = float(loss_fn(target, drafter, corpus, rows, low, 4))
+        steps = trainer.train(target, drafter, corpus, steps=30, seconds=None, batch=8,
+                              blocks=(4,), loss_fn=loss_fn, anchors_per_row=4,
+                              log=lambda _: None)
+        with torch.no_grad():
+            after = float(loss_fn(target, drafter, corpus, rows, low, 4))
+    finally:
+        drafter.load_state_dict(saved)
+        target.encoder.load_state_dict(saved_encoder)
+        drafter.reset_caches()
+    assert steps == 30 and after < 0.9 * before
+
+
 def test_context_before_position_zero_is_hidden_as_at_run_time(pair):
     """Anchors right after a short prompt: the batched blocks inject placeholder features at
     negative positions, which must change nothing against injecting only the real ones."""

@@ -33,6 +33,11 @@ flags.DEFINE_string("corpus-cache", None, "Keep the generated corpus in this fil
 flags.DEFINE_string("init-drafter", None, "Go on training this drafter (one this tool wrote) "
                     "instead of a fresh one.")
 flags.DEFINE_integer("threads", 2, "torch CPU threads.")
+flags.DEFINE_integer("anchors-per-row", 8, "Blocks drawn from each sampled row (they share its "
+                     "encoder pass); --batch must be a multiple.")
+flags.DEFINE_list("blocks", ["4", "8", "16"], "Block sizes K the steps cycle through.")
+flags.DEFINE_bool("corpus-vocabulary", True, "Softmax over the corpus's tokens only (a cheaper "
+                  "step); --nocorpus-vocabulary for the whole vocabulary.")
 
 FLAGS = flags.FLAGS
 
@@ -55,6 +60,19 @@ def main(argv: list[str]) -> int:
         print(f"train_smollm2_drafter: error: --init-drafter {init} has no config.json; give "
               "the drafter folder an earlier run wrote (DIR/drafter)", file=sys.stderr)
         return 2
+    anchors = FLAGS["anchors-per-row"].value
+    if anchors < 1 or FLAGS.batch % anchors:
+        print(f"train_smollm2_drafter: error: --anchors-per-row {anchors} does not divide "
+              f"--batch {FLAGS.batch}; give a divisor of the batch", file=sys.stderr)
+        return 2
+    try:
+        blocks = tuple(int(k) for k in FLAGS.blocks)
+    except ValueError:
+        blocks = ()
+    if not blocks or any(not 2 <= k <= trainer.BLOCK_SIZE for k in blocks):
+        print(f"train_smollm2_drafter: error: --blocks {','.join(FLAGS.blocks)}: give block "
+              f"sizes from 2 to {trainer.BLOCK_SIZE}, comma-separated", file=sys.stderr)
+        return 2
     torch.set_num_threads(FLAGS.threads)
     torch.set_flush_denormal(True)
     try:
@@ -65,7 +83,8 @@ def main(argv: list[str]) -> int:
                     train_steps=FLAGS["train-steps"].value, batch=FLAGS.batch, lr=FLAGS.lr,
                     seed=FLAGS.seed,
                     corpus_cache=resolve_user_path(FLAGS["corpus-cache"].value),
-                    init_drafter=init)
+                    init_drafter=init, anchors_per_row=anchors, blocks=blocks,
+                    corpus_vocabulary=FLAGS["corpus-vocabulary"].value)
     except ValueError as error:
         print(f"train_smollm2_drafter: error: {error}", file=sys.stderr)
         return 2

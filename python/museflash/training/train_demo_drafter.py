@@ -65,6 +65,7 @@ from torch import nn
 from museflash.checkpoint.configs import check_configs, read_config
 from museflash.checkpoint.load import drafter_checkpoint_tensors
 from museflash.checkpoint.tensor_files import write_safetensors
+from museflash.models.base import softcap
 from museflash.models.dflash import DFlashConfig, DFlashDrafter, DFlashEncoder
 from museflash.runtime.sampling import Sampling
 from museflash.runtime.speculative import (
@@ -155,8 +156,12 @@ def _blocks(target, drafter, corpus: Corpus, rows: torch.Tensor, anchors: torch.
     ctx = context_length(drafter.config, block, corpus.tokens.shape[1])
     ctx_pos = anchors[:, None] + torch.arange(-ctx, 0)
     block_pos = anchors[:, None] + torch.arange(block)
-    features = target.encoder([corpus.captured[rows[:, None], ctx_pos.clamp(min=0)]
-                               .to(torch.float32)])
+    # The encoder is per position: run it once per distinct row, up to the last position any
+    # of its blocks reads, and gather each block's context from that.
+    distinct, which = torch.unique(rows, return_inverse=True)
+    encoded = target.encoder([corpus.captured[distinct, :max(1, int(anchors.max()))]
+                              .to(torch.float32)])
+    features = encoded[which[:, None], ctx_pos.clamp(min=0)]
     ids = torch.full((len(rows), block), drafter.config.mask_token_id)
     ids[:, 0] = corpus.tokens[rows, anchors]
     labels = corpus.tokens[rows[:, None], block_pos[:, 1:]]
@@ -188,6 +193,35 @@ def block_loss(target, drafter, corpus: Corpus, rows: torch.Tensor, anchors: tor
     return (losses.reshape(len(rows), -1) * decay).sum() / (decay.sum() * len(rows))
 
 
+def vocabulary_block_loss(vocabulary: torch.Tensor):
+    """`block_loss` with the softmax over `vocabulary` (token ids, every label among them)
+    instead of the whole vocabulary: the tokens a corpus holds are a few thousand of a large
+    model's tens of thousands, and the frozen lm_head over all of them is most of a step's
+    cost. Tokens outside it get no push down: measure the result with the full lm_head (the
+    acceptance figures do)."""
+    vocabulary = torch.as_tensor(vocabulary).unique()
+    index = torch.full((int(vocabulary.max()) + 1,), -1, dtype=torch.long)
+    index[vocabulary] = torch.arange(len(vocabulary))
+
+    def loss(target, drafter, corpus: Corpus, rows: torch.Tensor, anchors: torch.Tensor,
+             block: int) -> torch.Tensor:
+        decay = torch.exp(-torch.arange(block - 1, dtype=torch.float32) / loss_decay(block))
+        inputs, labels = _blocks(target, drafter, corpus, rows, anchors, block)
+        hidden = draft_blocks(drafter, *inputs, method="_draft_hidden")[:, 1:]
+        weight = drafter.embed_tokens.weight if drafter.lm_head is None else drafter.lm_head.weight
+        logits = softcap(nn.functional.linear(hidden, weight[vocabulary]),
+                         drafter.final_logit_softcapping)
+        if int(labels.max()) >= len(index) or bool((index[labels] < 0).any()):
+            raise ValueError("a label lies outside the loss's vocabulary: build it from the "
+                             "corpus's tokens")
+        targets = index[labels]
+        losses = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                             targets.reshape(-1), reduction="none")
+        return (losses.reshape(len(rows), -1) * decay).sum() / (decay.sum() * len(rows))
+
+    return loss
+
+
 def trained_parameters(target, drafter) -> list[nn.Parameter]:
     """The encoder (stored with the drafter, run inside the fused target) and every parameter
     of the drafter but the borrowed embedding and lm_head."""
@@ -210,12 +244,13 @@ def saved_tensor_copies(drafter):
 
 def train(target, drafter, corpus: Corpus, *, steps: int | None, seconds: float | None,
           batch: int = 64, lr: float = 3e-3, seed: int = 0, blocks: tuple[int, ...] = EVAL_BLOCKS,
-          loss_fn=block_loss, log=print) -> int:
+          loss_fn=block_loss, anchors_per_row: int = 1, log=print) -> int:
     """Trains `trained_parameters` in place (the borrowed embedding and lm_head stay frozen)
     on `loss_fn` (`block_loss`) of batches of blocks. Stops after `steps` or `seconds`,
     whichever comes first; the learning rate warms up over the first 5% of that budget and
     decays linearly to 0 (by the elapsed fraction of it). Steps cycle through `blocks` (K),
-    anchors uniform over the generated positions."""
+    anchors uniform over the generated positions, `anchors_per_row` of them in each sampled
+    row (the blocks of one row share its encoder pass: a cheaper step, less varied)."""
     generator = torch.Generator().manual_seed(seed)
     params = trained_parameters(target, drafter)
     for p in params:
@@ -236,7 +271,8 @@ def train(target, drafter, corpus: Corpus, *, steps: int | None, seconds: float 
         for group in optimizer.param_groups:
             group["lr"] = lr * min(1.0, 20 * progress()) * (1.0 - progress())
         block = blocks[step % len(blocks)]
-        rows = torch.randint(0, sequences, (batch,), generator=generator)
+        rows = torch.randint(0, sequences, (batch // anchors_per_row,),
+                             generator=generator).repeat_interleave(anchors_per_row)
         low, high = _anchor_range(corpus, rows, block)
         anchors = low + (torch.rand(batch, generator=generator) * (high - low)).long()
         # Rows too short for this block keep their last whole block (prompt labels included).
