@@ -216,8 +216,9 @@ def test_either_kv_write_decodes_identically_on_both_families(pair):
     ids = torch.randint(0, 300, (1, 40), generator=torch.Generator().manual_seed(1))
     results = {}
     for strategy in KVWrite:
-        model = load_target(target, drafter, max_context=64, max_query_len=16)
-        model.kv_write = strategy
+        model = load_target(target, drafter, max_context=64, max_query_len=16,
+                            kv_write=strategy)
+        assert model.kv_write == strategy
         outputs = []
         with torch.no_grad():
             for start in (0, 8, 16, 12, 20, 19):

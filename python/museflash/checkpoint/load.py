@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from museflash.bundle import KVWrite, NormForm
 from museflash.checkpoint.configs import (
     DRAFTER_MODELS,
     check_configs,
@@ -38,7 +39,7 @@ from museflash.checkpoint.tensor_files import (
 )
 from museflash.checkpoint.weight_values import unholdable, weight_value_error
 from museflash.compression import Scheme, compress, expand
-from museflash.models.base import RotaryTables
+from museflash.models.base import RotaryTables, set_norm_form
 from museflash.models.causal_lm import CausalLM
 from museflash.models.dflash import (
     DRAFTER_BORROWED,
@@ -71,25 +72,33 @@ def load_target(
     cache_dtype: torch.dtype = torch.float16,
     placeholders: StandIns | None = None,
     compressed: Mapping[str, Scheme] | None = None,
+    kv_write: KVWrite = KVWrite.BLEND,
+    norm_form: NormForm = NormForm.MAX_ABS,
+    residual_scale: float = 1.0,
 ) -> CausalLM:
     """The target; with `drafter_dir`, the fused target whose forward also returns drafter
     features (its encoder weights come from the drafter checkpoint). With `placeholders`, the
-    large weights are stand-ins registered there instead of loaded."""
+    large weights are stand-ins registered there instead of loaded.
+
+    The graph's form, as the export's fp16 audit chose it (export/fp16_range.py): how the
+    caches are written (`kv_write`, docs/kv-write.md), how every RMSNorm is written
+    (`norm_form`), and the factor the residual stream is multiplied by (`residual_scale`,
+    docs/fp16.md). The defaults are the eager reference's."""
     target_dir = Path(target_dir)
     dtype = resolve_dtype(dtype)
     checked = check_configs(target_dir, Path(drafter_dir) if drafter_dir else None)
     config = checked.target
     family = family_of(config)
     reader = SafetensorsReader(target_dir)
-    cache_kwargs = dict(max_context=max_context, max_query_len=max_query_len,
-                        cache_dtype=cache_dtype)
+    build_kwargs = dict(max_context=max_context, max_query_len=max_query_len,
+                        cache_dtype=cache_dtype, kv_write=kv_write)
     drafter_reader = None
     with torch.device("meta"):
         if drafter_dir is None:
-            model = family.model_class(config, **cache_kwargs)
+            model = family.model_class(config, **build_kwargs)
         else:
             drafter_reader = SafetensorsReader(drafter_dir)
-            model = family.fused_class(config, checked.drafter, **cache_kwargs)
+            model = family.fused_class(config, checked.drafter, **build_kwargs)
     entries = []
     for name, _ in _own_parameters(model):
         if name.startswith(ENCODER_PREFIX):
@@ -103,6 +112,8 @@ def load_target(
     reader.close()
     if drafter_reader is not None:
         drafter_reader.close()
+    model.scale_residual(residual_scale)
+    set_norm_form(model, norm_form)
     return model.eval()
 
 
@@ -118,11 +129,14 @@ def load_drafter(
     ring: bool = False,
     placeholders: StandIns | None = None,
     compressed: Mapping[str, Scheme] | None = None,
+    norm_form: NormForm = NormForm.MAX_ABS,
+    residual_scale: float = 1.0,
 ) -> DFlashDrafter:
     """The drafter (a DFlash2Drafter for a DFlash2 checkpoint), sharing `target`'s embedding
     and lm_head modules.
 
-    max_context: positions the drafter's RoPE tables cover (default: the target's)."""
+    max_context: positions the drafter's RoPE tables cover (default: the target's).
+    norm_form, residual_scale: the graph's form, as `load_target`'s."""
     drafter_dir = Path(drafter_dir)
     dtype = resolve_dtype(dtype)
     target_label = Path(target_dir) if target_dir is not None else Path("<target>")
@@ -150,6 +164,8 @@ def load_drafter(
     _load_parameters(shell, entries, dtype, placeholders, compressed)
     _build_rotary_tables(shell, dtype)
     reader.close()
+    shell.scale_residual(residual_scale)
+    set_norm_form(shell, norm_form)
     return shell.eval()
 
 

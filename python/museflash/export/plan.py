@@ -40,7 +40,6 @@ from museflash.export.options import (
 )
 from museflash.export.placeholders import PlaceholderWeights, compressed_weights
 from museflash.export.progress import Progress
-from museflash.models.base import set_norm_form
 from museflash.models.dflash import ENCODER_PREFIX, ZLAB_ENCODER_KEYS, DFlashConfig
 from museflash.models.dflash2 import DFlash2Config
 from museflash.models.families import TARGET_FAMILIES, TargetConfig
@@ -377,6 +376,9 @@ def load_modules(options: ExportOptions, plan: ExportPlan, progress: Progress,
             max_context=plan.context_length,
             max_query_len=plan.max_query,
             placeholders=placeholders,
+            kv_write=plan.kv_write,
+            norm_form=numerics.norm,
+            residual_scale=numerics.target_residual_scale,
         )
         info["bytes"] = module_weight_bytes(target)
     modules = {"target": target}
@@ -385,14 +387,10 @@ def load_modules(options: ExportOptions, plan: ExportPlan, progress: Progress,
             modules["drafter"] = load_drafter(
                 plan.drafter_dir, target, target_dir=plan.target_dir, dtype=TRACE_DTYPE,
                 max_context=plan.context_length, max_query_len=plan.max_query,
-                ring=options.with_drafter, placeholders=placeholders)
+                ring=options.with_drafter, placeholders=placeholders, norm_form=numerics.norm,
+                residual_scale=numerics.drafter_residual_scale)
             borrowed = [target.embed_tokens] + ([target.lm_head] if target.lm_head else [])
             info["bytes"] = module_weight_bytes(modules["drafter"]) - sum(
                 module_weight_bytes(m) for m in borrowed)
-            modules["drafter"].scale_residual(numerics.drafter_residual_scale)
-    target.scale_residual(numerics.target_residual_scale)
-    target.kv_write = plan.kv_write
-    for module in modules.values():
-        set_norm_form(module, numerics.norm)
     return modules
 

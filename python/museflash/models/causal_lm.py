@@ -90,6 +90,7 @@ class GlobalCausalLM(CausalLM):
         max_context: int = 4096,
         max_query_len: int = 64,
         cache_dtype: torch.dtype = torch.float16,
+        kv_write: KVWrite = KVWrite.BLEND,
     ):
         super().__init__()
         self.config = config
@@ -109,7 +110,7 @@ class GlobalCausalLM(CausalLM):
                                    scale_inv_freq=self.rope_scaling())
         self.cache_dtype = cache_dtype
         self.residual_scale = 1.0  # scale_residual
-        self.kv_write = KVWrite.BLEND  # how the caches are written (export/plan.py sets it)
+        self.kv_write = KVWrite(kv_write)  # how the caches are written (docs/kv-write.md)
         self.reset_caches()
 
     def rope_scaling(self) -> Callable[[torch.Tensor], torch.Tensor] | None:
@@ -202,8 +203,8 @@ class WithDrafterFeatures(CausalLM):
       prefill(input_ids, position_ids) -> (logits [1, 1, vocab], features [1, T, drafter_hidden])
     """
 
-    def __init__(self, config: Any, drafter_config: DFlashConfig, **cache_kwargs):
-        super().__init__(config, **cache_kwargs)
+    def __init__(self, config: Any, drafter_config: DFlashConfig, **build_kwargs):
+        super().__init__(config, **build_kwargs)
         bad = [i for i in drafter_config.target_layer_ids
                if not 0 <= i < config.num_hidden_layers]
         if bad:

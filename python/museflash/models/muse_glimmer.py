@@ -252,6 +252,7 @@ class MuseGlimmerForCausalLM(CausalLM):
         max_context: int = 4096,
         max_query_len: int = 64,
         cache_dtype: torch.dtype = torch.float16,
+        kv_write: KVWrite = KVWrite.BLEND,
     ):
         super().__init__()
         self.config = config
@@ -276,7 +277,7 @@ class MuseGlimmerForCausalLM(CausalLM):
         self.cache_dtype = cache_dtype
         self.residual_scale = 1.0  # scale_residual
         # How main and prefill write the global caches (bundle.KVWrite, docs/kv-write.md).
-        self.kv_write = KVWrite.BLEND
+        self.kv_write = KVWrite(kv_write)
         self._cache_layer = {}
         for kind_ids in (config.sliding_layer_ids, config.global_layer_ids):
             self._cache_layer.update({layer: n for n, layer in enumerate(kind_ids)})
