@@ -20,6 +20,7 @@ COMMANDS = {
     "chat_figures_main": "--history-tokens:",
     "compression_figures_main": "--[no]exports:",
     "demo_checkpoint_main": "--output-dir:",
+    "drafter_speedup_main": "--max-new-tokens:",
     "demo_figures_main": "--num-draft-tokens:",
     "export_main": "--[no]fused-target:",
     "generate_main": "--[no]draft:",

@@ -1,0 +1,86 @@
+"""tools/drafter_speedup.py: the figures are pooled over the prompts (sums of tokens and of
+seconds, not a mean of per-prompt ratios), every bundle decodes every prompt, rendered with its
+own chat template, with the drafter and alone in one process, and a bundle the figures cannot
+be measured on is refused in one line."""
+
+import json
+import stat
+
+import pytest
+from prebuilt import prebuilt_bundle
+
+from museflash.bundle import METADATA_FILE
+from museflash.tools import drafter_speedup as speedup
+
+TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
+            "{% if add_generation_prompt %}<assistant>{% endif %}")
+
+
+def report(tokens, seconds, alone_seconds, calls, accepted):
+    return {"tokens": list(range(tokens)), "seconds": seconds,
+            "target_alone_seconds": alone_seconds, "target_calls": calls, "accepted": accepted}
+
+
+def test_figures_are_pooled_over_the_prompts():
+    pooled = speedup.Pooled()
+    pooled.add(report(10, 1.0, 4.0, 5, [1, 1, 0, 2, 1]))  # a 4x prompt
+    pooled.add(report(30, 6.0, 6.0, 30, [0] * 30))  # a 1x prompt, three times the tokens
+    figures = pooled.figures()
+    assert figures["tokens_per_second"] == pytest.approx(40 / 7)
+    assert figures["target_alone_tokens_per_second"] == pytest.approx(40 / 10)
+    assert figures["speedup"] == pytest.approx(10 / 7)  # not (4 + 1) / 2
+    assert figures["tokens_per_target_call"] == pytest.approx(40 / 35)
+    assert figures["mean_accepted_length"] == pytest.approx(5 / 35)
+    with pytest.raises(speedup.SpeedupError, match="--compare"):
+        pooled.add({"tokens": [1], "seconds": 1.0, "target_calls": 1, "accepted": [0]})
+
+
+@pytest.fixture
+def chat_bundle(tmp_path):
+    bundle = prebuilt_bundle(tmp_path)
+    config = bundle / "tokenizer_config.json"
+    settings = json.loads(config.read_text()) if config.is_file() else {}
+    config.write_text(json.dumps(dict(settings, chat_template=TEMPLATE)))
+    return bundle
+
+
+def fake_swift_generate(tmp_path, log):
+    """A stand-in for swift-generate that records its arguments and reports a fixed run."""
+    script = tmp_path / "swift-generate"
+    body = json.dumps(report(4, 2.0, 3.0, 2, [1, 1]))
+    script.write_text(f"#!/bin/sh\necho \"$@\" >> {log}\necho '{body}'\n")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    return script
+
+
+def test_every_bundle_decodes_every_rendered_prompt_with_and_without_the_drafter(
+        chat_bundle, tmp_path):
+    log = tmp_path / "calls.txt"
+    other = tmp_path / "other"
+    other.mkdir()
+    second = prebuilt_bundle(other)
+    (second / "tokenizer_config.json").write_text(
+        (chat_bundle / "tokenizer_config.json").read_text())
+    texts = ["hello", "a longer request"]
+    figures = speedup.measure([chat_bundle, second], fake_swift_generate(tmp_path, log), texts,
+                              7, log=lambda _: None)
+    calls = log.read_text().splitlines()
+    assert [c.split()[1] for c in calls] == [str(chat_bundle), str(second)] * 2  # alternating
+    assert all("--compare" in c and "--max-new-tokens 7" in c and "--lookup-min-match 0" in c
+               for c in calls)
+    ids = speedup.chat_prompt_ids(chat_bundle, texts)
+    assert ids[0] != ids[1] and f"--prompt-ids {','.join(map(str, ids[1]))}" in calls[2]
+    assert figures[second]["speedup"] == pytest.approx(1.5)
+
+
+def test_a_bundle_it_cannot_measure_is_refused(chat_bundle, tmp_path):
+    with pytest.raises(speedup.SpeedupError, match="metadata.json"):
+        speedup.check_bundle(tmp_path / "nowhere")
+    (chat_bundle / "tokenizer_config.json").unlink()
+    with pytest.raises(speedup.SpeedupError, match="no chat template"):
+        speedup.chat_prompt_ids(chat_bundle, ["hello"])
+    metadata = json.loads((chat_bundle / METADATA_FILE).read_text())
+    metadata["speculative_decoding"] = None
+    (chat_bundle / METADATA_FILE).write_text(json.dumps(metadata))
+    with pytest.raises(speedup.SpeedupError, match="no drafter"):
+        speedup.check_bundle(chat_bundle)
