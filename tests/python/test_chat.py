@@ -10,10 +10,10 @@ import pytest
 from command_line import run_main
 from prebuilt import DFLASH2_BUNDLE, TINY_BUNDLE, prebuilt_bundle
 
+from museflash.builtin.demo_checkpoint import write_word_tokenizer
 from museflash.bundle import Metadata
 from museflash.checkpoint.tokenizer import end_of_turn_ids
 from museflash.cli import generate_main
-from museflash.demo_checkpoint import write_word_tokenizer
 from museflash.runtime.chat import (
     DROP_OLDEST,
     Chat,

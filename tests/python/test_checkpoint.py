@@ -8,15 +8,15 @@ import pytest
 import torch
 from zlab_layout import to_zlab_layout
 
-from museflash.checkpoint.configs import validate_drafter_against_target
-from museflash.checkpoint.load import load_drafter, load_target
-from museflash.checkpoint.tensor_files import CheckpointError
-from museflash.demo_checkpoint import (
+from museflash.builtin.demo_checkpoint import (
     TINY_DRAFTER_CONFIG,
     TINY_TARGET_CONFIG,
     build_tiny_models,
     write_tiny_checkpoints,
 )
+from museflash.checkpoint.configs import validate_drafter_against_target
+from museflash.checkpoint.load import load_drafter, load_target
+from museflash.checkpoint.tensor_files import CheckpointError
 from museflash.models.base import RotaryTables
 from museflash.models.dflash import DrafterTargetMismatchError
 from museflash.models.muse_glimmer import MuseGlimmerConfig, MuseGlimmerWithDrafterFeatures

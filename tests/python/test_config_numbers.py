@@ -6,9 +6,9 @@ import json
 
 import pytest
 
+from museflash.builtin.demo_checkpoint import write_tiny_checkpoints
 from museflash.checkpoint.configs import check_configs
 from museflash.checkpoint.tensor_files import CheckpointError
-from museflash.demo_checkpoint import write_tiny_checkpoints
 
 
 @pytest.fixture(scope="module")

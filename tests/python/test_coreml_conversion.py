@@ -4,8 +4,12 @@ import numpy as np
 import pytest
 import torch
 
+from museflash.builtin.demo_checkpoint import (
+    TINY_DRAFTER_CONFIG,
+    TINY_TARGET_CONFIG,
+    build_tiny_models,
+)
 from museflash.bundle import StateName
-from museflash.demo_checkpoint import TINY_DRAFTER_CONFIG, TINY_TARGET_CONFIG, build_tiny_models
 
 ct = pytest.importorskip("coremltools")
 

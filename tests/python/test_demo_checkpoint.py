@@ -7,11 +7,11 @@ import pytest
 from command_line import run_main
 from safetensors import safe_open
 
-from museflash import demo_checkpoint
+from museflash.builtin import demo_checkpoint
+from museflash.builtin.demo_checkpoint import write_tiny_checkpoints
 from museflash.checkpoint.configs import check_configs
 from museflash.checkpoint.tensor_files import CheckpointError
 from museflash.cli.demo_checkpoint_main import main
-from museflash.demo_checkpoint import write_tiny_checkpoints
 from museflash.export.options import ExportError, ExportOptions, check_flag_rules
 
 

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import torch
 
+from museflash.builtin.demo_checkpoint import TRAINED_DEMO_DIR, builtin_checkpoints
 from museflash.checkpoint.configs import read_config
-from museflash.demo_checkpoint import TRAINED_DEMO_DIR, builtin_checkpoints
 from museflash.models.dflash2 import DFlash2Drafter
 from museflash.runtime.speculative import (
     EagerDrafter,

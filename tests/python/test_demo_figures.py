@@ -8,9 +8,9 @@ import pytest
 import torch
 from prebuilt import prebuilt_bundle
 
+from museflash.builtin.demo_checkpoint import builtin_checkpoints
 from museflash.bundle import Metadata
 from museflash.checkpoint.load import load_target
-from museflash.demo_checkpoint import builtin_checkpoints
 from museflash.runtime.speculative import ExportedTarget
 from museflash.tools.demo_figures import exported_perplexity, prompts_from
 

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from reference_drafter import attention_kv, rms
 from reference_rope import rotate
 
-from museflash.demo_checkpoint import TINY_DRAFTER_CONFIG, build_tiny_models
+from museflash.builtin.demo_checkpoint import TINY_DRAFTER_CONFIG, build_tiny_models
 from museflash.models.base import ring_slot_positions
 from museflash.models.dflash import (
     DFlashConfig,

@@ -11,14 +11,14 @@ from prebuilt import DFLASH2_BUNDLE, prebuilt_bundle
 from reference_drafter import attention_kv, rms
 from reference_rope import rotate
 
-from museflash.bundle import DrafterKind, FunctionName, Metadata, OutputName
-from museflash.checkpoint.load import load_drafter, load_target
-from museflash.checkpoint.tensor_files import CheckpointError
-from museflash.demo_checkpoint import (
+from museflash.builtin.demo_checkpoint import (
     TINY_DFLASH2_CONFIG,
     build_tiny_models,
     write_tiny_checkpoints,
 )
+from museflash.bundle import DrafterKind, FunctionName, Metadata, OutputName
+from museflash.checkpoint.load import load_drafter, load_target
+from museflash.checkpoint.tensor_files import CheckpointError
 from museflash.models.dflash2 import DFlash2Config
 from museflash.runtime.speculative import (
     Drafted,

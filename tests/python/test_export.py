@@ -12,6 +12,11 @@ import sys
 import pytest
 import torch
 
+from museflash.builtin.demo_checkpoint import (
+    TINY_DFLASH2_CONFIG,
+    TINY_DRAFTER_CONFIG,
+    TINY_TARGET_CONFIG,
+)
 from museflash.bundle import (
     DRAFTER_STATES,
     EMBEDDED_METADATA_KEY,
@@ -25,11 +30,6 @@ from museflash.bundle import (
 )
 from museflash.checkpoint.configs import check_configs
 from museflash.checkpoint.tensor_files import CheckpointError
-from museflash.demo_checkpoint import (
-    TINY_DFLASH2_CONFIG,
-    TINY_DRAFTER_CONFIG,
-    TINY_TARGET_CONFIG,
-)
 from museflash.export import pipeline as pipeline_module
 from museflash.export import plan as plan_module
 from museflash.export.convert import (
@@ -301,7 +301,7 @@ def test_a_decode_length_other_than_the_block_is_refused_with_a_drafter(tmp_path
 
 
 def _write_pair(tmp_path, target_text=None, drafter=None):
-    from museflash.demo_checkpoint import write_tiny_checkpoints
+    from museflash.builtin.demo_checkpoint import write_tiny_checkpoints
 
     return write_tiny_checkpoints(tmp_path / "ckpt", dtype="fp16",
                                   target_config=target_text, drafter_config=drafter)
@@ -565,8 +565,8 @@ def test_every_weight_is_stored_once_in_the_bundle(bundle, tmp_path):
     """The bundle's weight files hold each checkpoint tensor once (fp16): the drafter's
     borrowed embedding and lm_head are the target's, and inject_kv and draft share the
     drafter's projections. Only small constants (RoPE tables, masks) come on top."""
+    from museflash.builtin.demo_checkpoint import write_tiny_checkpoints
     from museflash.checkpoint.tensor_files import checkpoint_shapes
-    from museflash.demo_checkpoint import write_tiny_checkpoints
     from museflash.models.muse_glimmer import TARGET_IGNORED_PREFIXES
 
     out, _ = bundle
@@ -628,8 +628,8 @@ def _large_consts(package):
 def test_real_weights_replace_every_placeholder(bundle, tmp_path):
     """The export converts stand-ins (one row repeated) and writes the real weights after;
     none may be left behind, and the embedding must be the checkpoint's, bit for bit."""
+    from museflash.builtin.demo_checkpoint import write_tiny_checkpoints
     from museflash.checkpoint.load import load_target
-    from museflash.demo_checkpoint import write_tiny_checkpoints
 
     out, _ = bundle
     consts = _large_consts(out / "target.mlpackage")
@@ -649,8 +649,8 @@ def test_conversion_keeps_placeholders_unmaterialised(tmp_path):
     here as a contiguous array."""
     import numpy as np
 
+    from museflash.builtin.demo_checkpoint import write_tiny_checkpoints
     from museflash.checkpoint.load import load_target
-    from museflash.demo_checkpoint import write_tiny_checkpoints
     from museflash.export.placeholders import PlaceholderWeights
 
     target_dir, drafter_dir = write_tiny_checkpoints(tmp_path)
@@ -686,7 +686,7 @@ def test_conversion_keeps_placeholders_unmaterialised(tmp_path):
 
 
 def test_context_defaults_to_the_trained_positions_and_refuses_more(tmp_path):
-    from museflash.demo_checkpoint import builtin_checkpoints
+    from museflash.builtin.demo_checkpoint import builtin_checkpoints
 
     with builtin_checkpoints("demo") as (target_dir, drafter_dir):
         trained = json.loads((target_dir / "config.json").read_text())[
@@ -698,7 +698,7 @@ def test_context_defaults_to_the_trained_positions_and_refuses_more(tmp_path):
         with pytest.raises(ExportError, match=f"max_position_embeddings {trained}"):
             plan_module.plan_export(ExportOptions(output_dir=tmp_path / "out",
                                                   max_context_length=512), target_dir, None)
-    from museflash.demo_checkpoint import write_tiny_checkpoints
+    from museflash.builtin.demo_checkpoint import write_tiny_checkpoints
 
     tiny_target, _ = write_tiny_checkpoints(tmp_path / "tiny")
     assert plan_module.plan_export(ExportOptions(output_dir=tmp_path / "out"), tiny_target,

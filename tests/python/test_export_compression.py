@@ -17,11 +17,11 @@ import pytest
 import torch
 from prebuilt import COMPRESSED_BUNDLE, COMPRESSION_RULES, prebuilt_bundle
 
+from museflash.builtin.demo_checkpoint import builtin_checkpoints
 from museflash.bundle import COMPRESSION_OPS, PACKAGE_WEIGHT_FILE, AssetRole, Metadata
 from museflash.checkpoint.tensor_files import SafetensorsReader
 from museflash.checks.verify import VerifyOptions, run_verify
 from museflash.compression import MIN_ELEMENTS, palettize, quantize_affine, quantize_linear
-from museflash.demo_checkpoint import builtin_checkpoints
 from museflash.export.blobfile import read_record
 from museflash.export.merge import read_spec
 from museflash.export.options import ExportError, ExportOptions

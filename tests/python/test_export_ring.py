@@ -4,8 +4,8 @@ import json
 
 import pytest
 
+from museflash.builtin.demo_checkpoint import TINY_DRAFTER_CONFIG, TINY_TARGET_CONFIG
 from museflash.bundle import StateName
-from museflash.demo_checkpoint import TINY_DRAFTER_CONFIG, TINY_TARGET_CONFIG
 from museflash.export.options import ExportOptions
 from museflash.export.pipeline import export_bundle
 from museflash.export.progress import Progress

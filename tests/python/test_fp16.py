@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from museflash import demo_checkpoint
+from museflash.builtin import demo_checkpoint
 from museflash.bundle import Metadata, NormForm
 from museflash.checkpoint.configs import read_config
 from museflash.checks.verify import VerifyOptions, run_verify

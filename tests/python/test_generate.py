@@ -6,9 +6,9 @@ from dataclasses import replace
 import pytest
 from prebuilt import prebuilt_bundle
 
+from museflash.builtin.demo_checkpoint import write_word_tokenizer
 from museflash.bundle import METADATA_FILE, Metadata
 from museflash.checkpoint.tokenizer import read_tokenizer
-from museflash.demo_checkpoint import write_word_tokenizer
 from museflash.runtime.generate import (
     GenerateError,
     GenerateOptions,

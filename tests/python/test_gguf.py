@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 import torch
 
+from museflash.builtin.demo_checkpoint import smollm2_gguf
+from museflash.builtin.hf_tiny_pairs import write_hf_tiny_pair
 from museflash.checkpoint.chat_template import read_chat_template, render_chat
 from museflash.checkpoint.gguf import GGUFCheckpoint, unpermute_rows, write_hf_checkpoint
 from museflash.checkpoint.tensor_files import CheckpointError, SafetensorsReader
-from museflash.demo_checkpoint import smollm2_gguf
 from museflash.export.options import ExportError, ExportOptions
 from museflash.export.pipeline import export_bundle
 from museflash.export.progress import Progress
-from museflash.hf_tiny_pairs import write_hf_tiny_pair
 
 CONFIG_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                  "num_attention_heads", "num_key_value_heads", "head_dim",

@@ -1,6 +1,6 @@
 """The package's import graph: no cycles (lazy imports inside functions count too), and the
-layers point one way: bundle <- models <- checkpoint <- export / runtime <- checks, training
-<- tools <- cli."""
+layers point one way: bundle <- models <- checkpoint <- builtin <- export / runtime <- checks,
+training <- tools <- cli."""
 
 import ast
 from pathlib import Path
@@ -94,17 +94,15 @@ LAYERS = {
     "bundle": set(),
     "models": set(),
     "checkpoint": {"bundle", "models"},
-    "hf_tiny_pairs": {"bundle", "checkpoint", "models"},
-    "demo_checkpoint": {"bundle", "checkpoint", "models", "hf_tiny_pairs"},
-    "export": {"bundle", "checkpoint", "demo_checkpoint", "hf_tiny_pairs", "models"},
-    "runtime": {"bundle", "checkpoint", "demo_checkpoint", "hf_tiny_pairs", "models"},
-    "checks": {"bundle", "checkpoint", "demo_checkpoint", "hf_tiny_pairs", "models", "export",
-               "runtime"},
-    "training": {"bundle", "checkpoint", "demo_checkpoint", "hf_tiny_pairs", "models", "runtime"},
-    "tools": {"bundle", "checkpoint", "demo_checkpoint", "hf_tiny_pairs", "models", "export",
-              "runtime", "checks", "training"},
-    "cli": {"bundle", "checkpoint", "demo_checkpoint", "hf_tiny_pairs", "models", "export",
-            "runtime", "checks", "training", "tools"},
+    "builtin": {"bundle", "checkpoint", "models"},
+    "export": {"bundle", "checkpoint", "builtin", "models"},
+    "runtime": {"bundle", "checkpoint", "builtin", "models"},
+    "checks": {"bundle", "checkpoint", "builtin", "models", "export", "runtime"},
+    "training": {"bundle", "checkpoint", "builtin", "models", "runtime"},
+    "tools": {"bundle", "checkpoint", "builtin", "models", "export", "runtime", "checks",
+              "training"},
+    "cli": {"bundle", "checkpoint", "builtin", "models", "export", "runtime", "checks",
+            "training", "tools"},
 }
 
 
@@ -114,8 +112,7 @@ def layer(module: str) -> str | None:
 
 
 # Leaves anything may import: they import nothing from museflash but other leaves.
-LEAVES = {"bundle", "compression", "compression_kernels", "paths", "random_weights",
-          "tokenizer_layouts"}
+LEAVES = {"bundle", "compression", "compression_kernels", "paths"}
 
 
 def test_layers_import_only_downwards():

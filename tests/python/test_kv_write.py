@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from museflash.builtin.demo_checkpoint import TINY_TARGET_CONFIG, build_tiny_models
 from museflash.bundle import KVWrite
-from museflash.demo_checkpoint import TINY_TARGET_CONFIG, build_tiny_models
 from museflash.export.options import ExportError, ExportOptions, check_flag_rules
 from museflash.export.plan import kv_write_strategy
 from museflash.models.base import write_cache, write_cache_rows

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from museflash.demo_checkpoint import TRAINED_DEMO_DIR
+from museflash.builtin.demo_checkpoint import TRAINED_DEMO_DIR
 from museflash.runtime.speculative import (
     DEFAULT_LOOKUP_MIN_MATCH,
     LOOKUP_MAX_MATCH,

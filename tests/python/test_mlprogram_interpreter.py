@@ -12,9 +12,13 @@ import pytest
 import torch
 from package_surgery import swap_blobs
 
+from museflash.builtin.demo_checkpoint import (
+    TINY_DRAFTER_CONFIG,
+    TINY_TARGET_CONFIG,
+    build_tiny_models,
+)
 from museflash.bundle import StateName
 from museflash.checks.parity import ParityError, Tolerance, module_states, parity_step, sync_states
-from museflash.demo_checkpoint import TINY_DRAFTER_CONFIG, TINY_TARGET_CONFIG, build_tiny_models
 from museflash.models.dflash import DFlashRingDrafter
 from museflash.runtime.interpreter import (
     KERNELS,

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
+from museflash.builtin.demo_checkpoint import shallow_tiny_pair_configs, write_tiny_checkpoints
 from museflash.bundle import PACKAGE_SPEC, PACKAGE_WEIGHT_FILE
 from museflash.checkpoint.tensor_files import WeightLocation
-from museflash.demo_checkpoint import shallow_tiny_pair_configs, write_tiny_checkpoints
 from museflash.export.blobfile import read_record
 from museflash.export.convert import convert_function
 from museflash.export.merge import (

@@ -5,8 +5,8 @@ import torch
 import torch.nn.functional as F
 from reference_rope import rotate
 
+from museflash.builtin.demo_checkpoint import TINY_TARGET_CONFIG, build_tiny_models
 from museflash.bundle import LayerType
-from museflash.demo_checkpoint import TINY_TARGET_CONFIG, build_tiny_models
 from museflash.models.base import RotaryTables, apply_rope, sliding_causal_mask
 from museflash.models.muse_glimmer import MuseGlimmerConfig
 

@@ -151,7 +151,7 @@ def test_options_travel_to_the_helper_unchanged(tmp_path):
 def test_a_real_helper_reports_its_own_error(tmp_path):
     """The helper process plans the export itself; a checkpoint that vanished before it read
     it is reported with the loader's own message, not as a bare exit status."""
-    from museflash.demo_checkpoint import write_tiny_checkpoints
+    from museflash.builtin.demo_checkpoint import write_tiny_checkpoints
 
     target_dir, drafter_dir = write_tiny_checkpoints(tmp_path / "demo")
     options = ExportOptions(output_dir=tmp_path / "out", fused_target=True,

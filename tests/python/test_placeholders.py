@@ -5,9 +5,9 @@ import pytest
 import torch
 
 import museflash.export.placeholders as placeholders_module
+from museflash.builtin.demo_checkpoint import write_tiny_checkpoints
 from museflash.checkpoint.load import load_drafter, load_target
 from museflash.checkpoint.tensor_files import CheckpointError, WeightLocation
-from museflash.demo_checkpoint import write_tiny_checkpoints
 from museflash.export.placeholders import PlaceholderWeights
 
 

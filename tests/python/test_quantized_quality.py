@@ -39,7 +39,7 @@ def test_each_preset_compresses_and_its_paired_loss_is_its_perplexity_ratio(repo
 def test_held_out_files_are_bos_led_and_cut_to_the_limit():
     from tokenizers import Tokenizer
 
-    from museflash.demo_checkpoint import builtin_checkpoints
+    from museflash.builtin.demo_checkpoint import builtin_checkpoints
 
     with builtin_checkpoints("demo") as (target_dir, _):
         tokenizer = Tokenizer.from_file(str(target_dir / "tokenizer.json"))

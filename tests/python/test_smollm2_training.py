@@ -5,9 +5,9 @@ the drafter config is z-lab's full-attention shape for the real target."""
 
 import json
 
+from museflash.builtin.demo_checkpoint import SMOLLM2_DRAFTER_DIR, smollm2_gguf
 from museflash.checkpoint.configs import check_configs
 from museflash.checkpoint.gguf import GGUFCheckpoint, write_hf_checkpoint
-from museflash.demo_checkpoint import SMOLLM2_DRAFTER_DIR, smollm2_gguf
 from museflash.training import chat_prompts
 from museflash.training.train_demo import load_corpus
 from museflash.training.train_smollm2_drafter import (

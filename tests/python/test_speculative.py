@@ -13,10 +13,10 @@ import pytest
 import torch
 from package_surgery import swap_blobs
 
+from museflash.builtin.demo_checkpoint import write_tiny_checkpoints
 from museflash.bundle import FunctionName, Metadata
 from museflash.checkpoint.load import load_target
 from museflash.checks.verify import check_target, load_reference_models
-from museflash.demo_checkpoint import write_tiny_checkpoints
 from museflash.export.options import ExportOptions
 from museflash.export.pipeline import export_bundle
 from museflash.export.progress import Progress

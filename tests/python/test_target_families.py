@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from museflash.builtin.hf_tiny_pairs import HF_TINY_PAIRS, write_hf_tiny_pair, zlab_target_layer_ids
 from museflash.bundle import KVWrite
 from museflash.checkpoint.configs import check_configs, read_target_config
 from museflash.checkpoint.load import load_drafter, load_target
@@ -16,7 +17,6 @@ from museflash.checkpoint.tensor_files import CheckpointError
 from museflash.export.options import ExportOptions
 from museflash.export.pipeline import export_bundle
 from museflash.export.progress import Progress
-from museflash.hf_tiny_pairs import HF_TINY_PAIRS, write_hf_tiny_pair, zlab_target_layer_ids
 from museflash.models.families import LLAMA, MUSE_GLIMMER, QWEN3, target_family
 from museflash.models.llama import LlamaWithDrafterFeatures
 from museflash.models.qwen3 import Qwen3WithDrafterFeatures
@@ -44,7 +44,7 @@ def test_every_familys_config_has_what_the_exporter_reads_of_a_target(pair, tmp_
     """export/plan.py, export/describe.py and checkpoint/configs.py read a target's config as
     families.TargetConfig: each family's parsed config has every member it names, and the
     layer kinds it lists are one per layer."""
-    from museflash.demo_checkpoint import write_tiny_checkpoints
+    from museflash.builtin.demo_checkpoint import write_tiny_checkpoints
     from museflash.models.families import TargetConfig
 
     members = set(TargetConfig.__annotations__) | {

@@ -6,16 +6,16 @@ import shutil
 
 import pytest
 
-from museflash.bundle import TOKENIZER_FILE, Metadata
-from museflash.checkpoint.configs import check_configs
-from museflash.checkpoint.tensor_files import CheckpointError
-from museflash.checkpoint.tokenizer import read_tokenizer
-from museflash.demo_checkpoint import (
+from museflash.builtin.demo_checkpoint import (
     TINY_DRAFTER_CONFIG,
     shallow_tiny_pair_configs,
     write_tiny_checkpoints,
     write_word_tokenizer,
 )
+from museflash.bundle import TOKENIZER_FILE, Metadata
+from museflash.checkpoint.configs import check_configs
+from museflash.checkpoint.tensor_files import CheckpointError
+from museflash.checkpoint.tokenizer import read_tokenizer
 from museflash.export.options import ExportOptions
 from museflash.export.pipeline import export_bundle
 from museflash.export.progress import Progress

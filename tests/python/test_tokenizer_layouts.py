@@ -1,4 +1,4 @@
-"""The Qwen2 and Llama 3 tokenizer.json fixtures (museflash/tokenizer_layouts.py): their layout, how
+"""The Qwen2 and Llama 3 tokenizer.json fixtures (builtin/tokenizer_layouts.py): their layout, how
 the tokenizers library splits with their patterns, and the BOS convention the Python loop
 (runtime/generate.py TextTokenizer) takes from each tokenizer_config.json."""
 
@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 from tokenizers import Tokenizer
 
-from museflash import tokenizer_layouts
+from museflash.builtin import tokenizer_layouts
 from museflash.checkpoint.tokenizer import read_tokenizer
 from museflash.runtime.generate import TextTokenizer
 

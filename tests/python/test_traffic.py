@@ -8,9 +8,9 @@ import pytest
 from command_line import run_main
 from prebuilt import DFLASH2_BUNDLE, DFLASH2_SLICE_BUNDLE, prebuilt_bundle
 
+from museflash.builtin.demo_checkpoint import TINY_TARGET_CONFIG
 from museflash.bundle import KVWrite, Metadata, StateKind
 from museflash.cli import traffic_main
-from museflash.demo_checkpoint import TINY_TARGET_CONFIG
 from museflash.tools import traffic
 from museflash.tools.traffic import (
     REST,

@@ -10,14 +10,14 @@ import pytest
 import torch
 from command_line import run_main
 
-from museflash.checkpoint.configs import check_configs, read_config
-from museflash.checkpoint.load import load_drafter, load_target
-from museflash.cli import train_demo_drafter_main
-from museflash.demo_checkpoint import (
+from museflash.builtin.demo_checkpoint import (
     TINY_DFLASH2_CONFIG,
     TINY_DRAFTER_CONFIG,
     write_tiny_checkpoints,
 )
+from museflash.checkpoint.configs import check_configs, read_config
+from museflash.checkpoint.load import load_drafter, load_target
+from museflash.cli import train_demo_drafter_main
 from museflash.models.dflash2 import DFlash2Drafter
 from museflash.training import distil_corpus as distil
 from museflash.training import train_demo_dflash2 as dflash2_trainer

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from prebuilt import prebuilt_bundle
 
+from museflash.builtin.demo_checkpoint import shallow_tiny_pair_configs, write_tiny_checkpoints
 from museflash.checks.verify import VerifyOptions, run_verify
-from museflash.demo_checkpoint import shallow_tiny_pair_configs, write_tiny_checkpoints
 from museflash.export.options import ExportOptions
 from museflash.export.pipeline import export_bundle
 from museflash.export.progress import Progress
@@ -80,9 +80,9 @@ def test_a_ring_slot_read_or_written_wrong_is_a_mismatch(bundle, monkeypatch, da
     (checks/verify.py, _write_prefix), so the checked steps attend to what a prompt makes;
     a model that reads a stale ring slot or writes a position to the wrong one must still
     differ from the package on the sliding layers. Here the reference carries the damage."""
+    from museflash.builtin.demo_checkpoint import builtin_checkpoints
     from museflash.bundle import Metadata
     from museflash.checks import verify
-    from museflash.demo_checkpoint import builtin_checkpoints
     from museflash.models import base, muse_glimmer
 
     metadata = Metadata.read(bundle)
@@ -100,9 +100,9 @@ def test_a_drafter_ring_slot_written_wrong_is_a_mismatch(bundle, monkeypatch):
     drafter, from the eager target's drafter_features (checks/verify.py,
     _write_drafter_prefix); a drafter that writes each position one slot on must still differ
     from the package. Here the reference drafter carries the damage."""
+    from museflash.builtin.demo_checkpoint import builtin_checkpoints
     from museflash.bundle import Metadata
     from museflash.checks import verify
-    from museflash.demo_checkpoint import builtin_checkpoints
     from museflash.models import dflash
 
     metadata = Metadata.read(bundle)

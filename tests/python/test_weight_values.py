@@ -123,7 +123,7 @@ def test_a_scale_or_offset_that_overflows_fp16_is_refused(tmp_path, monkeypatch,
 
 def _tiny_pair(tmp_path, damage):
     """The tiny random pair, fp32, with `damage(tensors)` applied to the target's tensors."""
-    from museflash.demo_checkpoint import write_tiny_checkpoints
+    from museflash.builtin.demo_checkpoint import write_tiny_checkpoints
 
     target_dir, drafter_dir = write_tiny_checkpoints(tmp_path / "pair", dtype="fp32",
                                                      tokenizer=True)

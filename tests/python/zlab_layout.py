@@ -1,11 +1,11 @@
 """A drafter checkpoint in z-lab's DFlashDraftModel layout, made from one written by
-museflash.demo_checkpoint, for the tests that load that layout."""
+museflash.builtin.demo_checkpoint, for the tests that load that layout."""
 
 import json
 from pathlib import Path
 
+from museflash.builtin.demo_checkpoint import TINY_TARGET_CONFIG
 from museflash.bundle import LayerType
-from museflash.demo_checkpoint import TINY_TARGET_CONFIG
 from museflash.models.dflash import ZLAB_ENCODER_KEYS
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from swift_generate_support import run
 
+from museflash.builtin.demo_checkpoint import PLANTED_TOKENS
 from museflash.bundle import Metadata
-from museflash.demo_checkpoint import PLANTED_TOKENS
 from museflash.runtime.interpreter import NonFiniteError
 from museflash.runtime.speculative import ExportedDrafter, ExportedTarget, speculative_generate
 

@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from museflash.builtin.demo_checkpoint import SourceError, checkpoint_dirs
 from museflash.bundle import (
     METADATA_FILE,
     TOKENIZER_FILE,
@@ -54,7 +55,6 @@ from museflash.checks.parity import (
     sync_states,
 )
 from museflash.compression import CompressionError, Rule, Scheme
-from museflash.demo_checkpoint import SourceError, checkpoint_dirs
 from museflash.export.fp16_range import audit_checkpoint
 from museflash.export.placeholders import compressed_weights
 from museflash.runtime.interpreter import Interpreter, NonFiniteError, load_program

@@ -15,9 +15,9 @@ import sys
 
 from absl import flags
 
+from museflash.builtin.demo_checkpoint import write_tiny_checkpoints
 from museflash.checkpoint.tensor_files import DTYPES
 from museflash.cli.command import run_command
-from museflash.demo_checkpoint import write_tiny_checkpoints
 from museflash.paths import resolve_user_path
 
 flags.DEFINE_string("output-dir", None, "Writes DIR/target and DIR/drafter.")

@@ -226,7 +226,7 @@ def checkpoint_sources(options: ExportOptions) -> Iterator[tuple[Path, Path | No
         else:
             yield Path(options.checkpoint), drafter, source
         return
-    from museflash.demo_checkpoint import builtin_checkpoints
+    from museflash.builtin.demo_checkpoint import builtin_checkpoints
 
     name = builtin_source(options.builtin)
     with builtin_checkpoints(options.builtin) as (target_dir, drafter_dir):

@@ -167,8 +167,8 @@ def open_backends(options: GenerateOptions, metadata: Metadata):
         target = ExportedTarget(options.export_dir, metadata)
         drafter = ExportedDrafter(options.export_dir, metadata) if drafting else None
         return target, drafter
+    from museflash.builtin.demo_checkpoint import checkpoint_dirs
     from museflash.checkpoint.load import load_drafter, load_target
-    from museflash.demo_checkpoint import checkpoint_dirs
 
     prefill = target_asset.function(FunctionName.PREFILL).query_length
     verify = target_asset.function(FunctionName.MAIN).query_length

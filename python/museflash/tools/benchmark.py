@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 
+from museflash.builtin.demo_checkpoint import TINY_DRAFTER_CONFIG, TINY_TARGET_CONFIG
 from museflash.bundle import PACKAGE_SPEC, PACKAGE_WEIGHT_FILE, AssetRole, LayerType
-from museflash.demo_checkpoint import TINY_DRAFTER_CONFIG, TINY_TARGET_CONFIG
 from museflash.export.progress import tree_bytes
 from museflash.tools.family_geometry import (
     EXPORT_CONTEXT,

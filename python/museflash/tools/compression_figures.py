@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from museflash.builtin.demo_checkpoint import builtin_checkpoints
 from museflash.bundle import PACKAGE_WEIGHT_FILE, Metadata
 from museflash.checkpoint.load import (
     compressed_value,
@@ -42,7 +43,6 @@ from museflash.checkpoint.load import (
 )
 from museflash.checkpoint.tensor_files import checkpoint_shapes
 from museflash.compression import DEFAULT_BLOCK_SIZE, Rule, Scheme, preset_rules
-from museflash.demo_checkpoint import builtin_checkpoints
 from museflash.export.placeholders import compressed_weights
 from museflash.export.weights import StoredWeight
 

@@ -69,7 +69,7 @@ def family_configs(name: str, **overrides: Any) -> tuple[Any, dict[str, Any]]:
     `overrides` replace the target's keywords (the tests shrink the geometry)."""
     import transformers
 
-    from museflash.hf_tiny_pairs import zlab_drafter_config
+    from museflash.builtin.hf_tiny_pairs import zlab_drafter_config
 
     if name not in FAMILY_GEOMETRIES:
         raise ValueError(f"no family geometry {name!r}; choose one of {list(FAMILY_GEOMETRIES)}")

@@ -50,17 +50,17 @@ EXPORT_KINDS: dict[str, tuple[dict[str, Any], str]] = {
 
 def exported_metadata() -> dict[str, Metadata]:
     """The metadata the exporter writes for each of EXPORT_KINDS (demo pair, default knobs)."""
-    from museflash.demo_checkpoint import (
+    from museflash.builtin.demo_checkpoint import (
         TINY_DFLASH2_CONFIG,
         write_tiny_checkpoints,
         write_word_tokenizer,
     )
+    from museflash.builtin.hf_tiny_pairs import write_hf_tiny_pair
     from museflash.export.describe import bundle_metadata
     from museflash.export.options import ExportOptions
     from museflash.export.placeholders import PlaceholderWeights
     from museflash.export.plan import load_modules, plan_export
     from museflash.export.progress import Progress
-    from museflash.hf_tiny_pairs import write_hf_tiny_pair
 
     examples = {}
     with tempfile.TemporaryDirectory(prefix="museflash-examples-") as scratch:
@@ -105,7 +105,7 @@ def compressed_metadata() -> dict[str, Metadata]:
     """The metadata of compressed exports of the trained demo pair: the plan as the exporter
     makes it, and the weights its merge would store (every streamed weight, compressed as
     planned) in place of a conversion."""
-    from museflash.demo_checkpoint import builtin_checkpoints
+    from museflash.builtin.demo_checkpoint import builtin_checkpoints
     from museflash.export.describe import bundle_metadata
     from museflash.export.options import ExportOptions
     from museflash.export.pipeline import package_placeholders

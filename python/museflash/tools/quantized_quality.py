@@ -23,10 +23,10 @@ from typing import Any
 
 import torch
 
+from museflash.builtin.demo_checkpoint import builtin_checkpoints
 from museflash.checkpoint.configs import read_config
 from museflash.checkpoint.load import load_target, target_checkpoint_tensors
 from museflash.checkpoint.tensor_files import checkpoint_shapes
-from museflash.demo_checkpoint import builtin_checkpoints
 from museflash.tools.compression_figures import (
     document_losses,
     held_out_positions,

@@ -6,7 +6,7 @@ For the trained demo tokenizer (`demo/target/tokenizer.json`), variants of it th
 the settings the Swift side implements besides (prefix space, no regex, `ignore_merges`, added
 tokens with `lstrip` / `rstrip` / `single_word` / `normalized`), and the tiny pair's WordLevel
 tokenizer (`demo_checkpoint.write_word_tokenizer`), and fixtures in the layouts of the Qwen3
-and Llama 3.1 targets (museflash/tokenizer_layouts.py: `qwen2_layout`, `llama3_layout`, with their
+and Llama 3.1 targets (builtin/tokenizer_layouts.py: `qwen2_layout`, `llama3_layout`, with their
 tokenizer_config.json under `tokenizer_configs`), the output holds each tokenizer.json as
 text and, per text, `encode(text, add_special_tokens=False).ids` with the decode of those ids
 both with and without the special tokens (null where equal to the text, or to the decode with
@@ -123,7 +123,7 @@ def random_texts(seed: int, count: int, alphabet: list[str] = ALPHABET) -> list[
 
 
 def demo_tokenizer_json() -> str:
-    from museflash.demo_checkpoint import TRAINED_DEMO_DIR
+    from museflash.builtin.demo_checkpoint import TRAINED_DEMO_DIR
 
     return (TRAINED_DEMO_DIR / "target" / "tokenizer.json").read_text(encoding="utf-8")
 
@@ -149,7 +149,7 @@ def with_added_tokens(base: str) -> str:
 
 
 def word_level_json() -> str:
-    from museflash.demo_checkpoint import write_word_tokenizer
+    from museflash.builtin.demo_checkpoint import write_word_tokenizer
 
     with tempfile.TemporaryDirectory(prefix="museflash-wordlevel-") as scratch:
         write_word_tokenizer(Path(scratch), 512, {"<mask>": 3})
@@ -159,7 +159,7 @@ def word_level_json() -> str:
 def layout_tokenizers() -> dict[str, str]:
     """The Qwen2- and Llama 3-layout fixtures' tokenizer.json text, their BPE trained on the
     first files of the demo corpus's training split."""
-    from museflash import tokenizer_layouts
+    from museflash.builtin import tokenizer_layouts
     from museflash.training import train_demo
 
     texts = [f.text for f in train_demo.load_corpus().train[:LAYOUT_TRAINING_FILES]]
@@ -168,7 +168,7 @@ def layout_tokenizers() -> dict[str, str]:
 
 def layout_configs() -> dict[str, str]:
     """Their tokenizer_config.json text (the BOS convention)."""
-    from museflash import tokenizer_layouts
+    from museflash.builtin import tokenizer_layouts
 
     return {f"{name}_layout": json.dumps(tokenizer_layouts.tokenizer_config(name))
             for name in tokenizer_layouts.LAYOUTS}
@@ -197,7 +197,7 @@ def tokenizers_under_test() -> dict[str, str]:
 
 
 def held_out_texts() -> tuple[list[tuple[str, str]], dict[str, Any]]:
-    from museflash.demo_checkpoint import TRAINED_DEMO_DIR
+    from museflash.builtin.demo_checkpoint import TRAINED_DEMO_DIR
     from museflash.training import train_demo
 
     corpus = train_demo.load_corpus()

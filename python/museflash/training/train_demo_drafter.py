@@ -97,7 +97,7 @@ SAMPLED_TEMPERATURE = 0.7
 
 
 def default_target_dir() -> Path:
-    from museflash.demo_checkpoint import TRAINED_DEMO_DIR
+    from museflash.builtin.demo_checkpoint import TRAINED_DEMO_DIR
 
     return TRAINED_DEMO_DIR / "target"
 

@@ -34,10 +34,10 @@ from typing import Any
 
 import torch
 
+from museflash.builtin.demo_checkpoint import smollm2_gguf
+from museflash.builtin.hf_tiny_pairs import zlab_drafter_config, zlab_target_layer_ids
 from museflash.checkpoint.chat_template import read_chat_template, render_chat
 from museflash.checkpoint.gguf import GGUFCheckpoint, write_hf_checkpoint
-from museflash.demo_checkpoint import smollm2_gguf
-from museflash.hf_tiny_pairs import zlab_drafter_config, zlab_target_layer_ids
 from museflash.training import chat_prompts
 from museflash.training.distil_corpus import (
     CORPUS_CAPTURE_DTYPE,

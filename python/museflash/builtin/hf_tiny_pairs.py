@@ -28,12 +28,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from museflash import tokenizer_layouts
+from museflash.builtin import tokenizer_layouts
+from museflash.builtin.random_weights import randomize
 from museflash.bundle import LayerType
 from museflash.checkpoint.load import drafter_checkpoint_tensors
 from museflash.checkpoint.tensor_files import write_safetensors
 from museflash.models.dflash import ZLAB_ENCODER_KEYS, DFlashConfig, DFlashDrafter, DFlashEncoder
-from museflash.random_weights import randomize
 
 HF_TINY_PAIRS = ("tiny-qwen3", "tiny-llama")
 MASK_TOKEN = "<|dflash_mask|>"

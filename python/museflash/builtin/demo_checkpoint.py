@@ -18,16 +18,16 @@ from typing import Any
 import torch
 from torch import nn
 
+from museflash.builtin.hf_tiny_pairs import HF_TINY_PAIRS, write_hf_tiny_pair
+from museflash.builtin.random_weights import randomize
 from museflash.bundle import BUILTIN_PAIRS, METADATA_FILE, LayerType, Metadata, builtin_pair
 from museflash.checkpoint.configs import DRAFTER_MODELS, drafter_architecture
 from museflash.checkpoint.gguf import is_gguf, staged_checkpoint
 from museflash.checkpoint.load import drafter_checkpoint_tensors, target_checkpoint_tensors
 from museflash.checkpoint.tensor_files import CheckpointError, write_safetensors
-from museflash.hf_tiny_pairs import HF_TINY_PAIRS, write_hf_tiny_pair
 from museflash.models.dflash import ZLAB_ENCODER_KEYS, DFlashDrafter
 from museflash.models.dflash2 import DFlash2Drafter
 from museflash.models.muse_glimmer import MuseGlimmerConfig, MuseGlimmerWithDrafterFeatures
-from museflash.random_weights import randomize
 
 _S, _G = LayerType.SLIDING_ATTENTION.value, LayerType.FULL_ATTENTION.value
 
@@ -304,7 +304,7 @@ def _plant_mlp(mlp: nn.Module, units: list[int], *, gate: float, down: float) ->
 
 
 # The trained demo pair (the museflash.training package), kept beside python/.
-TRAINED_DEMO_DIR = Path(__file__).resolve().parents[2] / "demo"
+TRAINED_DEMO_DIR = Path(__file__).resolve().parents[3] / "demo"
 
 
 # The trained pairs by built-in name: the drafter's directory under demo/ and the tool that
