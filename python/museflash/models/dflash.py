@@ -380,9 +380,16 @@ class DFlashDrafter(nn.Module):
             x = layer(x, rope, *caches, layer_id, slots, mask)
         return self.norm(x)
 
-    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        output_weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return softcap(nn.functional.linear(hidden, output_weight), self.final_logit_softcapping)
+    def output_weight(self, vocabulary: torch.Tensor | None = None) -> torch.Tensor:
+        """The borrowed output weight [vocab, hidden]; with `vocabulary` (token ids), only its
+        rows: logits over part of the vocabulary, for training's cheaper softmax."""
+        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return weight if vocabulary is None else weight[vocabulary]
+
+    def _logits(self, hidden: torch.Tensor,
+                vocabulary: torch.Tensor | None = None) -> torch.Tensor:
+        return softcap(nn.functional.linear(hidden, self.output_weight(vocabulary)),
+                       self.final_logit_softcapping)
 
     def _draft_hidden(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         positions = positions.reshape(-1)

@@ -196,9 +196,10 @@ class DFlash2Drafter(DFlashDrafter):
         super().__init__(config, *args, **kwargs)
         self.candidate_selector = CandidateSelector(config)
 
-    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        output_weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        logits = nn.functional.linear(hidden, output_weight) * self.config.output_multiplier
+    def _logits(self, hidden: torch.Tensor,
+                vocabulary: torch.Tensor | None = None) -> torch.Tensor:
+        logits = (nn.functional.linear(hidden, self.output_weight(vocabulary))
+                  * self.config.output_multiplier)
         return softcap(logits, self.config.final_logit_softcapping)
 
     def draft(self, input_ids: torch.Tensor,

@@ -65,7 +65,6 @@ from torch import nn
 from museflash.checkpoint.configs import check_configs, read_config
 from museflash.checkpoint.load import drafter_checkpoint_tensors
 from museflash.checkpoint.tensor_files import write_safetensors
-from museflash.models.base import softcap
 from museflash.models.dflash import DFlashConfig, DFlashDrafter, DFlashEncoder
 from museflash.runtime.sampling import Sampling
 from museflash.runtime.speculative import (
@@ -181,16 +180,22 @@ def loss_decay(block: int) -> float:
     return 7.0 if block >= 16 else 5.0 if block >= 8 else 4.0
 
 
+def _decayed_cross_entropy(logits: torch.Tensor, labels: torch.Tensor,
+                           block: int) -> torch.Tensor:
+    """Cross-entropy of logits [B, K-1, V] against labels [B, K-1], position i (1-based)
+    weighted exp(-(i - 1) / gamma) (`loss_decay`), averaged over the blocks."""
+    decay = torch.exp(-torch.arange(block - 1, dtype=torch.float32) / loss_decay(block))
+    losses = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                         labels.reshape(-1), reduction="none")
+    return (losses.reshape(len(labels), -1) * decay).sum() / (decay.sum() * len(labels))
+
+
 def block_loss(target, drafter, corpus: Corpus, rows: torch.Tensor, anchors: torch.Tensor,
                block: int) -> torch.Tensor:
     """The drafted positions' cross-entropy against the target's tokens, position i (1-based)
     weighted exp(-(i - 1) / gamma) (`loss_decay`), averaged over the blocks."""
-    decay = torch.exp(-torch.arange(block - 1, dtype=torch.float32) / loss_decay(block))
     inputs, labels = _blocks(target, drafter, corpus, rows, anchors, block)
-    logits = draft_blocks(drafter, *inputs)[:, 1:]
-    losses = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                         labels.reshape(-1), reduction="none")
-    return (losses.reshape(len(rows), -1) * decay).sum() / (decay.sum() * len(rows))
+    return _decayed_cross_entropy(draft_blocks(drafter, *inputs)[:, 1:], labels, block)
 
 
 def vocabulary_block_loss(vocabulary: torch.Tensor):
@@ -205,19 +210,12 @@ def vocabulary_block_loss(vocabulary: torch.Tensor):
 
     def loss(target, drafter, corpus: Corpus, rows: torch.Tensor, anchors: torch.Tensor,
              block: int) -> torch.Tensor:
-        decay = torch.exp(-torch.arange(block - 1, dtype=torch.float32) / loss_decay(block))
         inputs, labels = _blocks(target, drafter, corpus, rows, anchors, block)
-        hidden = draft_blocks(drafter, *inputs, method="_draft_hidden")[:, 1:]
-        weight = drafter.embed_tokens.weight if drafter.lm_head is None else drafter.lm_head.weight
-        logits = softcap(nn.functional.linear(hidden, weight[vocabulary]),
-                         drafter.final_logit_softcapping)
         if int(labels.max()) >= len(index) or bool((index[labels] < 0).any()):
             raise ValueError("a label lies outside the loss's vocabulary: build it from the "
                              "corpus's tokens")
-        targets = index[labels]
-        losses = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                             targets.reshape(-1), reduction="none")
-        return (losses.reshape(len(rows), -1) * decay).sum() / (decay.sum() * len(rows))
+        hidden = draft_blocks(drafter, *inputs, method="_draft_hidden")[:, 1:]
+        return _decayed_cross_entropy(drafter._logits(hidden, vocabulary), index[labels], block)
 
     return loss
 
