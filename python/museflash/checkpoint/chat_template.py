@@ -89,6 +89,21 @@ def render_chat(template: str, messages: Sequence[Mapping[str, str]], *,
                                 "fix: correct the template") from error
 
 
+def user_turn_ids(checkpoint_dir: str | Path, texts: Sequence[str]) -> list[list[int]] | None:
+    """Each text as one user turn rendered by the folder's chat template (generation prompt
+    added), in its tokenizer.json's ids; None when the folder has no template."""
+    from tokenizers import Tokenizer
+
+    found = read_chat_template(checkpoint_dir)
+    if found is None:
+        return None
+    template, special = found
+    tokenizer = Tokenizer.from_file(str(Path(checkpoint_dir) / "tokenizer.json"))
+    return [tokenizer.encode(render_chat(template, [{"role": "user", "content": text}],
+                                         special_tokens=special),
+                             add_special_tokens=False).ids for text in texts]
+
+
 def _unsupported(template: str) -> list[tuple[str, int]]:
     """(construct, line) of each node outside the Swift renderer's subset, in template order."""
     from jinja2 import Environment, nodes

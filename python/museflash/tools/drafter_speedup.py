@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from museflash.bundle import BundleError, Metadata
-from museflash.checkpoint.chat_template import read_chat_template, render_chat
+from museflash.checkpoint.chat_template import user_turn_ids
 
 
 class SpeedupError(ValueError):
@@ -32,8 +32,7 @@ class Pooled:
     """What the runs of one bundle add up to."""
     tokens: int = 0
     seconds: float = 0.0
-    alone_tokens: int = 0
-    alone_seconds: float = 0.0
+    alone_seconds: float = 0.0  # the target alone decodes the same greedy tokens
     target_calls: int = 0
     accepted: list[int] = field(default_factory=list)
 
@@ -42,18 +41,15 @@ class Pooled:
         if "target_alone_seconds" not in run:
             raise SpeedupError("swift-generate reported no target-alone run; it needs --compare "
                                "and a bundle with a drafter")
-        tokens = len(run["tokens"])
-        self.tokens += tokens
+        self.tokens += len(run["tokens"])
         self.seconds += run["seconds"]
-        # The target-alone run decodes the same greedy tokens (the engine's tests hold it).
-        self.alone_tokens += tokens
         self.alone_seconds += run["target_alone_seconds"]
         self.target_calls += run["target_calls"]
         self.accepted += run["accepted"]
 
     def figures(self) -> dict[str, float]:
         with_drafter = self.tokens / self.seconds
-        alone = self.alone_tokens / self.alone_seconds
+        alone = self.tokens / self.alone_seconds
         return {"tokens_per_second": with_drafter, "target_alone_tokens_per_second": alone,
                 "speedup": with_drafter / alone,
                 "tokens_per_target_call": self.tokens / self.target_calls,
@@ -63,17 +59,11 @@ class Pooled:
 def chat_prompt_ids(export_dir: Path, texts: list[str]) -> list[list[int]]:
     """Each text as one user turn rendered with the bundle's chat template (generation prompt
     added), in the bundle tokenizer's ids."""
-    from tokenizers import Tokenizer
-
-    found = read_chat_template(export_dir)
-    if found is None:
+    ids = user_turn_ids(export_dir, texts)
+    if ids is None:
         raise SpeedupError(f"{export_dir} has no chat template; export a chat model (its "
                            "template travels in tokenizer_config.json)")
-    template, special = found
-    tokenizer = Tokenizer.from_file(str(export_dir / "tokenizer.json"))
-    return [tokenizer.encode(render_chat(template, [{"role": "user", "content": text}],
-                                         special_tokens=special),
-                             add_special_tokens=False).ids for text in texts]
+    return ids
 
 
 def check_bundle(export_dir: Path) -> None:

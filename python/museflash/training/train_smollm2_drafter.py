@@ -36,7 +36,7 @@ import torch
 
 from museflash.builtin.demo_checkpoint import smollm2_gguf
 from museflash.builtin.hf_tiny_pairs import zlab_drafter_config, zlab_target_layer_ids
-from museflash.checkpoint.chat_template import read_chat_template, render_chat
+from museflash.checkpoint.chat_template import user_turn_ids
 from museflash.checkpoint.gguf import GGUFCheckpoint, write_hf_checkpoint
 from museflash.training import chat_prompts
 from museflash.training.distil_corpus import (
@@ -77,18 +77,10 @@ def drafter_config(target_dir: Path, layers: int) -> dict[str, Any]:
 def chat_ids(target_dir: Path, texts: list[str], max_tokens: int | None = None) -> list[list[int]]:
     """Each text as one user turn rendered by the model's chat template (generation prompt
     added), in token ids; longer than `max_tokens` are dropped."""
-    from tokenizers import Tokenizer
-
-    tokenizer = Tokenizer.from_file(str(target_dir / "tokenizer.json"))
-    template, special = read_chat_template(target_dir)
-    out = []
-    for text in texts:
-        rendered = render_chat(template, [{"role": "user", "content": text}],
-                               special_tokens=special)
-        ids = tokenizer.encode(rendered, add_special_tokens=False).ids
-        if max_tokens is None or len(ids) <= max_tokens:
-            out.append(ids)
-    return out
+    ids = user_turn_ids(target_dir, texts)
+    if ids is None:
+        raise ValueError(f"{target_dir} has no chat template; the drafter trains on chats")
+    return [p for p in ids if max_tokens is None or len(p) <= max_tokens]
 
 
 def fewest_lengths(prompts: list[list[int]], count: int, per_length: int) -> list[list[int]]:
