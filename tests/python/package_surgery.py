@@ -136,3 +136,25 @@ def set_embedded_metadata(package, text):
     spec = _read_spec(package)
     spec.description.metadata.userDefined["museflash.metadata"] = text
     package.joinpath(*SPEC_FILE).write_bytes(spec.SerializeToString())
+
+
+def negate_fp16_blob(package, fragment):
+    """Rewrites, in place in weight.bin, the fp16 data of the first `const` whose name holds
+    `fragment` with every value's sign flipped; the program itself is left as it was."""
+    import struct
+
+    import coremltools as ct
+    import numpy as np
+
+    spec = ct.utils.load_spec(str(package))
+    offset = next(op.attributes["val"].blobFileValue.offset
+                  for function in spec.mlProgram.functions.values()
+                  for op in function.block_specializations[function.opset].operations
+                  if op.type == "const" and fragment in op.outputs[0].name)
+    path = package.joinpath(*WEIGHT_FILE)
+    data = bytearray(path.read_bytes())
+    sentinel, data_type, size, start = struct.unpack_from("<IIQQ", data, offset)
+    assert (sentinel, data_type) == (BLOB_SENTINEL, BLOB_FP16), (fragment, sentinel, data_type)
+    flipped = np.frombuffer(bytes(data[start:start + size]), np.uint16) ^ np.uint16(0x8000)
+    data[start:start + size] = flipped.tobytes()
+    path.write_bytes(bytes(data))

@@ -10,7 +10,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from package_surgery import swap_blobs
+from package_surgery import negate_fp16_blob, swap_blobs
 
 from museflash.builtin.demo_checkpoint import (
     TINY_DRAFTER_CONFIG,
@@ -26,7 +26,9 @@ from museflash.runtime.interpreter import (
     Interpreter,
     InterpreterError,
     UnsupportedOpError,
+    _all_finite,
     list_functions,
+    load_interpreters,
     load_program,
 )
 
@@ -193,6 +195,58 @@ def test_load_program_selects_functions(exported):
     assert Interpreter(single).function_name == "main"
     with pytest.raises(KeyError, match="inject_kv"):
         load_program(exported["target_package"], "inject_kv")
+
+
+def _float64_weights(interpreter):
+    return {id(step.fixed["weight"]) for step in interpreter._plan if "weight" in step.fixed}
+
+
+def test_functions_of_one_package_share_their_stored_weights(exported):
+    loaded = load_interpreters(exported["target_package"], ["main", "prefill"])
+    main, prefill = loaded["main"], loaded["prefill"]
+    weights = [name for name, value in main.constants.items()
+               if isinstance(value, np.ndarray) and value.size >= 1024]
+    assert weights
+    for name in weights:
+        assert prefill.constants[name] is main.constants[name], name
+        assert not main.constants[name].flags.writeable, name
+    assert _float64_weights(main) and _float64_weights(main) == _float64_weights(prefill)
+    # The same outputs, bit for bit, as an Interpreter that shares nothing.
+    alone = load_program(exported["target_package"], "prefill")
+    alone.weights_identity = None
+    unshared = Interpreter(alone, "prefill")
+    assert not _float64_weights(unshared) & _float64_weights(prefill)
+    inputs = {"input_ids": np.arange(3, 3 + QUERY_LEN, dtype=np.int32).reshape(1, -1),
+              "position_ids": np.arange(QUERY_LEN, dtype=np.int32)}
+    outputs = [interpreter.run(inputs, interpreter.zero_states())
+               for interpreter in (prefill, unshared)]
+    for name in outputs[0]:
+        np.testing.assert_array_equal(outputs[0][name], outputs[1][name])
+
+
+def test_a_rewritten_package_is_read_again_not_shared(exported, tmp_path):
+    package = tmp_path / "target.mlpackage"
+    shutil.copytree(exported["target_package"], package)
+    before = load_interpreters(package, ["main"])["main"]
+    weight = "layers_1_self_attn_k_proj_weight"
+    # The program is unchanged (the same storage keys); only weight.bin's bytes are not.
+    negate_fp16_blob(package, weight)
+    after = load_interpreters(package, ["main"])["main"]
+    names = [name for name in before.constants if weight in name]
+    assert names
+    for name in names:
+        assert after.constants[name] is not before.constants[name]
+        assert not np.array_equal(after.constants[name], before.constants[name])
+
+
+def test_fp16_finiteness_is_read_from_the_exponent_bits():
+    finite = np.array([0.0, -0.0, 6e-8, -6e-8, 65504.0, -65504.0, 1.0], np.float16)
+    assert _all_finite(finite) and _all_finite(finite[::2]) and _all_finite(finite[:0])
+    for bad in (np.inf, -np.inf, np.nan):
+        value = np.append(finite, np.float16(bad))
+        assert not _all_finite(value) and not _all_finite(value.astype(np.float32))
+        assert not _all_finite(value[1::1][::-1])
+    assert _all_finite(np.array([2**31 - 1], np.int32))
 
 
 def test_states_must_be_caller_owned_fp16_arrays(exported):

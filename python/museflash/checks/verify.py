@@ -57,7 +57,12 @@ from museflash.checks.parity import (
 from museflash.compression import CompressionError, Rule, Scheme
 from museflash.export.fp16_range import audit_checkpoint
 from museflash.export.placeholders import compressed_weights
-from museflash.runtime.interpreter import Interpreter, NonFiniteError, load_program
+from museflash.runtime.interpreter import (
+    Interpreter,
+    NonFiniteError,
+    load_interpreters,
+    load_program,
+)
 from museflash.runtime.package_check import PackageError, check_packages
 from museflash.runtime.speculative import (
     DEFAULT_LOOKUP_MIN_MATCH,
@@ -205,10 +210,27 @@ def _check_norm_form(name: str, metadata: Metadata, function) -> None:
                                "does not describe this bundle: re-export it")
 
 
+def load_roles(export_dir: Path, metadata: Metadata,
+               roles: list[AssetRole]) -> dict[AssetRole, dict[str, Interpreter]]:
+    """The interpreters of each role's functions, every package parsed once (a fused bundle's
+    target and drafter may share one), so the checks and the decoding loop reuse them."""
+    by_path: dict[str, list[str]] = {}
+    for role in roles:
+        asset = metadata.asset(role)
+        by_path.setdefault(asset.path, []).extend(asset.functions)
+    loaded = {path: load_interpreters(export_dir / path, names)
+              for path, names in by_path.items()}
+    return {role: {name: loaded[metadata.asset(role).path][name]
+                   for name in metadata.asset(role).functions} for role in roles}
+
+
 def check_target(export_dir: Path, metadata: Metadata, target, function: FunctionName,
-                 entry: str, seed: int) -> CheckResult:
+                 entry: str, seed: int,
+                 interpreters: dict[str, Interpreter] | None = None) -> CheckResult:
+    """`interpreters`: the target's functions already loaded (load_roles), else loaded here."""
     asset = metadata.asset(AssetRole.TARGET)
-    interpreter = Interpreter(load_program(export_dir / asset.path, function), function)
+    interpreter = (interpreters[function] if interpreters is not None else
+                   Interpreter(load_program(export_dir / asset.path, function), function))
     _check_geometry(f"target.{function}", target, interpreter)
     _check_norm_form(f"target.{function}", metadata, interpreter.function)
     length = asset.function(function).query_length
@@ -306,11 +328,14 @@ class _Fp32Inputs:
 
 
 def check_dflash_drafter(export_dir: Path, metadata: Metadata, drafter, target,
-                         seed: int) -> CheckResult:
+                         seed: int,
+                         interpreters: dict[str, Interpreter] | None = None) -> CheckResult:
+    if interpreters is None:
+        interpreters = load_roles(export_dir, metadata,
+                                  [AssetRole.DFLASH_DRAFTER])[AssetRole.DFLASH_DRAFTER]
     asset = metadata.asset(AssetRole.DFLASH_DRAFTER)
-    program = load_program(export_dir / asset.path)
-    inject = Interpreter(program, FunctionName.INJECT_KV)
-    draft = Interpreter(program, FunctionName.DRAFT)
+    inject = interpreters[FunctionName.INJECT_KV]
+    draft = interpreters[FunctionName.DRAFT]
     _check_geometry(str(AssetRole.DFLASH_DRAFTER), drafter, inject)
     spec = metadata.speculative_decoding
     block, width = spec.block_size, spec.drafter_hidden_size
@@ -491,12 +516,16 @@ class DecodeCheck:
 
 
 def check_decoding(export_dir: Path, metadata: Metadata, target_dir: Path, prompt_tokens: int,
-                   new_tokens: int) -> DecodeCheck:
+                   new_tokens: int,
+                   loaded: dict[AssetRole, dict[str, Interpreter]] | None = None) -> DecodeCheck:
     spec = metadata.speculative_decoding
     context = metadata.context_length
     prompt = deterministic_prompt(prompt_tokens, metadata.vocab_size, spec.mask_token_id,
                                   metadata)
-    target, drafter = ExportedTarget(export_dir, metadata), ExportedDrafter(export_dir, metadata)
+    loaded = loaded or load_roles(export_dir, metadata,
+                                  [AssetRole.TARGET, AssetRole.DFLASH_DRAFTER])
+    target = ExportedTarget(export_dir, metadata, loaded[AssetRole.TARGET])
+    drafter = ExportedDrafter(export_dir, metadata, loaded[AssetRole.DFLASH_DRAFTER])
     # Every step drafted (what checks the drafter's path), then the loop as generate runs it,
     # whose steps may copy from the context instead.
     speculative, copying = (speculative_generate(target, drafter, prompt, new_tokens,
@@ -631,12 +660,17 @@ def run_verify(options: VerifyOptions) -> int:
                                                          compressed)
             except CheckpointError as error:
                 raise VerifyInputError(str(error)) from error
-            checks = [check_target(export_dir, metadata, target, function, entry, seed)
+            # Each package parsed once for every check and the decoding loop.
+            loaded = load_roles(export_dir, metadata, [AssetRole.TARGET] + (
+                [AssetRole.DFLASH_DRAFTER] if dflash else []))
+            checks = [check_target(export_dir, metadata, target, function, entry, seed,
+                                   loaded[AssetRole.TARGET])
                       for function, entry, seed in TARGET_CHECKS]
             if dflash:
                 checks.append(check_dflash_drafter(export_dir, metadata,
                                                    drafters[AssetRole.DFLASH_DRAFTER], target,
-                                                   seed=5))
+                                                   seed=5,
+                                                   interpreters=loaded[AssetRole.DFLASH_DRAFTER]))
             else:
                 checks.append(check_ring_drafter(export_dir, metadata,
                                                  drafters[AssetRole.RING_DRAFTER], seed=7))
@@ -645,7 +679,7 @@ def run_verify(options: VerifyOptions) -> int:
             echo(check_fp16_range(metadata, target_dir, drafter_dir))
             if dflash:
                 decoding = check_decoding(export_dir, metadata, target_dir, prompt,
-                                          options.new_tokens)
+                                          options.new_tokens, loaded)
             else:
                 # The reference loop drives DFlash's inject_kv/draft; the older ring drafter
                 # decodes token by token on its own caches and has no loop here.

@@ -21,8 +21,10 @@ so functions of one multifunction package (e.g. `inject_kv` and `draft`) can sha
 
 from __future__ import annotations
 
+import os
 import re
-from collections.abc import Mapping
+import weakref
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -96,12 +98,14 @@ def _default_function(spec: Any, names: list[str]) -> str:
     return "main"
 
 
-def load_program(package_path: str | Path, function_name: str | None = None) -> Any:
+def load_program(package_path: str | Path,
+                 function_name: str | Sequence[str] | None = None) -> Any:
     """Loads the ML program of a saved `.mlpackage` as a coremltools MIL `Program`.
 
-    With `function_name`, only that function is loaded (faster for big multifunction
-    packages); otherwise all of them. `program.default_function_name` is set to the function
-    Core ML would run by default, which `Interpreter` uses when given no name.
+    With `function_name` (a name or several), only those functions are loaded (faster for big
+    multifunction packages); otherwise all of them. `program.default_function_name` is set to
+    the function Core ML would run by default (or the one named), which `Interpreter` uses when
+    given no name.
     """
     ct = _coremltools()
     from coremltools.converters.mil.frontend.milproto import load as milproto_load
@@ -114,20 +118,101 @@ def load_program(package_path: str | Path, function_name: str | None = None) -> 
         raise ValueError(f"{package_path} holds a {spec.WhichOneof('Type')}, not an ML program")
     names = list(spec.mlProgram.functions)
     default = _default_function(spec, names)
-    if function_name is not None:
-        if function_name not in names:
-            raise KeyError(
-                f"{package_path} has no function {function_name!r}; it has {sorted(names)}"
-            )
-        for other in [n for n in names if n != function_name]:
+    wanted = [function_name] if isinstance(function_name, str) else function_name
+    if wanted is not None:
+        for name in wanted:
+            if name not in names:
+                raise KeyError(f"{package_path} has no function {name!r}; it has {sorted(names)}")
+        for other in [n for n in names if n not in wanted]:
             del spec.mlProgram.functions[other]
+        if isinstance(function_name, str) or default not in wanted:
+            default = wanted[0]
+    weights_dir = package_path / PACKAGE_WEIGHTS_DIR
     program = milproto_load.load(
         spec,
         specification_version=spec.specificationVersion,
-        file_weights_dir=str(package_path / PACKAGE_WEIGHTS_DIR),
+        file_weights_dir=str(weights_dir),
     )
-    program.default_function_name = function_name or default
+    program.default_function_name = default
+    # What lets Interpreters of this program's functions share their constants (see
+    # Interpreter): the stored bytes each constant is made from, and the files they are in.
+    program.storage_keys = {name: _storage_keys(spec.mlProgram.functions[name])
+                            for name in spec.mlProgram.functions}
+    program.weights_identity = _weights_identity(weights_dir)
     return program
+
+
+def load_interpreters(package_path: str | Path,
+                      function_names: Iterable[str]) -> dict[str, Interpreter]:
+    """Interpreters of some functions of one package, loaded together: the package is parsed
+    once, and while they live, functions reading the same stored weights share them."""
+    names = list(function_names)
+    program = load_program(package_path, names)
+    return {name: Interpreter(program, name) for name in names}
+
+
+def _storage_keys(function_spec: Any) -> dict[str, bytes]:
+    """Each constant's storage key in one function: its op serialized without its own names,
+    and with the names it reads replaced by their keys. Equal keys in one package are the same
+    op over the same stored bytes (a blob file value is a file name and an offset), so they
+    give the same value; `main` and `prefill` of a multifunction package read every weight from
+    one place, and so share it."""
+    keys: dict[str, bytes] = {}
+    block = function_spec.block_specializations[function_spec.opset]
+    for op in block.operations:
+        if op.type != "const" and not op.type.startswith("constexpr_"):
+            continue
+        op = type(op).FromString(op.SerializeToString())
+        readable = True
+        for argument in op.inputs.values():
+            for binding in argument.arguments:
+                if binding.WhichOneof("binding") == "name":
+                    if binding.name not in keys:
+                        readable = False
+                        break
+                    binding.name = keys[binding.name].hex()
+        if not readable:
+            continue
+        del op.attributes["name"]
+        names = [output.name for output in op.outputs]
+        for output in op.outputs:
+            output.name = ""
+        key = op.SerializeToString(deterministic=True)
+        for index, name in enumerate(names):
+            keys[name] = key + b"#%d" % index
+    return keys
+
+
+def _weights_identity(weights_dir: Path) -> tuple[Any, ...] | None:
+    """The package's weight files as they are now (path, size, modification time, inode), so a
+    rewritten file is never mistaken for the one a shared constant was read from."""
+    if not weights_dir.is_dir():
+        return None
+    files = []
+    for entry in sorted(os.scandir(weights_dir), key=lambda e: e.name):
+        stat = entry.stat()
+        files.append((entry.name, stat.st_size, stat.st_mtime_ns, stat.st_ino))
+    return (str(weights_dir.resolve()), tuple(files))
+
+
+# Constants (and linear's float64 weights) that live Interpreters of the same package share, by
+# (weights identity, storage key, form). Entries go when the last Interpreter holding them does.
+_SHARED: weakref.WeakValueDictionary[tuple[Any, ...], np.ndarray] = (
+    weakref.WeakValueDictionary())
+
+
+def _shared(key: tuple[Any, ...] | None, make) -> np.ndarray:
+    """make(), or the array an Interpreter already made under `key`; read-only either way, so
+    no kernel can change a constant another function reads."""
+    if key is not None:
+        found = _SHARED.get(key)
+        if found is not None:
+            return found
+    value = make()
+    value.flags.writeable = False
+    if key is not None:
+        _SHARED[key] = value
+    return value
 
 
 
@@ -176,8 +261,9 @@ DECOMPRESSORS = {COMPRESSION_OPS[CompressionMode.LINEAR][0]: _blockwise_shift_sc
                  COMPRESSION_OPS[CompressionMode.PALETTIZE][0]: _lut_to_dense}
 
 
-# Elements of `linear` weights an Interpreter keeps in float64 (8 bytes each): 256 MB.
-LINEAR_CACHE_ELEMENTS = 1 << 25
+# Elements of `linear` weights an Interpreter keeps in float64 (8 bytes each): 2 GB, enough for
+# every linear of a 135M-parameter model. Functions of one package share them (see _shared).
+LINEAR_CACHE_ELEMENTS = 1 << 28
 
 
 @dataclass(frozen=True)
@@ -189,6 +275,17 @@ class _Step:
     inputs: tuple[tuple[str, Any, bool], ...]  # (param, var name or names, is a list)
     fixed: dict[str, np.ndarray]  # params bound at load time (linear's float64 weight)
     outputs: tuple[tuple[str, np.dtype, tuple[int, ...] | None], ...]
+
+
+def _all_finite(value: np.ndarray) -> bool:
+    """No inf or NaN in a float array (other dtypes are finite). fp16 is read as its bits, an
+    all-ones exponent being inf or NaN: numpy's isfinite on fp16 took ten times as long, and a
+    KV cache's slice_update result is checked on every write."""
+    if value.dtype.kind != "f" or value.size == 0:
+        return True
+    if value.dtype == np.float16:
+        return int((value.view(np.uint16) & 0x7C00).max()) != 0x7C00
+    return bool(np.isfinite(value).all())
 
 
 class Interpreter:
@@ -213,6 +310,10 @@ class Interpreter:
             else:
                 self.input_specs[input_name] = (_static_shape(var), _numpy_dtype(var.dtype))
         self.output_names = [var.name for var in self.function.outputs]
+        identity = getattr(program, "weights_identity", None)
+        keys = getattr(program, "storage_keys", {}).get(name, {}) if identity else {}
+        # (weights identity, storage key) per constant this Interpreter may share.
+        self._shared_keys = {var: (identity, key) for var, key in keys.items()}
         self.constants: dict[str, Any] = {}
         ops: list[Any] = []
         unsupported: list[tuple[str, str]] = []
@@ -229,8 +330,9 @@ class Interpreter:
         # shapes through coremltools' Var on every call cost more than most kernels.
         # `linear` sums in float64, so its constant weights are converted once here, not on
         # every call (the same values in the same memory order: the same bits out), up to
-        # LINEAR_CACHE_ELEMENTS per function (a weight two linears share is converted once);
-        # a bigger program converts the rest per call.
+        # LINEAR_CACHE_ELEMENTS per function (a weight two linears share is converted once,
+        # and so is one that another function of the package already converted); a bigger
+        # program converts the rest per call.
         self._plan: list[_Step] = []
         float64_weights: dict[str, np.ndarray] = {}
         budget = LINEAR_CACHE_ELEMENTS
@@ -241,8 +343,9 @@ class Interpreter:
             if weight is not None and weight.name in float64_weights:
                 fixed["weight"] = float64_weights[weight.name]
             elif isinstance(value, np.ndarray) and value.size <= budget:
-                fixed["weight"] = float64_weights[weight.name] = np.asarray(value,
-                                                                            np.float64)
+                key = self._shared_keys.get(weight.name)
+                fixed["weight"] = float64_weights[weight.name] = _shared(
+                    key and key + ("float64",), lambda v=value: np.asarray(v, np.float64))
                 budget -= value.size
             inputs = tuple((param, tuple(v.name for v in var), True)
                            if isinstance(var, (list, tuple)) else (param, var.name, False)
@@ -252,6 +355,12 @@ class Interpreter:
             self._plan.append(_Step(op, KERNELS[op.op_type], inputs, fixed, outputs))
 
     def _load_constant(self, op: Any) -> None:
+        keys = [self._shared_keys.get(var.name) for var in op.outputs]
+        found = [_SHARED.get(key) if key is not None else None for key in keys]
+        if all(value is not None for value in found):
+            for var, value in zip(op.outputs, found, strict=True):
+                self.constants[var.name] = value
+            return
         if op.op_type == "const":
             values = [op.outputs[0].val]
         elif op.op_type in DECOMPRESSORS:
@@ -261,11 +370,13 @@ class Interpreter:
             values = list(values) if isinstance(values, (tuple, list)) else [values]
         else:
             raise UnsupportedOpError(self.function_name, [(op.op_type, op.name)])
-        for var, value in zip(op.outputs, values, strict=True):
+        for var, value, key in zip(op.outputs, values, keys, strict=True):
             if isinstance(value, str):
                 self.constants[var.name] = value
             else:
-                self.constants[var.name] = np.asarray(value).astype(_numpy_dtype(var.dtype))
+                dtype = _numpy_dtype(var.dtype)
+                self.constants[var.name] = _shared(
+                    key, lambda v=value, t=dtype: np.asarray(v).astype(t))
 
     def run(
         self, inputs: Mapping[str, np.ndarray], states: Mapping[str, np.ndarray] | None = None
@@ -295,8 +406,7 @@ class Interpreter:
                 )
             for (name, dtype, expected), value in zip(step.outputs, results, strict=True):
                 env[name] = self._conform(step.op, name, dtype, expected, value)
-                stored = env[name]
-                if stored.dtype.kind == "f" and not np.isfinite(stored).all():
+                if not _all_finite(env[name]):
                     raise NonFiniteError(self.function_name, step.op.op_type, step.op.name,
                                          self._nearest_weight(step))
         return {var.name: env[var.name] for var in self.function.outputs}
@@ -378,6 +488,7 @@ __all__ = [
     "NonFiniteError",
     "UnsupportedOpError",
     "list_functions",
+    "load_interpreters",
     "load_program",
 ]
 

@@ -31,7 +31,7 @@ and over eager torch modules (used to measure acceptance while training a drafte
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -50,7 +50,7 @@ from museflash.bundle import (
     Metadata,
     OutputName,
 )
-from museflash.runtime.interpreter import Interpreter, load_program
+from museflash.runtime.interpreter import Interpreter, load_interpreters
 from museflash.runtime.sampling import Sampling, accept_drafts, probabilities, sample
 
 # --- Backends --------------------------------------------------------------------------------
@@ -96,12 +96,14 @@ class Drafter(Protocol):
 class _Package:
     """The interpreters of one package's functions and the states they share."""
 
-    def __init__(self, export_dir: Path, asset: Asset):
+    def __init__(self, export_dir: Path, asset: Asset,
+                 interpreters: Mapping[str, Interpreter] | None = None):
         self.path = export_dir / asset.path
         if not self.path.is_dir():
             raise BundleError(f"{self.path} not found (listed in {METADATA_FILE})")
-        program = load_program(self.path)
-        self.functions = {name: Interpreter(program, name) for name in asset.functions}
+        if interpreters is None:
+            interpreters = load_interpreters(self.path, asset.functions)
+        self.functions = {name: interpreters[name] for name in asset.functions}
         self.query_length = {name: f.query_length for name, f in asset.functions.items()}
         self.states = next(iter(self.functions.values())).zero_states()
 
@@ -116,14 +118,16 @@ class _Package:
 class ExportedTarget:
     """The fused target package: `prefill` and `main`, both returning drafter_features."""
 
-    def __init__(self, export_dir: str | Path, metadata: Metadata | None = None):
+    def __init__(self, export_dir: str | Path, metadata: Metadata | None = None,
+                 interpreters: Mapping[str, Interpreter] | None = None):
+        """`interpreters`: the package's functions already loaded (load_interpreters)."""
         export_dir = Path(export_dir)
         metadata = metadata or Metadata.read(export_dir)
         asset = metadata.asset(AssetRole.TARGET)
         if asset.kind != AssetKind.FUSED_TARGET:
             raise BundleError(f"target kind is {asset.kind!s}; speculative decoding "
                               "with DFlash needs --fused-target (drafter_features output)")
-        self.package = _Package(export_dir, asset)
+        self.package = _Package(export_dir, asset, interpreters)
         self.prefill_length = self.package.query_length[FunctionName.PREFILL]
         self.verify_length = self.package.query_length[FunctionName.MAIN]
 
@@ -149,10 +153,12 @@ class ExportedTarget:
 class ExportedDrafter:
     """The DFlash drafter package: `inject_kv` and `draft` sharing one ring cache."""
 
-    def __init__(self, export_dir: str | Path, metadata: Metadata | None = None):
+    def __init__(self, export_dir: str | Path, metadata: Metadata | None = None,
+                 interpreters: Mapping[str, Interpreter] | None = None):
         export_dir = Path(export_dir)
         metadata = metadata or Metadata.read(export_dir)
-        self.package = _Package(export_dir, metadata.asset(AssetRole.DFLASH_DRAFTER))
+        self.package = _Package(export_dir, metadata.asset(AssetRole.DFLASH_DRAFTER),
+                                interpreters)
         self.block_size = self.package.query_length[FunctionName.DRAFT]
 
     def inject(self, features, positions) -> None:
