@@ -57,12 +57,7 @@ from museflash.checks.parity import (
 from museflash.compression import CompressionError, Rule, Scheme
 from museflash.export.fp16_range import audit_checkpoint
 from museflash.export.placeholders import compressed_weights
-from museflash.runtime.interpreter import (
-    Interpreter,
-    NonFiniteError,
-    load_interpreters,
-    load_program,
-)
+from museflash.runtime.interpreter import Interpreter, NonFiniteError, load_program
 from museflash.runtime.package_check import PackageError, check_packages
 from museflash.runtime.speculative import (
     DEFAULT_LOOKUP_MIN_MATCH,
@@ -70,6 +65,7 @@ from museflash.runtime.speculative import (
     ExportedTarget,
     eager_greedy_generate,
     greedy_generate,
+    load_role_interpreters,
     speculative_generate,
 )
 
@@ -210,20 +206,6 @@ def _check_norm_form(name: str, metadata: Metadata, function) -> None:
                                "does not describe this bundle: re-export it")
 
 
-def load_roles(export_dir: Path, metadata: Metadata,
-               roles: list[AssetRole]) -> dict[AssetRole, dict[str, Interpreter]]:
-    """The interpreters of each role's functions, every package parsed once (a fused bundle's
-    target and drafter may share one), so the checks and the decoding loop reuse them."""
-    by_path: dict[str, list[str]] = {}
-    for role in roles:
-        asset = metadata.asset(role)
-        by_path.setdefault(asset.path, []).extend(asset.functions)
-    loaded = {path: load_interpreters(export_dir / path, names)
-              for path, names in by_path.items()}
-    return {role: {name: loaded[metadata.asset(role).path][name]
-                   for name in metadata.asset(role).functions} for role in roles}
-
-
 def check_target(export_dir: Path, metadata: Metadata, target, function: FunctionName,
                  entry: str, seed: int,
                  interpreters: dict[str, Interpreter] | None = None) -> CheckResult:
@@ -331,7 +313,7 @@ def check_dflash_drafter(export_dir: Path, metadata: Metadata, drafter, target,
                          seed: int,
                          interpreters: dict[str, Interpreter] | None = None) -> CheckResult:
     if interpreters is None:
-        interpreters = load_roles(export_dir, metadata,
+        interpreters = load_role_interpreters(export_dir, metadata,
                                   [AssetRole.DFLASH_DRAFTER])[AssetRole.DFLASH_DRAFTER]
     asset = metadata.asset(AssetRole.DFLASH_DRAFTER)
     inject = interpreters[FunctionName.INJECT_KV]
@@ -522,7 +504,7 @@ def check_decoding(export_dir: Path, metadata: Metadata, target_dir: Path, promp
     context = metadata.context_length
     prompt = deterministic_prompt(prompt_tokens, metadata.vocab_size, spec.mask_token_id,
                                   metadata)
-    loaded = loaded or load_roles(export_dir, metadata,
+    loaded = loaded or load_role_interpreters(export_dir, metadata,
                                   [AssetRole.TARGET, AssetRole.DFLASH_DRAFTER])
     target = ExportedTarget(export_dir, metadata, loaded[AssetRole.TARGET])
     drafter = ExportedDrafter(export_dir, metadata, loaded[AssetRole.DFLASH_DRAFTER])
@@ -661,7 +643,7 @@ def run_verify(options: VerifyOptions) -> int:
             except CheckpointError as error:
                 raise VerifyInputError(str(error)) from error
             # Each package parsed once for every check and the decoding loop.
-            loaded = load_roles(export_dir, metadata, [AssetRole.TARGET] + (
+            loaded = load_role_interpreters(export_dir, metadata, [AssetRole.TARGET] + (
                 [AssetRole.DFLASH_DRAFTER] if dflash else []))
             checks = [check_target(export_dir, metadata, target, function, entry, seed,
                                    loaded[AssetRole.TARGET])

@@ -37,6 +37,7 @@ from museflash.runtime.speculative import (
     EagerTarget,
     ExportedDrafter,
     ExportedTarget,
+    load_role_interpreters,
     ring_slack,
     speculative_generate,
     target_only_generate,
@@ -164,8 +165,11 @@ def open_backends(options: GenerateOptions, metadata: Metadata):
         if target_asset.kind != AssetKind.FUSED_TARGET:
             raise GenerateError("the exported target is not fused (no drafter_features); "
                                 "export with --fused-target")
-        target = ExportedTarget(options.export_dir, metadata)
-        drafter = ExportedDrafter(options.export_dir, metadata) if drafting else None
+        roles = [AssetRole.TARGET] + ([AssetRole.DFLASH_DRAFTER] if drafting else [])
+        loaded = load_role_interpreters(Path(options.export_dir), metadata, roles)
+        target = ExportedTarget(options.export_dir, metadata, loaded[AssetRole.TARGET])
+        drafter = (ExportedDrafter(options.export_dir, metadata,
+                                   loaded[AssetRole.DFLASH_DRAFTER]) if drafting else None)
         return target, drafter
     from museflash.builtin.demo_checkpoint import checkpoint_dirs
     from museflash.checkpoint.load import load_drafter, load_target

@@ -751,11 +751,29 @@ def ring_slack(metadata: Metadata) -> int | None:
     return min(slacks, default=None)
 
 
+def load_role_interpreters(export_dir: Path, metadata: Metadata,
+               roles: list[AssetRole]) -> dict[AssetRole, dict[str, Interpreter]]:
+    """The interpreters of each role's functions, every package parsed once (a fused bundle's
+    target and drafter may share one), so the checks and the decoding loop reuse them."""
+    by_path: dict[str, list[str]] = {}
+    for role in roles:
+        asset = metadata.asset(role)
+        by_path.setdefault(asset.path, []).extend(asset.functions)
+    loaded = {path: load_interpreters(export_dir / path, names)
+              for path, names in by_path.items()}
+    return {role: {name: loaded[metadata.asset(role).path][name]
+                   for name in metadata.asset(role).functions} for role in roles}
+
+
 def load_exported_pair(export_dir: str | Path) -> tuple[ExportedTarget, ExportedDrafter,
                                                        Metadata]:
     """The exported fused target and DFlash drafter of `export_dir`, with its metadata."""
+    export_dir = Path(export_dir)
     metadata = Metadata.read(export_dir)
     if metadata.drafter_role != AssetRole.DFLASH_DRAFTER:
         raise BundleError(f"{export_dir} has no DFlash drafter; this loop drives one: export "
                           "with --fused-target --dflash-drafter")
-    return ExportedTarget(export_dir, metadata), ExportedDrafter(export_dir, metadata), metadata
+    loaded = load_role_interpreters(export_dir, metadata,
+                                    [AssetRole.TARGET, AssetRole.DFLASH_DRAFTER])
+    return (ExportedTarget(export_dir, metadata, loaded[AssetRole.TARGET]),
+            ExportedDrafter(export_dir, metadata, loaded[AssetRole.DFLASH_DRAFTER]), metadata)
