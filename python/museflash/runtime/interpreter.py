@@ -283,7 +283,7 @@ def _all_finite(value: np.ndarray) -> bool:
     KV cache's slice_update result is checked on every write."""
     if value.dtype.kind != "f" or value.size == 0:
         return True
-    if value.dtype == np.float16:
+    if value.dtype == np.float16 and value.size > 1024:
         return int((value.view(np.uint16) & 0x7C00).max()) != 0x7C00
     return bool(np.isfinite(value).all())
 
@@ -385,6 +385,11 @@ class Interpreter:
         env: dict[str, Any] = dict(self.constants)
         env.update(self._bind_inputs(inputs))
         env.update(self._bind_states(states or {}))
+        with np.errstate(over="ignore"):  # an overflow is reported by op (NonFiniteError)
+            self._run_plan(env)
+        return {var.name: env[var.name] for var in self.function.outputs}
+
+    def _run_plan(self, env: dict[str, Any]) -> None:
         for step in self._plan:
             args = dict(step.fixed)
             for param, name, many in step.inputs:
@@ -409,7 +414,6 @@ class Interpreter:
                 if not _all_finite(env[name]):
                     raise NonFiniteError(self.function_name, step.op.op_type, step.op.name,
                                          self._nearest_weight(step))
-        return {var.name: env[var.name] for var in self.function.outputs}
 
     def _nearest_weight(self, failed: _Step) -> str | None:
         """The name of the named weight (`p_...`, as torch.export names parameters) that the
@@ -431,8 +435,7 @@ class Interpreter:
                  value: Any) -> np.ndarray:
         """Stores the value in its declared dtype (this is where fp16 rounding happens) and
         checks the declared static shape, which catches kernel mistakes early."""
-        with np.errstate(over="ignore"):  # an overflow is reported by op (NonFiniteError)
-            value = np.asarray(value).astype(dtype, copy=False)
+        value = np.asarray(value).astype(dtype, copy=False)
         if expected is not None and value.shape != expected:
             raise InterpreterError(
                 f"{op.op_type} (op {op.name!r}) produced shape {value.shape} for output "

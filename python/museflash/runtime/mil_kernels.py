@@ -394,7 +394,9 @@ def _scatter_along_axis(a: dict[str, Any]) -> np.ndarray:
 
 
 def _select(a: dict[str, Any]) -> np.ndarray:
-    return np.where(np.asarray(a["cond"]).astype(bool), _f32(a["a"]), _f32(a["b"]))
+    # No fp32 round trip: picking values computes nothing, and the output cast stores them in
+    # the declared dtype (for the KV blend, a whole cache per write).
+    return np.where(np.asarray(a["cond"]).astype(bool), a["a"], a["b"])
 
 
 def _fill_like(a: dict[str, Any]) -> np.ndarray:
