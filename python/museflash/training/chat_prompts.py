@@ -15,6 +15,7 @@ and template fillings, and drops any text equal to an evaluation prompt.
 from __future__ import annotations
 
 import ast
+import functools
 import random
 from collections.abc import Iterable
 
@@ -116,17 +117,25 @@ def template_prompts() -> list[str]:
     return out
 
 
+@functools.cache
+def _pools() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(training, held-out) prompts in sorted order. Parsing every file of the standard library
+    takes seconds, so a process does it once; the library does not change under it."""
+    corpus = load_corpus()
+    training = set(function_prompts(corpus.train) + template_prompts()) - set(EVAL_PROMPTS)
+    return tuple(sorted(training)), tuple(sorted(set(function_prompts(corpus.held_out))))
+
+
 def training_prompts(count: int, seed: int) -> list[str]:
     """`count` prompts (fewer when there are not as many): the training files' functions and
     the template fillings, shuffled by `seed`, none equal to an evaluation prompt."""
-    corpus = load_corpus()
-    pool = sorted(set(function_prompts(corpus.train) + template_prompts()) - set(EVAL_PROMPTS))
+    pool = list(_pools()[0])
     random.Random(seed).shuffle(pool)
     return pool[:count]
 
 
 def held_out_prompts(count: int, seed: int) -> list[str]:
     """Prompts about the held-out files' functions: never trained on."""
-    pool = sorted(set(function_prompts(load_corpus().held_out)))
+    pool = list(_pools()[1])
     random.Random(seed).shuffle(pool)
     return pool[:count]
