@@ -348,19 +348,36 @@ let dataMovementKernels: [String: Kernel] = [
 ]
 
 /// For each element of a tensor of `shape` cut into `grid` equal blocks along every axis, the
-/// row-major index of its block in the grid (which scale or look-up table it reads).
+/// row-major index of its block in the grid (which scale or look-up table it reads). Written
+/// run by run: along the last axis a block's index repeats for its width, and each row's
+/// start adds one term per axis, so no element costs a division (a weight's decompression at
+/// load reads one index per element).
 func blockIndices(shape: [Int], grid: [Int]) -> [Int] {
+    guard let last = shape.indices.last else { return [0] }
     let blocks = zip(shape, grid).map { $0 / $1 }
     let gridStrides = rowMajorStrides(grid)
-    let strides = rowMajorStrides(shape)
-    return (0..<elementCount(shape)).map { position in
-        var rest = position, index = 0
-        for axis in 0..<shape.count {
-            index += (rest / strides[axis] / blocks[axis]) * gridStrides[axis]
-            rest %= strides[axis]
+    var result = [Int](repeating: 0, count: elementCount(shape))
+    guard !result.isEmpty else { return result }
+    result.withUnsafeMutableBufferPointer { out in
+        var position = 0
+        func fill(axis: Int, base: Int) {
+            if axis == last {
+                for block in 0..<grid[axis] {
+                    let index = base + block * gridStrides[axis]
+                    for _ in 0..<blocks[axis] {
+                        out[position] = index
+                        position += 1
+                    }
+                }
+                return
+            }
+            for coordinate in 0..<shape[axis] {
+                fill(axis: axis + 1, base: base + coordinate / blocks[axis] * gridStrides[axis])
+            }
         }
-        return index
+        fill(axis: 0, base: 0)
     }
+    return result
 }
 
 /// constexpr ops, evaluated once when a function is compiled.
