@@ -6,6 +6,7 @@ import MLPackage
 final class WeightStore {
     let package: MLPackage
     private var files: [String: MappedFile] = [:]
+    private var fileURLs: [String: URL] = [:]
     private var blobs: [MILBlobReference: Tensor] = [:]
 
     init(package: MLPackage) {
@@ -17,8 +18,16 @@ final class WeightStore {
 
     func tensor(for reference: MILBlobReference, type: MILTensorType) throws -> Tensor {
         if let cached = blobs[reference] { return cached }
-        let url = try WeightFile.url(forBlobFile: reference.fileName, modelURL: package.modelURL,
-                                     packageURL: package.url)
+        // Checked once per file name: the check resolves symbolic links, a system call per
+        // path component, and a package has a few weight files but a blob per tensor.
+        let url: URL
+        if let known = fileURLs[reference.fileName] {
+            url = known
+        } else {
+            url = try WeightFile.url(forBlobFile: reference.fileName, modelURL: package.modelURL,
+                                         packageURL: package.url)
+            fileURLs[reference.fileName] = url
+        }
         let file: MappedFile
         if let mapped = files[url.path] {
             file = mapped
