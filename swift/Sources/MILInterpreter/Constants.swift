@@ -8,6 +8,16 @@ final class WeightStore {
     private var files: [String: MappedFile] = [:]
     private var fileURLs: [String: URL] = [:]
     private var blobs: [MILBlobReference: Tensor] = [:]
+    private var decompressed: [DecompressionKey: Tensor] = [:]
+
+    /// What a constexpr op's result is computed from: its type, the blobs each of its inputs
+    /// reads, and the type and shape the program declares for it.
+    struct DecompressionKey: Hashable {
+        let op: String
+        let inputs: [String: [MILBlobReference]]
+        let type: ElementType
+        let shape: [Int]
+    }
 
     init(package: MLPackage) {
         self.package = package
@@ -37,6 +47,18 @@ final class WeightStore {
         }
         let tensor = try Self.decode(reference: reference, type: type, file: file)
         blobs[reference] = tensor
+        return tensor
+    }
+
+    /// A constexpr op's result, decompressed by `make` the first time its key is asked for and
+    /// then shared: the functions of a multifunction package (main and prefill, inject_kv and
+    /// draft) read the same weight blobs, and each would otherwise decompress them again and keep
+    /// its own copy. Without a key (an input given inline, not in a weight file), `make` runs.
+    func decompressed(_ key: DecompressionKey?, _ make: () throws -> Tensor) rethrows -> Tensor {
+        guard let key = key else { return try make() }
+        if let cached = decompressed[key] { return cached }
+        let tensor = try make()
+        decompressed[key] = tensor
         return tensor
     }
 
