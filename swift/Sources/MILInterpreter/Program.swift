@@ -210,7 +210,7 @@ public final class CompiledFunction: @unchecked Sendable {
                         guard declaredShape == tensor.shape else {
                             throw KernelError("decompressed to shape \(tensor.shape), the program declares \(type.shape ?? [])")
                         }
-                        tensor = tensor.converted(to: elementType)
+                        tensor.convert(to: elementType)
                         if elementType == .float16 {
                             // Keep decompressed weights as fp16, as the device does.
                             tensor = Tensor(shape: tensor.shape, type: .float16,
