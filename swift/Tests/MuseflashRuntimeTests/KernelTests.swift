@@ -574,4 +574,22 @@ final class KernelTests: XCTestCase {
                            "look-up table \(shape) in \(grid)")
         }
     }
+
+    /// forEachOffset visits every element once in row-major order, at the offset its
+    /// coordinates give with the strides: rows padded, scalars spread, axes of one, and arrays
+    /// of rank 0 and of no elements.
+    func testForEachOffsetWalksEveryElementAtItsStrides() {
+        let cases: [([Int], [Int])] = [([], []), ([5], [1]), ([5], [3]), ([2, 3], [3, 1]), ([2, 3], [8, 1]), ([2, 3, 4], [34, 11, 2]),
+                                       ([1, 1, 7], [7, 7, 1]), ([3, 1, 2, 2], [9, 100, 4, 1]), ([0, 3], [3, 1]), ([4, 0, 2], [2, 2, 1])]
+        for (shape, strides) in cases {
+            let want = Self.product(shape.map { Array(0..<$0) }).map { at in zip(at, strides).reduce(0) { $0 + $1.0 * $1.1 } }
+            var got: [Int] = [], indices: [Int] = []
+            forEachOffset(shape: shape, strides: strides) { index, offset in
+                indices.append(index)
+                got.append(offset)
+            }
+            XCTAssertEqual(got, want, "offsets of \(shape) at \(strides)")
+            XCTAssertEqual(indices, Array(0..<want.count), "indices of \(shape)")
+        }
+    }
 }
