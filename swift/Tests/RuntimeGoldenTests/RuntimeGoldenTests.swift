@@ -202,6 +202,44 @@ final class RuntimeGoldenTests: XCTestCase {
         }
     }
 
+    /// One parity record of the golden file: a call of `function`, its inputs, and the states
+    /// before and after it and the outputs as the Python interpreter had them.
+    struct ParityRecord {
+        let function: String
+        let label: String
+        let inputs: [String: Tensor]
+        let statesBefore: [String: Tensor]
+        let outputs: [String: Tensor]
+        let statesAfter: [String: Tensor]
+        /// Every state it starts from is zero, as a new state is (the first prefill, the
+        /// first inject_kv).
+        let startsFromFreshStates: Bool
+
+        init(_ record: [String: Any]) throws {
+            guard let function = record["function"] as? String else {
+                throw GoldenFileError(description: "a parity record without a function name")
+            }
+            func tensors(_ key: String) throws -> [String: Tensor] {
+                try (record[key] as? [String: Any] ?? [:]).mapValues(RuntimeGoldenTests.tensor)
+            }
+            self.function = function
+            label = record["label"] as? String ?? function
+            inputs = try tensors("inputs")
+            statesBefore = try tensors("states_before")
+            outputs = try tensors("outputs")
+            statesAfter = try tensors("states_after")
+            startsFromFreshStates = !statesBefore.isEmpty && statesBefore.values.allSatisfy { $0.floats().allSatisfy { $0 == 0 } }
+        }
+    }
+
+    /// The golden file's parity records, decoded once per process (millions of elements on the
+    /// qwen3 and llama bundles): CoreMLStrictnessTests reads them twice for each fault, and two
+    /// tests here read them too. nil when the file has none.
+    static let parity: Result<[ParityRecord], Error>? = {
+        guard let records = goldens["parity"] as? [[String: Any]] else { return nil }
+        return Result { try records.map(ParityRecord.init) }
+    }()
+
     /// The interpreter writes KV chains in place. In `main` and `prefill`, every write of a
     /// layer's keys or values that is its chain value's last reader updates it without a copy,
     /// and in every function the first write of each state's chain takes the state's value
@@ -223,18 +261,17 @@ final class RuntimeGoldenTests: XCTestCase {
     /// What the plan above buys: after a call, each state's elements are where they were
     /// before it. A write that copied would leave the state in a new buffer.
     func testACallUpdatesEachStateInItsOwnBuffer() throws {
-        guard let records = Self.goldens["parity"] as? [[String: Any]] else {
+        guard let records = try Self.parity?.get() else {
             throw XCTSkip("no parity records in the golden file")
         }
         let bundle = try bundle()
         let program = try InterpreterBackend().program(of: bundle.packageURL(of: .target))
         for name in ["main", "prefill", "inject_kv", "draft"] {
-            let record = try XCTUnwrap(records.first { $0["function"] as? String == name }, "a parity record of \(name)")
+            let record = try XCTUnwrap(records.first { $0.function == name }, "a parity record of \(name)")
             let compiled = try program.function(named: name)
-            let inputs = try (record["inputs"] as? [String: Any] ?? [:]).mapValues(Self.tensor)
             let store = StateStore(specs: compiled.states)
             let before = compiled.states.map { store.values[$0.name]?.floatStorageAddress }
-            _ = try compiled.run(inputs: inputs, states: store)
+            _ = try compiled.run(inputs: record.inputs, states: store)
             let after = compiled.states.map { store.values[$0.name]?.floatStorageAddress }
             XCTAssertFalse(before.contains(nil), "\(name): every state holds floats")
             XCTAssertEqual(after, before, "\(name): states \(compiled.states.map(\.name)) kept their buffers")
@@ -249,7 +286,7 @@ final class RuntimeGoldenTests: XCTestCase {
     /// Allowed: |swift - python| <= 2^-7 * |python| + 2^-10 per element (a few fp16 ulps of
     /// the value, or of 1 near zero), and at least 99% of elements bit-identical.
     func testEachFunctionMatchesThePythonInterpreter() throws {
-        guard let records = Self.goldens["parity"] as? [[String: Any]], !records.isEmpty else {
+        guard let records = try Self.parity?.get(), !records.isEmpty else {
             throw XCTSkip("no parity records in the golden file")
         }
         let bundle = try bundle()
@@ -257,26 +294,21 @@ final class RuntimeGoldenTests: XCTestCase {
         let program = try backend.program(of: bundle.packageURL(of: .target))
         var checked = Set<String>()
         for record in records {
-            let function = try XCTUnwrap(record["function"] as? String)
-            let label = record["label"] as? String ?? function
-            let compiled = try program.function(named: function)
-            let inputs = try (record["inputs"] as? [String: Any] ?? [:]).mapValues(Self.tensor)
-            let before = try (record["states_before"] as? [String: Any] ?? [:]).mapValues(Self.tensor)
+            let label = record.label
+            let compiled = try program.function(named: record.function)
             let store = StateStore(specs: compiled.states)
             for spec in compiled.states {
-                store.values[spec.name] = try XCTUnwrap(before[spec.name], "\(label): state \(spec.name)")
+                store.values[spec.name] = try XCTUnwrap(record.statesBefore[spec.name], "\(label): state \(spec.name)")
             }
-            let outputs = try compiled.run(inputs: inputs, states: store)
-            let expected = try (record["outputs"] as? [String: Any] ?? [:]).mapValues(Self.tensor)
-            let after = try (record["states_after"] as? [String: Any] ?? [:]).mapValues(Self.tensor)
-            XCTAssertEqual(Set(outputs.keys), Set(expected.keys), "\(label): output names")
-            for (name, want) in expected {
+            let outputs = try compiled.run(inputs: record.inputs, states: store)
+            XCTAssertEqual(Set(outputs.keys), Set(record.outputs.keys), "\(label): output names")
+            for (name, want) in record.outputs {
                 try compare(try XCTUnwrap(outputs[name]), want, "\(label): output \(name)")
             }
             for spec in compiled.states {
-                try compare(try XCTUnwrap(store.values[spec.name]), try XCTUnwrap(after[spec.name]), "\(label): state \(spec.name) after")
+                try compare(try XCTUnwrap(store.values[spec.name]), try XCTUnwrap(record.statesAfter[spec.name]), "\(label): state \(spec.name) after")
             }
-            checked.insert(function)
+            checked.insert(record.function)
         }
         XCTAssertEqual(checked, ["main", "prefill", "inject_kv", "draft"], "parity records cover every function")
     }
