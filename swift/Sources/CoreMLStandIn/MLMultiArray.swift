@@ -1,4 +1,5 @@
 import Foundation
+import MILInterpreter
 
 /// A multi-array that owns its bytes, in one of three layouts: contiguous first-major (what
 /// `init(shape:dataType:)` makes, as Apple's header says), padded (every row of the last axis
@@ -61,23 +62,24 @@ public final class MLMultiArray: @unchecked Sendable {
 
     static func poisoned(_ scalars: Int, _ type: MLMultiArrayDataType) -> [UInt8] {
         let pattern = type.poison
-        var bytes = [UInt8](repeating: 0, count: scalars * pattern.count)
-        for index in bytes.indices { bytes[index] = pattern[index % pattern.count] }
-        return bytes
+        return [UInt8](unsafeUninitializedCapacity: scalars * pattern.count) { bytes, initialized in
+            for scalar in 0..<scalars {
+                for (index, byte) in pattern.enumerated() { bytes[scalar * pattern.count + index] = byte }
+            }
+            initialized = scalars * pattern.count
+        }
     }
 
     /// Byte offset of every element in row-major order.
     func byteOffsets() -> [Int] {
-        let shape = self.shape.map(\.intValue), strides = self.strides.map(\.intValue)
         let width = dataType.byteWidth
-        return (0..<count).map { position in
-            var rest = position, offset = 0
-            for axis in stride(from: shape.count - 1, through: 0, by: -1) {
-                offset += (rest % shape[axis]) * strides[axis]
-                rest /= shape[axis]
+        var offsets = [Int](repeating: 0, count: count)
+        offsets.withUnsafeMutableBufferPointer { offsets in
+            forEachOffset(shape: shape.map(\.intValue), strides: strides.map(\.intValue)) { index, offset in
+                offsets[index] = offset * width
             }
-            return offset * width
         }
+        return offsets
     }
 
     @available(macOS 12.3, iOS 15.4, *)

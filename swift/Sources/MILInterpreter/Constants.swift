@@ -6,7 +6,18 @@ import MLPackage
 final class WeightStore {
     let package: MLPackage
     private var files: [String: MappedFile] = [:]
+    private var fileURLs: [String: URL] = [:]
     private var blobs: [MILBlobReference: Tensor] = [:]
+    private var decompressed: [DecompressionKey: Tensor] = [:]
+
+    /// What a constexpr op's result is computed from: its type, the blobs each of its inputs
+    /// reads, and the type and shape the program declares for it.
+    struct DecompressionKey: Hashable {
+        let op: String
+        let inputs: [String: [MILBlobReference]]
+        let type: ElementType
+        let shape: [Int]
+    }
 
     init(package: MLPackage) {
         self.package = package
@@ -17,8 +28,16 @@ final class WeightStore {
 
     func tensor(for reference: MILBlobReference, type: MILTensorType) throws -> Tensor {
         if let cached = blobs[reference] { return cached }
-        let url = try WeightFile.url(forBlobFile: reference.fileName, modelURL: package.modelURL,
-                                     packageURL: package.url)
+        // Checked once per file name: the check resolves symbolic links, a system call per
+        // path component, and a package has a few weight files but a blob per tensor.
+        let url: URL
+        if let known = fileURLs[reference.fileName] {
+            url = known
+        } else {
+            url = try WeightFile.url(forBlobFile: reference.fileName, modelURL: package.modelURL,
+                                         packageURL: package.url)
+            fileURLs[reference.fileName] = url
+        }
         let file: MappedFile
         if let mapped = files[url.path] {
             file = mapped
@@ -28,6 +47,18 @@ final class WeightStore {
         }
         let tensor = try Self.decode(reference: reference, type: type, file: file)
         blobs[reference] = tensor
+        return tensor
+    }
+
+    /// A constexpr op's result, decompressed by `make` the first time its key is asked for and
+    /// then shared: the functions of a multifunction package (main and prefill, inject_kv and
+    /// draft) read the same weight blobs, and each would otherwise decompress them again and keep
+    /// its own copy. Without a key (an input given inline, not in a weight file), `make` runs.
+    func decompressed(_ key: DecompressionKey?, _ make: () throws -> Tensor) rethrows -> Tensor {
+        guard let key = key else { return try make() }
+        if let cached = decompressed[key] { return cached }
+        let tensor = try make()
+        decompressed[key] = tensor
         return tensor
     }
 

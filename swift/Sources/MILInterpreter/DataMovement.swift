@@ -347,20 +347,31 @@ let dataMovementKernels: [String: Kernel] = [
     },
 ]
 
-/// For each element of a tensor of `shape` cut into `grid` equal blocks along every axis, the
-/// row-major index of its block in the grid (which scale or look-up table it reads).
-func blockIndices(shape: [Int], grid: [Int]) -> [Int] {
+/// Visits a tensor of `shape` cut into `grid` equal blocks along every axis run by run, in
+/// row-major order: `body(start, count, block)` for the `count` consecutive elements from
+/// `start` that lie in one block, `block` being its row-major index in the grid (which scale or
+/// look-up table they read). A run is one block wide along the last axis, and each row's block
+/// adds one term per axis: no element costs a division, and no index is stored per element (a
+/// weight's decompression at load visits every element).
+func forEachBlockRun(shape: [Int], grid: [Int], _ body: (_ start: Int, _ count: Int, _ block: Int) throws -> Void) throws {
+    guard let last = shape.indices.last else { return try body(0, 1, 0) }
+    guard elementCount(shape) > 0 else { return }
     let blocks = zip(shape, grid).map { $0 / $1 }
     let gridStrides = rowMajorStrides(grid)
-    let strides = rowMajorStrides(shape)
-    return (0..<elementCount(shape)).map { position in
-        var rest = position, index = 0
-        for axis in 0..<shape.count {
-            index += (rest / strides[axis] / blocks[axis]) * gridStrides[axis]
-            rest %= strides[axis]
+    var start = 0
+    func visit(axis: Int, base: Int) throws {
+        if axis == last {
+            for block in 0..<grid[axis] {
+                try body(start, blocks[axis], base + block * gridStrides[axis])
+                start += blocks[axis]
+            }
+            return
         }
-        return index
+        for coordinate in 0..<shape[axis] {
+            try visit(axis: axis + 1, base: base + coordinate / blocks[axis] * gridStrides[axis])
+        }
     }
+    try visit(axis: 0, base: 0)
 }
 
 /// constexpr ops, evaluated once when a function is compiled.
@@ -372,18 +383,21 @@ let decompressors: [String: Kernel] = [
             throw KernelError("scale \(scale.shape) does not tile data \(data.shape)")
         }
         if let offset = offset, offset.shape != scale.shape { throw KernelError("offset \(offset.shape) differs from scale \(scale.shape)") }
-        let scaleIndex = blockIndices(shape: data.shape, grid: scale.shape)
         let values = data.floats(), scales = scale.floats(), offsets = offset?.floats()
         // data - offset is computed in the scale's dtype, as coremltools' own decompression of
         // the op does: with fp16 scales and offsets it is rounded to fp16 before the product
         // (an integer minus an offset below 1 can need more than fp16's 11 bits).
         let halfShift = scale.type == .float16 && offset?.type == .float16
-        var out = [Float](repeating: 0, count: data.count)
-        for position in 0..<data.count {
-            let s = scaleIndex[position]
-            var shifted = offsets.map { values[position] - $0[s] } ?? values[position]
-            if halfShift { shifted = Half.round(shifted) }
-            out[position] = shifted * scales[s]
+        let out = try [Float](unsafeUninitializedCapacity: values.count) { out, initialized in
+            try forEachBlockRun(shape: data.shape, grid: scale.shape) { start, count, block in
+                let factor = scales[block], subtrahend = offsets?[block]
+                for position in start..<start + count {
+                    var shifted = subtrahend.map { values[position] - $0 } ?? values[position]
+                    if halfShift { shifted = Half.round(shifted) }
+                    out[position] = shifted * factor
+                }
+            }
+            initialized = values.count
         }
         return [.floats(out, shape: data.shape)]
     },
@@ -397,14 +411,16 @@ let decompressors: [String: Kernel] = [
         guard zip(indices.shape, groups).allSatisfy({ $1 > 0 && $0 % $1 == 0 }) else {
             throw KernelError("look-up table groups \(groups) do not tile indices \(indices.shape)")
         }
-        let groupOf = blockIndices(shape: indices.shape, grid: groups)
         let table = lut.floats(), picks = indices.ints()
-        var out = [Float](repeating: 0, count: indices.count)
-        for position in 0..<indices.count {
-            let group = groupOf[position]
-            let entry = Int(picks[position])
-            guard entry >= 0, entry < entries else { throw KernelError("index \(entry) past the \(entries)-entry table") }
-            out[position] = table[group * entries + entry]
+        let out = try [Float](unsafeUninitializedCapacity: picks.count) { out, initialized in
+            try forEachBlockRun(shape: indices.shape, grid: groups) { start, count, group in
+                for position in start..<start + count {
+                    let entry = Int(picks[position])
+                    guard entry >= 0, entry < entries else { throw KernelError("index \(entry) past the \(entries)-entry table") }
+                    out[position] = table[group * entries + entry]
+                }
+            }
+            initialized = picks.count
         }
         return [.floats(out, shape: indices.shape)]
     },

@@ -157,6 +157,8 @@ public final class CompiledFunction: @unchecked Sendable {
         }
         var constants: [(slot: Int, tensor: Tensor)] = []
         var constantValues: [String: Tensor] = [:]
+        /// The weight blob each `const` read, by its output's name.
+        var constantBlobs: [String: MILBlobReference] = [:]
         var operations: [CompiledOp] = []
         var unsupported: [String] = []
         var declared: [String: MILTensorType] = [:]
@@ -170,37 +172,51 @@ public final class CompiledFunction: @unchecked Sendable {
                     }
                     let tensor = try constant(value, type: output.tensorType)
                     constantValues[output.name] = tensor
+                    constantBlobs[output.name] = value.blob
                     constants.append((slot(output.name), tensor))
                     continue
                 }
                 if let decompress = decompressors[op.type] {
+                    // The blobs behind each input, while every input has one.
+                    var sources: [String: [MILBlobReference]]? = [:]
                     let arguments = try op.inputs.reduce(into: [String: [ArgumentItem]]()) { result, input in
                         result[input.name] = try input.arguments.map { binding -> ArgumentItem in
+                            let blob: MILBlobReference?
+                            let item: ArgumentItem
                             switch binding {
                             case .name(let value):
                                 guard let tensor = constantValues[value] else { throw KernelError("\(op.type) reads \(value), which is not a constant") }
-                                return .value(tensor)
+                                (blob, item) = (constantBlobs[value], .value(tensor))
                             case .value(let value):
-                                return .value(try constant(value, type: nil))
+                                (blob, item) = (value.blob, .value(try constant(value, type: nil)))
                             case .unset:
                                 throw KernelError("an unset argument")
                             }
+                            if let blob = blob { sources?[input.name, default: []].append(blob) } else { sources = nil }
+                            return item
                         }
                     }
                     guard let output = op.outputs.first, let type = output.tensorType, let elementType = ElementType(type.dataType) else {
                         throw KernelError("\(op.type) without a tensor output")
                     }
-                    guard var tensor = try decompress(OpArguments(arguments: arguments, frame: Frame(count: 0), states: nil)).first else {
-                        throw KernelError("\(op.type) produced nothing")
+                    let declaredShape = type.shape.map { $0.map(Int.init) }
+                    let key = declaredShape.flatMap { shape in
+                        sources.map { WeightStore.DecompressionKey(op: op.type, inputs: $0, type: elementType, shape: shape) }
                     }
-                    guard type.shape.map({ $0.map(Int.init) }) == tensor.shape else {
-                        throw KernelError("decompressed to shape \(tensor.shape), the program declares \(type.shape ?? [])")
-                    }
-                    tensor = tensor.converted(to: elementType)
-                    if elementType == .float16 {
-                        // Keep decompressed weights as fp16, as the device does.
-                        tensor = Tensor(shape: tensor.shape, type: .float16,
-                                        data: .half(HalfStorage(bits: tensor.floats().map { Half.fromFloat($0) })))
+                    let tensor = try weights.decompressed(key) {
+                        guard var tensor = try decompress(OpArguments(arguments: arguments, frame: Frame(count: 0), states: nil)).first else {
+                            throw KernelError("\(op.type) produced nothing")
+                        }
+                        guard declaredShape == tensor.shape else {
+                            throw KernelError("decompressed to shape \(tensor.shape), the program declares \(type.shape ?? [])")
+                        }
+                        tensor.convert(to: elementType)
+                        if elementType == .float16 {
+                            // Keep decompressed weights as fp16, as the device does.
+                            tensor = Tensor(shape: tensor.shape, type: .float16,
+                                            data: .half(HalfStorage(bits: tensor.floats().map { Half.fromFloat($0) })))
+                        }
+                        return tensor
                     }
                     constantValues[output.name] = tensor
                     constants.append((slot(output.name), tensor))

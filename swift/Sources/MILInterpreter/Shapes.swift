@@ -315,15 +315,30 @@ func sliceIndices(start: Int?, stop: Int?, step: Int, size: Int) throws -> (firs
 
 /// Calls `body(row-major index, element offset by strides)` for every element of an array of
 /// `shape` laid out with `strides`: how the Core ML backend and its stand-in walk an
-/// `MLMultiArray` whose rows may be padded.
+/// `MLMultiArray` whose rows may be padded (every output of every call, logits included). Row
+/// by row: along the last axis the offset moves by its stride, and each new row's offset is
+/// carried from the last like an odometer, with no division per element.
 public func forEachOffset(shape: [Int], strides: [Int], _ body: (Int, Int) -> Void) {
     let count = shape.reduce(1, *)
-    for index in 0..<count {
-        var rest = index, offset = 0
-        for axis in stride(from: shape.count - 1, through: 0, by: -1) {
-            offset += (rest % shape[axis]) * strides[axis]
-            rest /= shape[axis]
+    guard count > 0 else { return }
+    guard let last = shape.indices.last else { return body(0, 0) }
+    var coordinates = [Int](repeating: 0, count: shape.count)
+    var rowOffset = 0, index = 0
+    while index < count {
+        var offset = rowOffset
+        for _ in 0..<shape[last] {
+            body(index, offset)
+            index += 1
+            offset += strides[last]
         }
-        body(index, offset)
+        var axis = last - 1
+        while axis >= 0 {
+            coordinates[axis] += 1
+            rowOffset += strides[axis]
+            if coordinates[axis] < shape[axis] { break }
+            rowOffset -= shape[axis] * strides[axis]
+            coordinates[axis] = 0
+            axis -= 1
+        }
     }
 }

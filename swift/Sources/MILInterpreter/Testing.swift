@@ -1,11 +1,11 @@
 /// Entry points for the kernels' unit tests (swift/Tests/MuseflashRuntimeTests/KernelTests.swift),
 /// outside the public API: `@_spi(Testing) import MILInterpreter`.
 
-/// Runs one op type's kernel on the given tensors (each parameter a list, as MIL binds them)
-/// and stores each result in its type as `CompiledFunction.run` does.
+/// Runs one op type's kernel (or constexpr decompression) on the given tensors (each parameter
+/// a list, as MIL binds them) and stores each result in its type as `CompiledFunction.run` does.
 @_spi(Testing)
 public func runKernel(_ type: String, _ inputs: [String: [Tensor]], outputTypes: [ElementType]) throws -> [Tensor] {
-    guard let kernel = kernels[type] else {
+    guard let kernel = kernels[type] ?? decompressors[type] else {
         throw InterpreterError.unsupportedOps(function: "runKernel", ops: [type])
     }
     let arguments = inputs.mapValues { $0.map { ArgumentItem.value($0) } }

@@ -544,4 +544,52 @@ final class KernelTests: XCTestCase {
             assertSameBits(try Self.run("tile", ["x": Self.fp16(values, source), "reps": Self.ints(reps)]), want, shape: outShape, "tile \(source) \(reps)")
         }
     }
+
+    /// The constexpr decompressions read, for each element, the scale, offset or look-up table
+    /// of its block: (coordinate / block width) along every axis, row-major in the grid.
+    func testDecompressionReadsEachElementsBlock() throws {
+        var generator = SeededGenerator(seed: 29)
+        let cases: [([Int], [Int])] = [([6, 8], [3, 2]), ([4, 6, 10], [2, 3, 5]), ([5, 12], [5, 1]), ([3, 4, 8], [1, 4, 8]),
+                                       ([7], [7]), ([2, 3], [1, 1]), ([2, 1, 4, 6], [2, 1, 2, 3])]
+        for (shape, grid) in cases {
+            let count = shape.reduce(1, *)
+            let blockOf = Self.product(shape.map { Array(0..<$0) }).map { at in
+                zip(zip(at, zip(shape, grid).map { $0 / $1 }).map { $0 / $1 }, Self.strides(grid)).reduce(0) { $0 + $1.0 * $1.1 }
+            }
+            let data = (0..<count).map { _ in Int32(generator.next() % 16) - 8 }
+            let scales = Self.halfValues(grid.reduce(1, *), &generator), offsets = Self.halfValues(grid.reduce(1, *), &generator)
+            let shifted = try Self.run("constexpr_blockwise_shift_scale", [
+                "data": .ints(data, shape: shape, type: .int8), "scale": Self.fp16(scales, grid), "offset": Self.fp16(offsets, grid),
+            ], as: .float16)
+            let want = (0..<count).map { Half.round(Half.round(Float(data[$0]) - offsets[blockOf[$0]]) * scales[blockOf[$0]]) }
+            assertSameBits(shifted, want, shape: shape, "shift and scale \(shape) in \(grid)")
+
+            let entries = 4
+            let picks = (0..<count).map { _ in Int32(generator.next() % UInt64(entries)) }
+            let table = Self.halfValues(grid.reduce(1, *) * entries, &generator)
+            let dense = try Self.run("constexpr_lut_to_dense", [
+                "indices": .ints(picks, shape: shape, type: .uint8), "lut": Self.fp16(table, grid + [entries, 1]),
+            ], as: .float16)
+            assertSameBits(dense, (0..<count).map { table[blockOf[$0] * entries + Int(picks[$0])] }, shape: shape,
+                           "look-up table \(shape) in \(grid)")
+        }
+    }
+
+    /// forEachOffset visits every element once in row-major order, at the offset its
+    /// coordinates give with the strides: rows padded, scalars spread, axes of one, and arrays
+    /// of rank 0 and of no elements.
+    func testForEachOffsetWalksEveryElementAtItsStrides() {
+        let cases: [([Int], [Int])] = [([], []), ([5], [1]), ([5], [3]), ([2, 3], [3, 1]), ([2, 3], [8, 1]), ([2, 3, 4], [34, 11, 2]),
+                                       ([1, 1, 7], [7, 7, 1]), ([3, 1, 2, 2], [9, 100, 4, 1]), ([0, 3], [3, 1]), ([4, 0, 2], [2, 2, 1])]
+        for (shape, strides) in cases {
+            let want = Self.product(shape.map { Array(0..<$0) }).map { at in zip(at, strides).reduce(0) { $0 + $1.0 * $1.1 } }
+            var got: [Int] = [], indices: [Int] = []
+            forEachOffset(shape: shape, strides: strides) { index, offset in
+                indices.append(index)
+                got.append(offset)
+            }
+            XCTAssertEqual(got, want, "offsets of \(shape) at \(strides)")
+            XCTAssertEqual(indices, Array(0..<want.count), "indices of \(shape)")
+        }
+    }
 }

@@ -47,15 +47,12 @@ final class CoreMLStrictnessTests: XCTestCase {
     /// greedy tokens absorb (4-bit tiny pairs decode the same tokens whatever one position
     /// holds) still shows in its logits and features.
     func parityNotices(_ backend: CoreMLBackend) throws -> Bool {
-        guard let records = goldens.goldens["parity"] as? [[String: Any]] else { return false }
+        guard let records = try goldens.parity?.get() else { return false }
         let package = try goldens.bundle().modelURL(of: .target)
-        for record in records {
-            let before = try (record["states_before"] as? [String: Any] ?? [:]).mapValues(goldens.tensor)
-            guard !before.isEmpty, before.values.allSatisfy({ $0.floats().allSatisfy { $0 == 0 } }) else { continue }
-            let function = try backend.loadFunction(try XCTUnwrap(record["function"] as? String), of: package)
-            let inputs = try (record["inputs"] as? [String: Any] ?? [:]).mapValues { object -> ShapedArray in
-                let tensor = try goldens.tensor(object)
-                return tensor.type.isInteger ? ShapedArray(int32: tensor.ints(), shape: tensor.shape)
+        for record in records where record.startsFromFreshStates {
+            let function = try backend.loadFunction(record.function, of: package)
+            let inputs = record.inputs.mapValues { tensor -> ShapedArray in
+                tensor.type.isInteger ? ShapedArray(int32: tensor.ints(), shape: tensor.shape)
                     : ShapedArray(float: tensor.floats(), shape: tensor.shape)
             }
             let outputs: [String: ShapedArray]
@@ -64,8 +61,7 @@ final class CoreMLStrictnessTests: XCTestCase {
             } catch {
                 return true
             }
-            for (name, object) in record["outputs"] as? [String: Any] ?? [:] {
-                let want = try goldens.tensor(object)
+            for (name, want) in record.outputs {
                 guard let got = outputs[name], got.shape == want.shape else { return true }
                 if want.type.isInteger {
                     if got.int32s != want.ints() { return true }
