@@ -646,14 +646,17 @@ def test_real_weights_replace_every_placeholder(bundle, tmp_path):
 def test_conversion_keeps_placeholders_unmaterialised(tmp_path):
     """Memory stays bounded only while every stand-in stays a stride-0 view through conversion;
     a weight the converter copies (e.g. promoted to fp32 because its input was fp32) shows up
-    here as a contiguous array."""
+    here as a contiguous array. Four layers of the tiny target (three sliding, one global) have
+    every kind of weight, at half the conversion."""
     import numpy as np
 
-    from museflash.builtin.demo_checkpoint import write_tiny_checkpoints
+    from museflash.builtin.demo_checkpoint import shallow_tiny_pair_configs, write_tiny_checkpoints
     from museflash.checkpoint.load import load_target
     from museflash.export.placeholders import PlaceholderWeights
 
-    target_dir, drafter_dir = write_tiny_checkpoints(tmp_path)
+    target_config, drafter_config = shallow_tiny_pair_configs()
+    target_dir, drafter_dir = write_tiny_checkpoints(tmp_path, target_config=target_config,
+                                                     drafter_config=drafter_config)
     placeholders = PlaceholderWeights()
     target = load_target(target_dir, drafter_dir, dtype=torch.float16, max_context=64,
                          max_query_len=4, placeholders=placeholders)

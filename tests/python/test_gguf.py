@@ -245,8 +245,10 @@ def test_a_gguf_target_exports_as_its_safetensors_folder_does(tmp_path):
     target, drafter = write_hf_tiny_pair("tiny-llama", tmp_path / "pair")
     plain_rope(target)  # a GGUF file states Llama 3's RoPE scaling as rope_freqs, refused
     path = write_gguf(target, tmp_path / "tiny.gguf")
-    common = dict(drafter_checkpoint=drafter, fused_target=True, dflash_drafter=True,
-                  max_context_length=64, prefill_length=8, conversion_processes=1)
+    # The fused target (with the drafter's encoder) without the drafter's functions: these
+    # read nothing of the GGUF file but the embedding and head the target's functions hold.
+    common = dict(drafter_checkpoint=drafter, fused_target=True, max_context_length=64,
+                  prefill_length=8, conversion_processes=1)
     from_gguf = export_bundle(ExportOptions(output_dir=tmp_path / "gguf", checkpoint=path,
                                             **common), Progress(echo=lambda line: None))
     from_folder = export_bundle(ExportOptions(output_dir=tmp_path / "hf", checkpoint=target,

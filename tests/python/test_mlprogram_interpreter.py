@@ -1,8 +1,9 @@
 """The numpy ML-program interpreter runs converted packages like eager PyTorch does.
 
 Packages are made the way the exporter makes them (torch.export -> run_decompositions ->
-ct.convert with fp16 states, iOS18; drafter and target as multifunction packages) from a
-shallow demo model, once per module.
+ct.convert with fp16 states, iOS18, the program validated once per pass pipeline; drafter and
+target as multifunction packages, merged by export/merge.py) from a shallow demo model, once
+per module.
 """
 
 import shutil
@@ -19,6 +20,8 @@ from museflash.builtin.demo_checkpoint import (
 )
 from museflash.bundle import StateName
 from museflash.checks.parity import ParityError, Tolerance, module_states, parity_step, sync_states
+from museflash.export.coreml_patches import validated_once_per_pipeline
+from museflash.export.merge import merge_packages
 from museflash.models.dflash import DFlashRingDrafter
 from museflash.runtime.interpreter import (
     KERNELS,
@@ -88,19 +91,16 @@ def _int_inputs(length):
 def _convert(module, example_args, inputs, state_names, path, output_names=None):
     exported = torch.export.export(module, example_args).run_decompositions({})
     outputs = [ct.TensorType(name=n) for n in output_names] if output_names else None
-    model = ct.convert(exported, inputs=inputs, outputs=outputs,
-                       states=_state_types(module, state_names),
-                       minimum_deployment_target=ct.target.iOS18, skip_model_load=True)
+    with validated_once_per_pipeline():
+        model = ct.convert(exported, inputs=inputs, outputs=outputs,
+                           states=_state_types(module, state_names),
+                           minimum_deployment_target=ct.target.iOS18, skip_model_load=True)
     model.save(str(path))
     return path
 
 
 def _multifunction(parts, default, path):
-    desc = ct.utils.MultiFunctionDescriptor()
-    for function_name, source in parts.items():
-        desc.add_function(str(source), "main", function_name)
-    desc.default_function_name = default
-    ct.utils.save_multifunction(desc, str(path))
+    merge_packages(list(parts.items()), path, default)
     return path
 
 

@@ -1,9 +1,11 @@
 """Greedy speculative decoding over an exported bundle is lossless.
 
-The module exports the demo target once, with a drafter fitted (a short self-distillation run
-of training/train_demo_drafter on these prompts' own target continuations) so that drafts are
+The module exports the tiny target once, over its first four layers (losslessness does not
+depend on depth), with a drafter fitted (a short self-distillation run of
+training/train_demo_drafter on these prompts' own target continuations) so that drafts are
 actually accepted, partly and fully, and the rollback paths of the loop are exercised. The
-untrained demo drafter accepts almost nothing, which would make "lossless" vacuous.
+untrained demo drafter accepts almost nothing, which would make "lossless" vacuous. The
+exported pair is loaded once (`pair`): every decode starts from zeroed states.
 """
 
 import shutil
@@ -13,7 +15,7 @@ import pytest
 import torch
 from package_surgery import swap_blobs
 
-from museflash.builtin.demo_checkpoint import write_tiny_checkpoints
+from museflash.builtin.demo_checkpoint import shallow_tiny_pair_configs, write_tiny_checkpoints
 from museflash.bundle import FunctionName, Metadata
 from museflash.checkpoint.load import load_target
 from museflash.checks.verify import check_target, load_reference_models
@@ -49,7 +51,9 @@ def _prompts():
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory):
     work = tmp_path_factory.mktemp("speculative")
-    target_dir, drafter_dir = write_tiny_checkpoints(work / "demo")
+    target_config, drafter_config = shallow_tiny_pair_configs()
+    target_dir, drafter_dir = write_tiny_checkpoints(work / "demo", target_config=target_config,
+                                                     drafter_config=drafter_config)
     torch.manual_seed(0)
     target, drafter = distil.load_pair(target_dir, drafter_dir)
     # Continuations fitted only up to position 30: the longer prompts run past what the drafter
@@ -64,8 +68,15 @@ def bundle(tmp_path_factory):
     return {"dir": out, "work": work, "target_dir": target_dir, "drafter_dir": fitted}
 
 
-def _run(export_dir, prompt):
-    target, drafter, metadata = load_exported_pair(export_dir)
+@pytest.fixture(scope="module")
+def pair(bundle):
+    """The bundle's exported target and drafter, loaded once: loading a package costs seconds,
+    and speculative_generate and greedy_generate each start from zeroed states."""
+    return load_exported_pair(bundle["dir"])
+
+
+def _run(pair, prompt):
+    target, drafter, metadata = pair
     spec = metadata.speculative_decoding
     speculative = speculative_generate(target, drafter, prompt, NEW_TOKENS,
                                        mask_token_id=spec.mask_token_id,
@@ -83,12 +94,12 @@ def test_chunk_starts_overlap_instead_of_running_past_the_end():
         chunk_starts(3, 4)
 
 
-def test_speculative_equals_target_only_greedy(bundle):
+def test_speculative_equals_target_only_greedy(bundle, pair):
     eager_target = load_target(bundle["target_dir"], dtype=torch.float32, max_context=64,
                                max_query_len=32, cache_dtype=torch.float32)
     accepted = []
     for prompt in _prompts():
-        speculative, plain = _run(bundle["dir"], prompt)
+        speculative, plain = _run(pair, prompt)
         assert speculative.tokens == plain.tokens, (len(prompt), speculative.tokens, plain.tokens)
         assert len(speculative.tokens) == NEW_TOKENS
         assert speculative.verify_calls < plain.verify_calls
@@ -102,7 +113,7 @@ def test_speculative_equals_target_only_greedy(bundle):
     assert max(accepted) == 3 and min(accepted) < 3, accepted
 
 
-def test_broken_drafter_is_still_lossless_but_accepts_less(bundle, tmp_path):
+def test_broken_drafter_is_still_lossless_but_accepts_less(bundle, pair, tmp_path):
     broken = tmp_path / "broken"
     shutil.copytree(bundle["dir"], broken)
     # The drafter's functions only: the package is the target's too.
@@ -111,10 +122,11 @@ def test_broken_drafter_is_still_lossless_but_accepts_less(bundle, tmp_path):
                 for i in (0, 1)] + [("layers_0_mlp_gate_proj_weight",
                                      "layers_0_mlp_up_proj_weight")],
                functions=("inject_kv", "draft"))
+    broken_pair = load_exported_pair(broken)
     good_total = broken_total = 0
     for prompt in _prompts():
-        good, _ = _run(bundle["dir"], prompt)
-        bad, plain = _run(broken, prompt)
+        good, _ = _run(pair, prompt)
+        bad, plain = _run(broken_pair, prompt)
         assert bad.tokens == plain.tokens
         good_total += sum(good.accepted)
         broken_total += sum(bad.accepted)
@@ -155,7 +167,7 @@ def _eager_greedy_with_margins(target, prompt: list[int], count: int):
     return ids[len(prompt):], margins
 
 
-def test_prompts_shorter_than_a_chunk_or_a_block_decode_exactly(bundle):
+def test_prompts_shorter_than_a_chunk_or_a_block_decode_exactly(bundle, pair):
     """Prompts of 1 to 7 tokens (prefill chunk 8, block 4): the padded prefill and the
     placeholder inject rows must not change a single token."""
     eager_target = load_target(bundle["target_dir"], dtype=torch.float32, max_context=64,
@@ -163,7 +175,7 @@ def test_prompts_shorter_than_a_chunk_or_a_block_decode_exactly(bundle):
     rng = np.random.default_rng(5)
     for length in (1, 3, 4, 7):
         prompt = rng.integers(0, 511, length).tolist()
-        speculative, plain = _run(bundle["dir"], prompt)
+        speculative, plain = _run(pair, prompt)
         assert speculative.tokens == plain.tokens, (length, speculative.tokens, plain.tokens)
         assert len(plain.tokens) == NEW_TOKENS
         eager, margins = _eager_greedy_with_margins(eager_target, prompt, 4)
@@ -175,8 +187,8 @@ def test_prompts_shorter_than_a_chunk_or_a_block_decode_exactly(bundle):
         assert plain.tokens[:exact] == eager[:exact], (length, plain.tokens, eager)
 
 
-def test_empty_and_too_long_prompts_are_refused(bundle):
-    target, drafter, metadata = load_exported_pair(bundle["dir"])
+def test_empty_and_too_long_prompts_are_refused(pair):
+    target, drafter, _ = pair
     with pytest.raises(ValueError, match="the prompt is empty"):
         speculative_generate(target, drafter, [], 4, mask_token_id=511)
     with pytest.raises(ValueError, match="context_length 64"):

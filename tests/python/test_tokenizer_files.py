@@ -5,9 +5,11 @@ import json
 import shutil
 
 import pytest
+from prebuilt import prebuilt_bundle
 
 from museflash.builtin.demo_checkpoint import (
     TINY_DRAFTER_CONFIG,
+    builtin_checkpoints,
     shallow_tiny_pair_configs,
     write_tiny_checkpoints,
     write_word_tokenizer,
@@ -27,7 +29,7 @@ MASK = TINY_DRAFTER_CONFIG["mask_token_id"]
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
     """The tiny pair over the target's first four layers (the tokenizer does not depend on
-    depth, and the exports below convert half as much)."""
+    depth), with a tokenizer of two special tokens."""
     root = tmp_path_factory.mktemp("checkpoints")
     target_config, drafter_config = shallow_tiny_pair_configs()
     target, drafter = write_tiny_checkpoints(root, target_config=target_config,
@@ -79,17 +81,16 @@ def test_an_unreadable_tokenizer_is_refused(tmp_path):
         read_tokenizer(tmp_path, VOCAB)
 
 
-def test_the_export_copies_the_tokenizer_and_records_it(checkpoints, tmp_path):
-    target, drafter = checkpoints
-    out = tmp_path / "bundle"
-    export_bundle(ExportOptions(output_dir=out, checkpoint=target, drafter_checkpoint=drafter,
-                                fused_target=True, dflash_drafter=True, max_context_length=64,
-                                prefill_length=8, conversion_processes=1),
-                  Progress(echo=lambda _line: None))
+def test_the_export_copies_the_tokenizer_and_records_it(tmp_path):
+    """The build's export of the built-in tiny pair (//tests/integration:demo_bundle), whose
+    target has a word-level tokenizer, rather than another export here."""
+    out = prebuilt_bundle(tmp_path)
     metadata = Metadata.read(out)
+    assert metadata.source.checkpoint == "builtin:tiny"
     assert metadata.tokenizer.files == ["tokenizer.json", "tokenizer_config.json"]
-    for name in metadata.tokenizer.files:
-        assert (out / name).read_bytes() == (target / name).read_bytes()
+    with builtin_checkpoints("tiny") as (target, _):
+        for name in metadata.tokenizer.files:
+            assert (out / name).read_bytes() == (target / name).read_bytes()
     assert metadata.speculative_decoding.mask_token_id in metadata.tokenizer.special_tokens.values()
 
 
