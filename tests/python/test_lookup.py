@@ -63,6 +63,20 @@ def test_the_proposal_follows_the_rule_on_seeded_contexts(vocab, min_match):
     assert found > 20  # the contexts do repeat
 
 
+def test_the_proposal_follows_the_rule_beyond_the_window():
+    """Contexts longer than the window: occurrences before its newest LOOKUP_WINDOW positions
+    are not looked at, whatever they match."""
+    rng = np.random.default_rng(11)
+    found = 0
+    for _ in range(40):
+        context = rng.integers(0, 4, int(rng.integers(LOOKUP_WINDOW, 2 * LOOKUP_WINDOW))).tolist()
+        for min_match in (1, 3, 6):
+            expected = _reference(context, 5, min_match)
+            assert lookup_proposal(context, 5, min_match) == expected
+            found += expected is not None
+    assert found > 40
+
+
 def test_a_loop_repeats_with_its_period_and_the_latest_longest_match_wins():
     # "a b c" loops; the proposal continues it past the end of the context.
     assert lookup_proposal([9, 1, 2, 3, 1, 2, 3, 1, 2], 7, 2) == [3, 1, 2, 3, 1, 2, 3]

@@ -258,11 +258,13 @@ def lookup_proposal(context: list[int], count: int, min_match: int) -> list[int]
     length = len(tail)
     ends = np.arange(max(0, length - 1 - LOOKUP_WINDOW), length - 1)  # earlier occurrences
     matched = np.zeros(len(ends), np.int64)
-    going = np.ones(len(ends), bool)
+    going = np.arange(len(ends))  # the ends still matching, by index: few after one token
     for back in range(min(LOOKUP_MAX_MATCH, length - 1)):
-        going &= ends >= back
-        going[going] = tail[ends[going] - back] == tail[length - 1 - back]
-        matched += going
+        earlier = ends[going] - back
+        going = going[(earlier >= 0) & (tail[np.maximum(earlier, 0)] == tail[length - 1 - back])]
+        if not len(going):
+            break
+        matched[going] += 1
     if not len(ends) or matched.max() < min_match:
         return None
     best_end = int(ends[np.flatnonzero(matched == matched.max())[-1]])
