@@ -120,42 +120,12 @@ struct BroadcastPlan {
     }
 }
 
-/// Offsets `base + sum(index[d] * strides[d])` over every index of `shape`, in row-major order.
+/// Offsets `base + sum(index[d] * strides[d])` over every index of `shape`, in row-major order
+/// (walked by forEachOffset).
 func strideIndices(shape: [Int], strides: [Int], base: Int) -> [Int] {
-    let count = elementCount(shape)
-    var result = [Int](repeating: 0, count: count)
-    if count == 0 { return result }
-    let rank = shape.count
-    if rank == 0 {
-        result[0] = base
-        return result
-    }
-    var counter = [Int](repeating: 0, count: rank)
-    var offset = base
-    let last = rank - 1
-    let innerSize = shape[last]
-    let innerStride = strides[last]
-    var position = 0
+    var result = [Int](repeating: 0, count: elementCount(shape))
     result.withUnsafeMutableBufferPointer { out in
-        while position < count {
-            var inner = offset
-            for _ in 0..<innerSize {
-                out[position] = inner
-                position += 1
-                inner += innerStride
-            }
-            // Advance the outer counters.
-            var axis = last - 1
-            while axis >= 0 {
-                counter[axis] += 1
-                offset += strides[axis]
-                if counter[axis] < shape[axis] { break }
-                offset -= strides[axis] * shape[axis]
-                counter[axis] = 0
-                axis -= 1
-            }
-            if axis < 0 { break }
-        }
+        forEachOffset(shape: shape, strides: strides) { index, offset in out[index] = base + offset }
     }
     return result
 }
