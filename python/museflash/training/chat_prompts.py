@@ -4,8 +4,13 @@ Two sources, both deterministic (a seed picks and orders them):
 - the Python standard library's own functions (`ast` over its sources, train_demo's split by
   file): write a function that does what a docstring's first sentence says, explain what a
   function does, explain a short function's code, show how to call it;
-- everyday requests written from templates over short word lists here (explain a concept,
-  give tips, write a short poem or story, compare two things).
+- everyday and programming requests written from templates over short word lists here
+  (explain a concept, give tips or ideas, write a poem or an email, compare two things, write
+  a Python function or class for a task, explain a Python feature, answer a why question).
+
+`training_prompts` draws them kind by kind (each template is a kind, and each of the four
+function requests), so the few hundred template fillings are not lost among thousands of
+function prompts.
 
 The prompts that figures are measured on (`EVAL_PROMPTS`, written by hand, and the held-out
 files' functions) never appear in training: `training_prompts` takes only the training files
@@ -60,15 +65,86 @@ _PAIRS = (("Python", "JavaScript"), ("a cat", "a dog"), ("tea", "coffee"),
           ("TCP", "UDP"), ("a virus", "a bacterium"), ("weather", "climate"),
           ("RAM", "storage"), ("a list", "a set"), ("SQL", "NoSQL databases"),
           ("mean", "median"), ("speed", "velocity"), ("an array", "a linked list"))
+# Everyday and programming requests of the evaluation prompts' kinds, none about an evaluation
+# prompt's subject (no palindromes, Fibonacci, merged sorted lists, CSV files, bank accounts,
+# recursion, for loops, hash tables, lists against tuples, guitars, France, the water cycle,
+# the sky's colour, breakfasts, autumn leaves or readable code).
+_PY_TASKS = ("count the vowels in a string", "reverse a list", "remove duplicates from a list",
+             "find the largest number in a list", "check whether a number is prime",
+             "compute the factorial of a number", "convert Celsius to Fahrenheit",
+             "sort a dictionary by its values", "flatten a nested list",
+             "count the words in a text file", "read a JSON file",
+             "find the second smallest number in a list",
+             "check whether two strings are anagrams", "compute the average of a list",
+             "capitalize every word in a sentence", "find the common elements of two lists",
+             "generate a random password", "check whether a year is a leap year",
+             "compute the greatest common divisor of two numbers",
+             "split a list into chunks of equal size", "count each letter in a string",
+             "sum the digits of a number", "get the current date and time",
+             "parse a date from a string", "remove whitespace from a string",
+             "sort a list of tuples by their second item", "check whether a list is sorted",
+             "combine two dictionaries", "convert a list of strings to integers",
+             "rotate a list by k positions", "find the longest word in a sentence",
+             "convert a number to binary", "check whether an email address is valid",
+             "measure how long a function takes", "find the median of a list",
+             "count the lines in a file", "shuffle a list", "convert a string to a list of words")
+_PY_CLASSES = ("a stack", "a queue", "a to-do list", "a rectangle with area and perimeter methods",
+               "a shopping cart", "a library book", "a student with a list of grades",
+               "a simple counter", "a deck of cards", "a stopwatch", "a point in 2D space",
+               "a temperature reading in Celsius and Fahrenheit", "a contact in an address book",
+               "a simple inventory of items")
+_PY_CONCEPTS = ("a dictionary", "a generator", "a decorator", "a list comprehension",
+                "a lambda function", "exception handling", "the with statement",
+                "a virtual environment", "the global keyword", "slicing", "a while loop",
+                "string formatting", "type hints", "inheritance", "a module", "an f-string",
+                "the range function", "a set", "*args and **kwargs", "the __init__ method",
+                "a class method", "the zip function", "the enumerate function", "a context manager")
+_IDEAS = ("a rainy weekend", "a birthday party", "a science fair project", "a short story",
+          "a team-building activity", "a family dinner", "a small balcony garden",
+          "a gift for a friend", "a weekend trip", "a school fundraiser", "a picnic",
+          "a blog about travel", "a board game night", "a summer holiday with kids")
+_PLANS = ("learning to cook", "getting fit in a month", "learning to draw", "reading more books",
+          "learning to swim", "preparing for a job interview", "learning a new programming "
+          "language", "cleaning the house", "training a puppy", "starting to run",
+          "moving to a new city", "planning a wedding")
+_WHY = ("do leaves change color in the fall", "is the ocean salty", "do we dream",
+        "do cats purr", "is exercise good for you", "do we have seasons",
+        "does ice float on water", "do birds migrate", "do stars twinkle", "do we need sleep",
+        "does bread rise", "do onions make you cry", "does the moon change shape",
+        "do we get hiccups", "is the grass green", "do volcanoes erupt")
+_COUNTRIES = ("Japan", "Italy", "Spain", "Germany", "Canada", "Brazil", "Egypt", "Australia",
+              "India", "Mexico", "Kenya", "Norway", "Greece", "Peru", "Thailand", "Portugal")
+_EMAILS = ("thank a colleague for their help", "ask my manager for a day off",
+           "invite friends to a picnic", "apologize for a late reply",
+           "ask a teacher for feedback on an essay", "welcome a new team member",
+           "remind a client about an unpaid invoice", "decline a meeting politely")
+_BENEFITS = ("drinking water", "regular exercise", "reading every day", "meditation",
+             "walking", "learning a second language", "getting enough sleep",
+             "cycling to work", "eating vegetables", "open-source software",
+             "automated tests", "code review", "version control", "taking breaks")
+_SEASONS = ("spring rain", "a winter morning", "the summer sun", "a mountain lake",
+            "the sea at dawn", "a quiet forest", "the first snow", "a city at night")
 _TEMPLATES = (
     ("Explain {} in simple terms.", _CONCEPTS), ("What is {}?", _CONCEPTS),
     ("Explain {} to a ten-year-old.", _CONCEPTS),
+    ("Summarize {} in a few sentences.", _CONCEPTS),
     ("Give me some tips for {}.", _TOPICS), ("What are the most common mistakes in {}?", _TOPICS),
+    ("What are three good habits for {}?",
+     tuple(t for t in _TOPICS if t != "writing clean code")),
     ("Write a short poem about {}.", _THINGS), ("Write a very short story about {}.", _THINGS),
-    ("Describe {} in three sentences.", _THINGS),
+    ("Describe {} in three sentences.", _THINGS), ("Write a haiku about {}.", _SEASONS),
     ("What is the difference between {} and {}?", _PAIRS),
     ("Compare {} and {} in a short list.", _PAIRS),
+    ("Write a Python function to {}.", _PY_TASKS), ("How do I {} in Python?", _PY_TASKS),
+    ("Show me Python code to {}.", _PY_TASKS), ("Write a Python class for {}.", _PY_CLASSES),
+    ("Explain {} in Python.", _PY_CONCEPTS), ("How does {} work in Python?", _PY_CONCEPTS),
+    ("Give me five ideas for {}.", _IDEAS), ("Give me a short plan for {}.", _PLANS),
+    ("Why {}?", _WHY), ("What is the capital of {}, and what is it known for?", _COUNTRIES),
+    ("Write a short email to {}.", _EMAILS), ("What are the benefits of {}?", _BENEFITS),
 )
+# The kinds of function_prompts, by how each starts.
+FUNCTION_KINDS = ("Write a Python function `", "What does `", "Explain what this Python code",
+                  "Show an example of calling `")
 
 
 def _first_sentence(docstring: str) -> str | None:
@@ -110,11 +186,28 @@ def function_prompts(files: Iterable[SourceFile]) -> list[str]:
     return prompts
 
 
-def template_prompts() -> list[str]:
-    out = []
-    for template, fillings in _TEMPLATES:
-        out += [template.format(*(f if isinstance(f, tuple) else (f,))) for f in fillings]
-    return out
+def template_prompts() -> dict[str, list[str]]:
+    """Every filling of each template, keyed by its template (its kind)."""
+    return {template: [template.format(*(f if isinstance(f, tuple) else (f,)))
+                       for f in fillings] for template, fillings in _TEMPLATES}
+
+
+def prompt_kinds(prompts: Iterable[str]) -> dict[str, list[str]]:
+    """`prompts` (function_prompts' and template_prompts') keyed by kind, in the given order: a
+    template, or the start a function prompt has."""
+    # The most specific template first: "What is the difference between {} and {}?" before
+    # "What is {}?".
+    templates = sorted(((template, template.split("{}")) for template, _ in _TEMPLATES),
+                       key=lambda item: -sum(map(len, item[1])))
+    kinds: dict[str, list[str]] = {}
+    for prompt in prompts:
+        kind = next((k for k in FUNCTION_KINDS if prompt.startswith(k)), None)
+        if kind is None:
+            kind = next((t for t, parts in templates if prompt.startswith(parts[0])
+                         and prompt.endswith(parts[-1]) and all(p in prompt for p in parts)),
+                        "other")
+        kinds.setdefault(kind, []).append(prompt)
+    return kinds
 
 
 @functools.cache
@@ -122,16 +215,27 @@ def _pools() -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(training, held-out) prompts in sorted order. Parsing every file of the standard library
     takes seconds, so a process does it once; the library does not change under it."""
     corpus = load_corpus()
-    training = set(function_prompts(corpus.train) + template_prompts()) - set(EVAL_PROMPTS)
+    templates = [p for group in template_prompts().values() for p in group]
+    training = set(function_prompts(corpus.train) + templates) - set(EVAL_PROMPTS)
     return tuple(sorted(training)), tuple(sorted(set(function_prompts(corpus.held_out))))
 
 
 def training_prompts(count: int, seed: int) -> list[str]:
     """`count` prompts (fewer when there are not as many): the training files' functions and
-    the template fillings, shuffled by `seed`, none equal to an evaluation prompt."""
-    pool = list(_pools()[0])
-    random.Random(seed).shuffle(pool)
-    return pool[:count]
+    the template fillings, none equal to an evaluation prompt, drawn kind by kind in turn
+    (`prompt_kinds`; each kind shuffled by `seed`, the kinds in a seeded order) until a kind
+    runs out, so a few thousand function prompts do not crowd out a template's dozens."""
+    rng = random.Random(seed)
+    groups = [list(group) for _, group in sorted(prompt_kinds(_pools()[0]).items())]
+    for group in groups:
+        rng.shuffle(group)
+    rng.shuffle(groups)
+    drawn: list[str] = []
+    for turn in range(max(map(len, groups), default=0)):
+        drawn += [group[turn] for group in groups if turn < len(group)]
+        if len(drawn) >= count:
+            break
+    return drawn[:count]
 
 
 def held_out_prompts(count: int, seed: int) -> list[str]:

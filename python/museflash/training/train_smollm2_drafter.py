@@ -9,22 +9,23 @@ attention (its ring spans the context), `--layers` layers at the target's width,
 spread over the target's 30 layers, block 16 (trained on K = 4, 8 and 16 alike; the weights do
 not depend on K), `<empty_output>` as its mask token (a control token chats never produce).
 
-Data: instruction-style prompts made offline (training/chat_prompts.py: the standard
-library's functions and template requests), each rendered with the model's own chat template
-(its default system prompt included) and continued greedily by the target, batched through the
-models' own entry points (training/distil_corpus.py). Figures are measured on prompts that
-never trained: chat_prompts.EVAL_PROMPTS (written by hand) for the loop, and the held-out
-files' functions for the teacher-forced acceptance. Training is train_demo_drafter's: the same
-optimiser and schedule, and its loss with two savings that make a step several times cheaper:
-several anchors per sampled row share the row's encoder pass (`--anchors-per-row`), and the
-softmax runs over the tokens the corpus holds (`vocabulary_block_loss`; the acceptance figures
-use the whole lm_head).
+Data: instruction-style prompts made offline (training/chat_prompts.py: the standard library's
+functions and template requests, drawn kind by kind), each rendered with the model's own chat
+template (its default system prompt included) and continued greedily by the target, batched
+through the models' own entry points (training/distil_corpus.py). Figures are measured on
+prompts that never trained: chat_prompts.EVAL_PROMPTS (written by hand) for the loop, and the
+held-out files' functions for the teacher-forced acceptance. Training is train_demo_drafter's:
+the same optimiser and schedule, and its loss with two savings that make a step several times
+cheaper: several anchors per sampled row share the row's encoder pass (`--anchors-per-row`),
+and the softmax runs over the tokens the corpus holds (`vocabulary_block_loss`; the acceptance
+figures use the whole lm_head).
 
 Writes DIR/drafter (config.json, model.safetensors in bf16) and DIR/train_smollm2_drafter.json.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import tempfile
@@ -98,7 +99,7 @@ def fewest_lengths(prompts: list[list[int]], count: int, per_length: int) -> lis
     return picked
 
 
-def run(output_dir: Path, *, gguf: Path | None = None, prompts: int = 1024,
+def run(output_dir: Path, *, gguf: Path | None = None, prompts: int = 1280,
         max_prompt_tokens: int = 96, length: int = 160, layers: int = 2,
         train_seconds: float | None = None, train_steps: int | None = None, batch: int = 32,
         lr: float = 2e-3, seed: int = 0, heldout: int = 48, new_tokens: int = 64,
@@ -117,9 +118,8 @@ def run(output_dir: Path, *, gguf: Path | None = None, prompts: int = 1024,
         target_dir = write_hf_checkpoint(GGUFCheckpoint(gguf), Path(scratch) / "target")
         config = drafter_config(target_dir, layers)
         report["drafter_config"] = config
-        train_ids = fewest_lengths(chat_ids(
-            target_dir, chat_prompts.training_prompts(10**6, seed), max_prompt_tokens), prompts,
-            per_length=160)
+        train_ids = chat_ids(target_dir, chat_prompts.training_prompts(10**6, seed),
+                             max_prompt_tokens)[:prompts]
         heldout_ids = fewest_lengths(chat_ids(
             target_dir, chat_prompts.held_out_prompts(10**6, seed + 1), max_prompt_tokens),
             heldout, per_length=24)
@@ -149,7 +149,8 @@ def run(output_dir: Path, *, gguf: Path | None = None, prompts: int = 1024,
                                            for p in m.parameters())
         key = {"gguf_sha256": report["gguf_sha256"], "prompts": len(train_ids),
                "length": length, "seed": seed, "taps": config["dflash_config"]["target_layer_ids"],
-               "max_prompt_tokens": max_prompt_tokens, "capture": str(CORPUS_CAPTURE_DTYPE)}
+               "max_prompt_tokens": max_prompt_tokens, "capture": str(CORPUS_CAPTURE_DTYPE),
+               "prompt_ids_sha256": hashlib.sha256(json.dumps(train_ids).encode()).hexdigest()}
         corpus, seconds = cached_corpus(
             corpus_cache, key, lambda: generate_corpus_grouped(
                 target, train_ids, length, chunk=128, capture_dtype=CORPUS_CAPTURE_DTYPE), log)
