@@ -54,8 +54,8 @@ def test_a_prompt_goes_to_its_most_specific_template():
 
 def test_no_template_prompt_is_about_an_evaluation_prompts_subject():
     subjects = ("palindrome", "fibonacci", "merge", "csv", "bank account", "recursion",
-                "for loop", "hash table", "a list and a tuple", "guitar", "france", "water cycle", "sky",
-                "breakfast", "autumn", "readable")
+                "for loop", "hash table", "a list and a tuple", "guitar", "france",
+                "water cycle", "sky", "breakfast", "autumn", "readable")
     prompts = [p for group in chat_prompts.template_prompts().values() for p in group]
     assert len(prompts) > 400
     assert not [p for p in prompts if any(s in p.lower() for s in subjects)]
