@@ -26,30 +26,39 @@ def test_no_evaluation_prompt_is_a_training_prompt():
     assert training[:50] != chat_prompts.training_prompts(10**6, seed=1)[:50]
 
 
+def _by_kind(prompts):
+    kind_of = {p: kind for kind, group in chat_prompts.training_kinds().items() for p in group}
+    kinds = {}
+    for prompt in prompts:
+        kinds.setdefault(kind_of.get(prompt, "other"), []).append(prompt)
+    return kinds
+
+
 def test_training_prompts_take_every_kind_in_turn():
     """The drawing goes kind by kind: the first prompts are one of each kind, every template
     kind is in the first thousand, and a kind's share of a draw is at most one more than any
     other kind's that has prompts left."""
-    kinds = chat_prompts.prompt_kinds(chat_prompts.training_prompts(10**6, seed=0))
+    kinds = _by_kind(chat_prompts.training_prompts(10**6, seed=0))
     assert "other" not in kinds and len(kinds) == len(chat_prompts.FUNCTION_KINDS) + len(
         chat_prompts.template_prompts())
     first = chat_prompts.training_prompts(len(kinds), seed=0)
-    assert len(chat_prompts.prompt_kinds(first)) == len(kinds)
-    drawn = chat_prompts.prompt_kinds(chat_prompts.training_prompts(1024, seed=0))
+    assert len(_by_kind(first)) == len(kinds)
+    drawn = _by_kind(chat_prompts.training_prompts(1024, seed=0))
     assert set(drawn) == set(kinds)
     full = [k for k in kinds if len(drawn[k]) < len(kinds[k])]  # kinds not yet used up
     assert max(len(drawn[k]) for k in drawn) - min(len(drawn[k]) for k in full) <= 1
 
 
-def test_a_prompt_goes_to_its_most_specific_template():
-    kinds = chat_prompts.prompt_kinds(["What is the difference between tea and coffee?",
-                                       "What is gravity?", "What does `os.sep` do in Python?",
-                                       "Tell me a joke."])
-    assert kinds == {"What is the difference between {} and {}?":
-                     ["What is the difference between tea and coffee?"],
-                     "What is {}?": ["What is gravity?"],
-                     "What does `": ["What does `os.sep` do in Python?"],
-                     "other": ["Tell me a joke."]}
+def test_a_prompt_is_of_the_kind_that_made_it():
+    """Kinds come from what wrote each prompt, not from matching its text: a comparison is not
+    a "What is {}?" though it starts and ends like one, and a function prompt is of the start
+    it was written with."""
+    kinds = chat_prompts.training_kinds()
+    assert "What is the difference between tea and coffee?" in kinds[
+        "What is the difference between {} and {}?"]
+    assert not [p for p in kinds["What is {}?"] if p.startswith("What is the difference")]
+    for kind in chat_prompts.FUNCTION_KINDS:
+        assert kinds[kind] and all(p.startswith(kind) for p in kinds[kind])
 
 
 def test_no_template_prompt_is_about_an_evaluation_prompts_subject():

@@ -160,9 +160,11 @@ def _module_name(path: str) -> str:
     return name[: -len(".__init__")] if name.endswith(".__init__") else name
 
 
-def function_prompts(files: Iterable[SourceFile]) -> list[str]:
-    """Requests about the public, documented functions of `files`."""
-    prompts = []
+def function_prompts_by_kind(files: Iterable[SourceFile]) -> dict[str, list[str]]:
+    """Requests about the public, documented functions of `files`, keyed by kind (the start
+    each has, FUNCTION_KINDS)."""
+    write, explain, code_of, call = FUNCTION_KINDS
+    prompts: dict[str, list[str]] = {kind: [] for kind in FUNCTION_KINDS}
     for source in files:
         try:
             tree = ast.parse(source.text)
@@ -176,14 +178,19 @@ def function_prompts(files: Iterable[SourceFile]) -> list[str]:
             doc = ast.get_docstring(node)
             summary = _first_sentence(doc) if doc else None
             if summary:
-                prompts.append(f"Write a Python function `{node.name}` that {summary}.")
-                prompts.append(f"What does `{module}.{node.name}` do in Python?")
+                prompts[write].append(f"{write}{node.name}` that {summary}.")
+                prompts[explain].append(f"{explain}{module}.{node.name}` do in Python?")
             body = lines[node.lineno - 1:node.end_lineno]
             if 3 <= len(body) <= 12:
                 code = "\n".join(body)
-                prompts.append(f"Explain what this Python code does:\n```python\n{code}\n```")
-            prompts.append(f"Show an example of calling `{module}.{node.name}`.")
+                prompts[code_of].append(f"{code_of} does:\n```python\n{code}\n```")
+            prompts[call].append(f"{call}{module}.{node.name}`.")
     return prompts
+
+
+def function_prompts(files: Iterable[SourceFile]) -> list[str]:
+    """Requests about the public, documented functions of `files`, kind by kind."""
+    return [p for group in function_prompts_by_kind(files).values() for p in group]
 
 
 def template_prompts() -> dict[str, list[str]]:
@@ -192,41 +199,30 @@ def template_prompts() -> dict[str, list[str]]:
                        for f in fillings] for template, fillings in _TEMPLATES}
 
 
-def prompt_kinds(prompts: Iterable[str]) -> dict[str, list[str]]:
-    """`prompts` (function_prompts' and template_prompts') keyed by kind, in the given order: a
-    template, or the start a function prompt has."""
-    # The most specific template first: "What is the difference between {} and {}?" before
-    # "What is {}?".
-    templates = sorted(((template, template.split("{}")) for template, _ in _TEMPLATES),
-                       key=lambda item: -sum(map(len, item[1])))
-    kinds: dict[str, list[str]] = {}
-    for prompt in prompts:
-        kind = next((k for k in FUNCTION_KINDS if prompt.startswith(k)), None)
-        if kind is None:
-            kind = next((t for t, parts in templates if prompt.startswith(parts[0])
-                         and prompt.endswith(parts[-1]) and all(p in prompt for p in parts)),
-                        "other")
-        kinds.setdefault(kind, []).append(prompt)
-    return kinds
-
-
 @functools.cache
-def _pools() -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(training, held-out) prompts in sorted order. Parsing every file of the standard library
-    takes seconds, so a process does it once; the library does not change under it."""
+def _pools() -> tuple[dict[str, tuple[str, ...]], tuple[str, ...]]:
+    """(training prompts by kind, held-out prompts), each in sorted order. Parsing every file of
+    the standard library takes seconds, so a process does it once; the library does not change
+    under it."""
     corpus = load_corpus()
-    templates = [p for group in template_prompts().values() for p in group]
-    training = set(function_prompts(corpus.train) + templates) - set(EVAL_PROMPTS)
-    return tuple(sorted(training)), tuple(sorted(set(function_prompts(corpus.held_out))))
+    kinds = {**function_prompts_by_kind(corpus.train), **template_prompts()}
+    training = {kind: tuple(sorted(set(group) - set(EVAL_PROMPTS)))
+                for kind, group in sorted(kinds.items())}
+    return training, tuple(sorted(set(function_prompts(corpus.held_out))))
+
+
+def training_kinds() -> dict[str, tuple[str, ...]]:
+    """Every training prompt by its kind: a template, or the start a function prompt has."""
+    return dict(_pools()[0])
 
 
 def training_prompts(count: int, seed: int) -> list[str]:
     """`count` prompts (fewer when there are not as many): the training files' functions and
     the template fillings, none equal to an evaluation prompt, drawn kind by kind in turn
-    (`prompt_kinds`; each kind shuffled by `seed`, the kinds in a seeded order) until a kind
+    (`training_kinds`; each kind shuffled by `seed`, the kinds in a seeded order) until a kind
     runs out, so a few thousand function prompts do not crowd out a template's dozens."""
     rng = random.Random(seed)
-    groups = [list(group) for _, group in sorted(prompt_kinds(_pools()[0]).items())]
+    groups = [list(group) for group in _pools()[0].values() if group]
     for group in groups:
         rng.shuffle(group)
     rng.shuffle(groups)
