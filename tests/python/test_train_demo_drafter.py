@@ -309,6 +309,22 @@ def test_prompts_of_several_lengths_are_generated_per_length(pair):
     assert torch.allclose(corpus.captured, single.captured, rtol=1e-4, atol=1e-5)
 
 
+def test_prompts_of_several_lengths_decode_together_at_their_own_positions(pair):
+    target, drafter, _ = pair
+    prompts = [p[:n] for p, n in zip(distil.random_prompts(
+        7, 9, target.config.vocab_size, drafter.config.mask_token_id, seed=6),
+        (9, 4, 7, 6, 4, 9, 2), strict=True)]
+    # chunks of 3 rows: [2, 4, 4], [6, 7, 9], [9]; a chunk mixes lengths, one holds a single row
+    corpus = distil.generate_corpus_ragged(target, prompts, 20, chunk=3)
+    by_length = sorted(prompts, key=len)
+    assert corpus.starts.tolist() == [len(p) for p in by_length]
+    single = distil.generate_corpus(target, by_length, 20)
+    assert torch.equal(corpus.tokens, single.tokens)
+    assert torch.allclose(corpus.captured, single.captured, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="1 to 19 tokens"):
+        distil.generate_corpus_ragged(target, [prompts[0] * 3], 20)
+
+
 def test_the_corpus_cache_is_read_only_with_the_same_key(pair, tmp_path):
     _, _, corpus = pair
     made = []

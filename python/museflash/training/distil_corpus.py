@@ -157,18 +157,21 @@ def fresh_caches(module: nn.Module, names: tuple[str, ...], batch: int) -> dict[
 
 
 def batched_hidden_states(target, caches: dict[str, torch.Tensor], ids: torch.Tensor,
-                          start: int, capture: tuple[int, ...] = ()):
+                          start: int | torch.Tensor, capture: tuple[int, ...] = ()):
     """`target.hidden_states` of every row of ids [B, T] at positions start..start+T-1, each row
-    with its own caches (`fresh_caches`, written in place). Returns the final hidden state
-    [B, T, H] and the outputs of the `capture` layers, [B, T, H] each."""
-    positions = torch.arange(start, start + ids.shape[1], dtype=torch.int32)
+    with its own caches (`fresh_caches`, written in place); `start` is one int for all rows or
+    a tensor [B], each row's own. Returns the final hidden state [B, T, H] and the outputs of
+    the `capture` layers, [B, T, H] each."""
+    first = torch.as_tensor(start, dtype=torch.int32).reshape(-1, 1)
+    positions = (first + torch.arange(ids.shape[1], dtype=torch.int32)).expand(ids.shape[0], -1)
     method = _Method(target, "hidden_states")
 
-    def one(row_caches, row_ids):
-        hidden, captured = functional_call(method, row_caches, (row_ids[None], positions, capture))
+    def one(row_caches, row_ids, row_positions):
+        hidden, captured = functional_call(method, row_caches,
+                                           (row_ids[None], row_positions, capture))
         return hidden[0], [c[0] for c in captured]
 
-    return vmap(one)(caches, ids)
+    return vmap(one)(caches, ids, positions)
 
 
 def draft_blocks(drafter, features: torch.Tensor, ctx_positions: torch.Tensor,
@@ -239,6 +242,51 @@ def generate_corpus_grouped(target, prompts: list[list[int]], length: int, chunk
         starts.append(part.starts)
         row += len(group)
     return Corpus(torch.cat(tokens), captured, torch.cat(starts))
+
+
+def generate_corpus_ragged(target, prompts: list[list[int]], length: int, chunk: int = 256,
+                           capture_dtype: torch.dtype = torch.float32) -> Corpus:
+    """`generate_corpus_grouped`'s corpus (rows ordered by prompt length, then as given) in far
+    fewer, larger batches: rows of several prompt lengths decode together, each at its own
+    positions. Chunks of `chunk` rows in that order; in a chunk, each prompt length's rows take
+    their prompt in one call, then every row takes one token per call. A row that has reached
+    `length` is fed again at its last position until the chunk's shortest prompt has too; what
+    that call computes is thrown away (its cache is not read again)."""
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    starts = torch.tensor([len(prompts[i]) for i in order], dtype=torch.int64)
+    if len(prompts) and (int(starts[0]) < 1 or int(starts[-1]) >= length):
+        raise ValueError(f"prompts must hold 1 to {length - 1} tokens to be continued to {length}")
+    layers = target.target_layer_ids
+    width = len(layers) * target.config.hidden_size
+    tokens = torch.zeros((len(prompts), length), dtype=torch.int64)
+    captured = torch.empty((len(prompts), length, width), dtype=capture_dtype)
+    with torch.no_grad():
+        for first in range(0, len(prompts), chunk):
+            rows = order[first:first + chunk]
+            lengths = starts[first:first + len(rows)]
+            caches = fresh_caches(target, TARGET_CACHES, len(rows))
+            last = torch.empty((len(rows), 1, target.config.hidden_size))
+            for n in lengths.unique().tolist():  # the rows of one length are consecutive
+                a = int(torch.searchsorted(lengths, n))
+                b = int(torch.searchsorted(lengths, n, right=True))
+                ids = torch.tensor([prompts[i] for i in rows[a:b]])
+                part = {name: cache[a:b] for name, cache in caches.items()}
+                hidden, fed = batched_hidden_states(target, part, ids, 0, layers)
+                tokens[first + a:first + b, :n] = ids
+                captured[first + a:first + b, :n] = torch.cat(fed, dim=-1).to(capture_dtype)
+                last[a:b] = hidden[:, -1:]
+            step_ids = target.logits(last).argmax(dim=-1)
+            positions = lengths.clone()
+            while bool((positions < length).any()):
+                live = (positions < length).nonzero().flatten()
+                tokens[first + live, positions[live]] = step_ids[live, 0]
+                hidden, fed = batched_hidden_states(target, caches, step_ids,
+                                                    positions.clamp(max=length - 1), layers)
+                captured[first + live, positions[live]] = (
+                    torch.cat(fed, dim=-1)[live, 0].to(capture_dtype))
+                step_ids = target.logits(hidden).argmax(dim=-1)
+                positions += 1
+    return Corpus(tokens, captured, starts)
 
 
 def file_sha256(path: Path) -> str:

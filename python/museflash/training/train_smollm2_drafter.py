@@ -44,7 +44,7 @@ from museflash.training.distil_corpus import (
     CORPUS_CAPTURE_DTYPE,
     cached_corpus,
     file_sha256,
-    generate_corpus_grouped,
+    generate_corpus_ragged,
     load_pair,
 )
 from museflash.training.train_demo_drafter import (
@@ -152,13 +152,13 @@ def run(output_dir: Path, *, gguf: Path | None = None, prompts: int = 1280,
                "max_prompt_tokens": max_prompt_tokens, "capture": str(CORPUS_CAPTURE_DTYPE),
                "prompt_ids_sha256": hashlib.sha256(json.dumps(train_ids).encode()).hexdigest()}
         corpus, seconds = cached_corpus(
-            corpus_cache, key, lambda: generate_corpus_grouped(
-                target, train_ids, length, chunk=128, capture_dtype=CORPUS_CAPTURE_DTYPE), log)
+            corpus_cache, key, lambda: generate_corpus_ragged(
+                target, train_ids, length, capture_dtype=CORPUS_CAPTURE_DTYPE), log)
         generated = int((length - corpus.starts).sum())
         report["data"] = {"prompts": len(train_ids), "length": length,
                           "generated_tokens": generated, "generation_seconds": seconds}
         log(f"[train] corpus: {generated} generated tokens in {seconds:.0f} s")
-        held = generate_corpus_grouped(target, heldout_ids, length)
+        held = generate_corpus_ragged(target, heldout_ids, length)
         report["untrained_teacher_forced"] = {
             k: teacher_forced_acceptance(target, drafter, held, k, stride=4)
             for k in EVAL_BLOCKS}
