@@ -296,12 +296,12 @@ def test_line_prompts_are_bos_and_a_definition_line():
                for text in decoded)
 
 
-def test_prompts_of_several_lengths_are_generated_per_length(pair):
+def test_prompts_of_several_lengths_are_generated_in_one_chunk(pair):
     target, drafter, _ = pair
     prompts = [p[:n] for p, n in zip(distil.random_prompts(
         5, 9, target.config.vocab_size, drafter.config.mask_token_id, seed=5),
         (9, 4, 9, 6, 4), strict=True)]
-    corpus = distil.generate_corpus_grouped(target, prompts, 20)
+    corpus = distil.generate_corpus_ragged(target, prompts, 20)  # one chunk of every length
     by_length = sorted(prompts, key=len)
     assert corpus.starts.tolist() == [len(p) for p in by_length]
     single = distil.generate_corpus(target, by_length, 20)

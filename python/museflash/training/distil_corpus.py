@@ -224,34 +224,15 @@ def generate_corpus_batched(target, prompts: list[list[int]], length: int,
                   torch.full((len(prompts),), len(prompts[0])))
 
 
-def generate_corpus_grouped(target, prompts: list[list[int]], length: int, chunk: int = 512,
-                            capture_dtype: torch.dtype = torch.float32) -> Corpus:
-    """`generate_corpus_batched` for prompts of several lengths: one batched generation per
-    prompt length (rows ordered by prompt length, then as given), each row's `starts` its own
-    prompt length. The encoder inputs go straight into one [N, length, width] tensor."""
-    by_length: dict[int, list[list[int]]] = {}
-    for prompt in prompts:
-        by_length.setdefault(len(prompt), []).append(prompt)
-    width = len(target.target_layer_ids) * target.config.hidden_size
-    captured = torch.empty((len(prompts), length, width), dtype=capture_dtype)
-    tokens, starts, row = [], [], 0
-    for _, group in sorted(by_length.items()):
-        part = generate_corpus_batched(target, group, length, chunk, capture_dtype)
-        captured[row:row + len(group)] = part.captured
-        tokens.append(part.tokens)
-        starts.append(part.starts)
-        row += len(group)
-    return Corpus(torch.cat(tokens), captured, torch.cat(starts))
-
-
 def generate_corpus_ragged(target, prompts: list[list[int]], length: int, chunk: int = 256,
                            capture_dtype: torch.dtype = torch.float32) -> Corpus:
-    """`generate_corpus_grouped`'s corpus (rows ordered by prompt length, then as given) in far
-    fewer, larger batches: rows of several prompt lengths decode together, each at its own
-    positions. Chunks of `chunk` rows in that order; in a chunk, each prompt length's rows take
-    their prompt in one call, then every row takes one token per call. A row that has reached
-    `length` is fed again at its last position until the chunk's shortest prompt has too; what
-    that call computes is thrown away (its cache is not read again)."""
+    """`generate_corpus_batched` for prompts of several lengths, rows ordered by prompt length
+    (then as given), each row's `starts` its own prompt length: rows of several prompt lengths
+    decode together, each at its own positions. Chunks of `chunk` rows in that order; in a
+    chunk, each prompt length's rows take their prompt in one call, then every row takes one
+    token per call. A row that has reached `length` is fed again at its last position until the
+    chunk's shortest prompt has too; what that call computes is thrown away (its cache is not
+    read again). The encoder inputs go straight into one [N, length, width] tensor."""
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     starts = torch.tensor([len(prompts[i]) for i in order], dtype=torch.int64)
     if len(prompts) and (int(starts[0]) < 1 or int(starts[-1]) >= length):

@@ -17,10 +17,11 @@ Data: prompts from the TRAINING files of the target's corpus (train_demo's split
 `<bos>` + text + `<eos>` per file, as the target saw them) of two kinds: windows at random
 places (`document_prompts`), and `<bos>` + a function or class header line (`line_prompts`:
 the shape of a prompt a user types, `def fibonacci(n):`, whose continuation starts a sequence).
-Each is continued greedily by the target itself to one length (eager torch, fp32, batched with
-`generate_corpus_batched` per prompt length, checked token-for-token against the
-one-sequence-at-a-time `generate_corpus` at every run); `--corpus-cache` keeps the result for
-later runs with the same settings (and for //:train_demo_dflash2). For an anchor position a of
+Each is continued greedily by the target itself to one length (eager torch, fp32, rows of every
+prompt length batched together with `generate_corpus_ragged`; the batched path is checked
+token-for-token against the one-sequence-at-a-time `generate_corpus` at every run);
+`--corpus-cache` keeps the result for later runs with the same settings (and for
+//:train_demo_dflash2). For an anchor position a of
 a continuation the drafter sees what it sees at run time: the target features injected for the
 context positions inside its window (fewer near the prompt's start), and the block
 [token_a, MASK x (K-1)]; it learns to predict the target's next K-1 tokens.
@@ -83,7 +84,7 @@ from museflash.training.distil_corpus import (
     draft_blocks,
     file_sha256,
     generate_corpus_batched,
-    generate_corpus_grouped,
+    generate_corpus_ragged,
     line_prompts,
     load_pair,
 )
@@ -514,7 +515,7 @@ def distillation_data(target, target_dir: Path, split: Split, *, sequences: int,
     """The training corpus: `sequences` windows of `prompt_length` tokens at random places of
     the training files and `line_prompts_count` prompts `<bos>` + a definition line of a
     training file (at most `prompt_length` tokens), every row continued greedily by `target`
-    to prompt_length + continuation tokens in all (generated once per prompt length;
+    to prompt_length + continuation tokens in all (rows of every prompt length batched;
     `corpus_cache` keeps it between runs). And the held-out prompts of both kinds."""
     from museflash.training.train_demo import BOS_ID
 
@@ -535,8 +536,8 @@ def distillation_data(target, target_dir: Path, split: Split, *, sequences: int,
            "length": length, "seed": seed, "target_layer_ids": list(target.target_layer_ids)}
     corpus, seconds = cached_corpus(
         corpus_cache, key,
-        lambda: generate_corpus_grouped(target, train_prompts, length,
-                                        capture_dtype=CORPUS_CAPTURE_DTYPE), log)
+        lambda: generate_corpus_ragged(target, train_prompts, length,
+                                       capture_dtype=CORPUS_CAPTURE_DTYPE), log)
     generated = int((length - corpus.starts).sum())
     report = {"sequences": sequences, "line_prompts": line_prompts_count,
               "prompt_length": prompt_length, "continuation": continuation,

@@ -86,8 +86,9 @@ def chat_ids(target_dir: Path, texts: list[str], max_tokens: int | None = None) 
 
 def fewest_lengths(prompts: list[list[int]], count: int, per_length: int) -> list[list[int]]:
     """`count` of `prompts` (fewer when there are not as many), at most `per_length` of one
-    token length, taken from the most common lengths first: the target generates a whole batch
-    per prompt length, so a few large groups cost far less than many small ones."""
+    token length, taken from the most common lengths first. The held-out set is drawn this way
+    (it was cheaper when generation ran one batch per prompt length), so the teacher-forced
+    figures of every drafter so far are on the same 48 prompts."""
     by_length: dict[int, list[list[int]]] = {}
     for prompt in prompts:
         by_length.setdefault(len(prompt), []).append(prompt)
