@@ -127,3 +127,49 @@ def test_constants_deduplicate_as_coremltools_groups_them_with_placeholders_read
     # The equal rows and the materialised copy are one constant; a row moved by 1e-4 hashes
     # apart (the key is its first values) before tolerance is consulted.
     assert sorted(len(found) for found in ours.values()) == [0, 0, 2]
+
+
+
+def _upstream_constexprs_after_a_rewrite(replace: bool) -> list[set[str]]:
+    """x + w with w from a constexpr op, as coremltools marks the sum's constexpr ancestors:
+    built, then after a pass-like rewrite in the block's context (w replaced by a const and
+    its op removed, when `replace`; nothing changed otherwise)."""
+    from coremltools.converters.mil import Builder as mb
+
+    @mb.program(input_specs=[mb.TensorSpec(shape=(4,))], opset_version=ct.target.iOS18)
+    def program(x):
+        w = mb.constexpr_blockwise_shift_scale(data=np.full(4, 2, np.int8),
+                                               scale=np.ones(4, np.float32))
+        return mb.add(x=x, y=w)
+
+    block = program.functions["main"]
+    (constexpr,) = block.find_ops(op_type="constexpr_blockwise_shift_scale")
+    (add,) = block.find_ops(op_type="add")
+
+    def marked():
+        return {var.op.op_type for var in add.outputs[0].nonreplaceable_vars_upstream}
+
+    built = marked()
+    with block:
+        if replace:
+            const = mb.const(val=np.full(4, 2.0, np.float32), before_op=constexpr)
+            block.replace_uses_of_var_after_op(anchor_op=constexpr, old_var=constexpr.outputs[0],
+                                               new_var=const, force_replace=True)
+            block.remove_ops([constexpr])
+    return [built, marked()]
+
+
+@pytest.mark.parametrize("replace", [True, False], ids=["constexpr-replaced", "constexpr-kept"])
+def test_constexpr_tracking_is_skipped_only_where_it_changes_nothing(replace):
+    """coreml_patches.constexpr_tracking_skipped_without_constexpr: coremltools marks what lies
+    downstream of a constexpr op as not replaceable by a var that does not, and re-marks the
+    block when its context closes. With the shortcut the marks must be coremltools' own: a sum
+    whose constexpr input a rewrite removed is re-marked free (no constexpr op is left, but a
+    stale mark is), and one whose input stays keeps its mark."""
+    from museflash.export.coreml_patches import constexpr_tracking_skipped_without_constexpr
+
+    expected = _upstream_constexprs_after_a_rewrite(replace)
+    with constexpr_tracking_skipped_without_constexpr():
+        assert _upstream_constexprs_after_a_rewrite(replace) == expected
+    kept = {"constexpr_blockwise_shift_scale"}
+    assert expected == [kept, set() if replace else kept]

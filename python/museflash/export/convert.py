@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from contextlib import nullcontext
+from contextlib import ExitStack
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +12,8 @@ import torch
 
 from museflash.bundle import INT32_OUTPUTS, OutputName
 from museflash.export.coreml_patches import (
+    block_text_skipped_in_reduce_transposes,
+    constexpr_tracking_skipped_without_constexpr,
     placeholders_handled_by_row,
     placeholders_written_compactly,
     validated_once_per_pipeline,
@@ -66,12 +68,14 @@ def convert(
     outputs: list[str],
     module: torch.nn.Module,
     state_names: tuple[str, ...],
-    validate_every_pass: bool = False,
+    plain_passes: bool = False,
     compact_placeholders: bool = True,
 ):
     """The program as a single-function ML program package. `compact_placeholders` writes the
     module's placeholders as one row each, which only this exporter's merge reads: pass False
-    for a package coremltools itself must load back."""
+    for a package coremltools itself must load back. `plain_passes` runs coremltools' pass
+    pipelines as shipped, without the shortcuts of export/coreml_patches.py (the benchmark's
+    naive path, which checks that they change nothing)."""
     import coremltools as ct
 
     from museflash.export import kv_ops  # noqa: F401  (registers the custom KV op's converter)
@@ -90,9 +94,14 @@ def convert(
         )
         for n in state_names
     ]
-    with nullcontext() if validate_every_pass else validated_once_per_pipeline(), \
-            placeholders_written_compactly(module) if compact_placeholders else nullcontext(), \
-            placeholders_handled_by_row() if compact_placeholders else nullcontext():
+    with ExitStack() as patches:
+        if not plain_passes:
+            patches.enter_context(validated_once_per_pipeline())
+            patches.enter_context(constexpr_tracking_skipped_without_constexpr())
+            patches.enter_context(block_text_skipped_in_reduce_transposes())
+        if compact_placeholders:
+            patches.enter_context(placeholders_written_compactly(module))
+            patches.enter_context(placeholders_handled_by_row())
         return ct.convert(
             program,
             pass_pipeline=_pass_pipeline(outputs),

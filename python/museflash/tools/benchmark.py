@@ -217,7 +217,7 @@ def naive_export(checkpoints: Path, output: Path, context: int | None = None) ->
                                               function.example_args)
                 model = convert(program.run_decompositions({}), function.inputs,
                                 function.outputs, module, asset.states,
-                                validate_every_pass=True, compact_placeholders=False)
+                                plain_passes=True, compact_placeholders=False)
                 part = output / f"{function.name}.part.mlpackage"
                 model.save(str(part))
                 descriptor.add_function(str(part), src_function_name="main",
