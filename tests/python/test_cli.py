@@ -66,6 +66,18 @@ def test_cli_help_lists_its_flags(module, flag):
     assert flag is None or flag in result.stdout
 
 
+@pytest.mark.parametrize("module", ["export_main", "generate_main", "verify_main"])
+def test_the_users_commands_define_their_flags_without_torch(module):
+    """export, generate and verify load torch and the exporter or runtime only once they run:
+    their --help and a mistyped flag answer in a fraction of a second, not the seconds torch
+    takes to import."""
+    probe = (f"import sys, museflash.cli.{module}; "
+             "print(sorted({'torch', 'coremltools'} & set(sys.modules)))")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                            check=True)
+    assert result.stdout.strip() == "[]", result.stdout
+
+
 @pytest.mark.parametrize("module", ["export_main", "demo_checkpoint_main", "verify_main"])
 def test_an_unknown_flag_is_one_line_and_status_2(module):
     result = _run(module, "--no-such-flag=3")

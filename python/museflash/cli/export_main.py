@@ -18,15 +18,14 @@ import traceback
 from absl import flags, logging
 
 from museflash.bundle import BUILTIN_PAIRS
-from museflash.checkpoint.tensor_files import CheckpointError
 from museflash.cli.command import run_command
-from museflash.export.options import ExportError, ExportOptions
-from museflash.export.pipeline import export_bundle
-from museflash.export.plan import DEFAULT_NUM_DRAFT_TOKENS
+from museflash.export.options import DEFAULT_NUM_DRAFT_TOKENS, ExportError, ExportOptions
 from museflash.export.progress import log_path_for, quiet_console
 from museflash.export.publish import OutputDirError
-from museflash.models.dflash import DrafterTargetMismatchError
 from museflash.paths import resolve_user_path
+
+# torch and the exporter load when an export runs (in _export), not when the flags are defined:
+# --help and a mistyped flag answer at once.
 
 flags.DEFINE_string("checkpoint", None, "Target checkpoint directory (Hugging Face layout).")
 flags.DEFINE_string("drafter-checkpoint", None, "Drafter checkpoint directory.")
@@ -83,7 +82,6 @@ flags.DEFINE_string("kv-write", "blend",
                     "sliding rings use the blend either way. See docs/kv-write.md.")
 
 FLAGS = flags.FLAGS
-USER_ERRORS = (ExportError, OutputDirError, CheckpointError, DrafterTargetMismatchError)
 
 
 def options_from_flags() -> ExportOptions:
@@ -144,9 +142,13 @@ def main(argv: list[str]) -> int:
 def _export(options: ExportOptions, keep_traceback: bool) -> tuple[int, str] | None:
     """None on success, else (exit status, one line): 2 for a problem with the input, 1 for
     an internal failure (its traceback goes to stderr, which is the log when quiet)."""
+    from museflash.checkpoint.tensor_files import CheckpointError
+    from museflash.export.pipeline import export_bundle
+    from museflash.models.dflash import DrafterTargetMismatchError
+
     try:
         export_bundle(options)
-    except USER_ERRORS as error:
+    except (ExportError, OutputDirError, CheckpointError, DrafterTargetMismatchError) as error:
         return 2, f"export: error: {error}"
     except Exception as error:
         if not keep_traceback:

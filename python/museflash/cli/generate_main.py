@@ -23,22 +23,18 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import TYPE_CHECKING
 
 from absl import flags, logging
 
-from museflash.checkpoint.tensor_files import CheckpointError
 from museflash.cli.command import run_command
 from museflash.paths import resolve_user_path
-from museflash.runtime.chat import CONTEXT_POLICIES, REFUSE, ChatError, read_messages
-from museflash.runtime.generate import (
-    BACKENDS,
-    GenerateError,
-    GenerateOptions,
-    generate,
-    open_chat,
-    turn_summary,
-)
-from museflash.runtime.speculative import DEFAULT_LOOKUP_MIN_MATCH
+from museflash.runtime.choices import BACKENDS, CONTEXT_POLICIES, DEFAULT_LOOKUP_MIN_MATCH, REFUSE
+
+# The runtime (and torch) load in main, once the flags are known to be good: --help and a
+# mistyped flag answer at once.
+if TYPE_CHECKING:
+    from museflash.runtime.generate import GenerateOptions
 
 flags.DEFINE_string("export-dir", "exported", "Export directory (holds metadata.json).")
 flags.DEFINE_string("prompt", None, "Text to continue.")
@@ -84,6 +80,10 @@ def main(argv: list[str]) -> int:
         print("generate: error: --system is the system prompt of --messages or --chat",
               file=sys.stderr)
         return 2
+    from museflash.checkpoint.tensor_files import CheckpointError
+    from museflash.runtime.chat import ChatError
+    from museflash.runtime.generate import GenerateError, GenerateOptions, generate
+
     options = GenerateOptions(
         export_dir=resolve_user_path(FLAGS["export-dir"].value),
         prompt=FLAGS.prompt or "",
@@ -130,6 +130,9 @@ def main(argv: list[str]) -> int:
 
 def _chat(options: GenerateOptions, as_json: bool, write, say) -> int:
     """--messages or --chat; the replies stream as text, or one JSON object at the end."""
+    from museflash.runtime.chat import read_messages
+    from museflash.runtime.generate import open_chat, turn_summary
+
     script = read_messages(resolve_user_path(FLAGS.messages)) if FLAGS.messages else None
     chat = open_chat(options)
     show = None if as_json else write

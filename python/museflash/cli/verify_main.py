@@ -11,12 +11,15 @@ Relative paths resolve against the directory Bazel was run from.
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 from absl import flags, logging
 
-from museflash.checks.verify import VerifyOptions, run_verify
 from museflash.cli.command import run_command
 from museflash.paths import resolve_user_path
+
+if TYPE_CHECKING:  # checks.verify imports torch: it loads when verify runs, not for --help
+    from museflash.checks.verify import VerifyOptions
 
 flags.DEFINE_string("export-dir", None, "Export directory (holds metadata.json).")
 flags.DEFINE_integer("prompt-tokens", None,
@@ -31,6 +34,8 @@ FLAGS = flags.FLAGS
 
 
 def options_from_flags() -> VerifyOptions:
+    from museflash.checks.verify import VerifyOptions
+
     return VerifyOptions(
         export_dir=resolve_user_path(FLAGS["export-dir"].value),
         prompt_tokens=FLAGS["prompt-tokens"].value,
@@ -50,6 +55,8 @@ def main(argv: list[str]) -> int:
         return 2
     # coremltools logs graph passes at INFO through absl's handler; keep the figures readable.
     logging.set_verbosity(logging.WARNING)
+    from museflash.checks.verify import run_verify
+
     return run_verify(options_from_flags())
 
 

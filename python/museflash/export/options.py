@@ -1,4 +1,7 @@
-"""What the user asked the export to do, and the checks that need nothing but the flags."""
+"""What the user asked the export to do, and the checks that need nothing but the flags.
+
+It imports no torch, so the command line can define its flags and answer --help at once.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +9,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from museflash.bundle import BUILTIN_PAIRS, KVWrite
-from museflash.checkpoint.gguf import is_gguf
 from museflash.compression import PRESETS
 
 DEFAULT_CONTEXT_LENGTH = 512
+# Tokens drafted per step when --num-draft-tokens is not given (capped by the drafter's
+# block_size - 1). Chosen by measurement (docs/benchmarks.md, //:demo_figures): on both demo
+# pairs k = 7 decoded fastest on the Python export backend, and on the Swift engine for v1;
+# k = 15 was slower on every engine, because a 16-token main costs far more than it returns.
+# Third-party MLX figures for the real DFlash2 pair agree: block 5 faster than block 16.
+DEFAULT_NUM_DRAFT_TOKENS = 7
 
 
 class ExportError(ValueError):
@@ -100,6 +108,8 @@ def check_flag_rules(options: ExportOptions) -> None:
             raise ExportError(f"--{name.replace('_', '-')} must be at least 1")
     if options.max_context_length is not None:
         check_context_length(options.max_context_length, options.prefill_length)
+    from museflash.checkpoint.gguf import is_gguf  # imports torch
+
     if is_gguf(options.checkpoint):
         if not Path(options.checkpoint).is_file():
             raise ExportError(f"--checkpoint {options.checkpoint}: GGUF file not found")

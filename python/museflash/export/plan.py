@@ -34,6 +34,7 @@ from museflash.compression import CompressionError, Rule, Scheme, preset_rules, 
 from museflash.export.fp16_range import GraphNumerics
 from museflash.export.options import (
     DEFAULT_CONTEXT_LENGTH,
+    DEFAULT_NUM_DRAFT_TOKENS,
     ExportError,
     ExportOptions,
     check_context_length,
@@ -230,12 +231,6 @@ def compression_plan(options: ExportOptions, target_dir: Path,
     return CompressionPlan(preset, rules, schemes)
 
 
-# Tokens drafted per step when --num-draft-tokens is not given (capped by the drafter's
-# block_size - 1). Chosen by measurement (docs/benchmarks.md, //:demo_figures): on both demo
-# pairs k = 7 decoded fastest on the Python export backend, and on the Swift engine for v1;
-# k = 15 was slower on every engine, because a 16-token main costs far more than it returns.
-# Third-party MLX figures for the real DFlash2 pair agree: block 5 faster than block 16.
-DEFAULT_NUM_DRAFT_TOKENS = 7
 
 
 def speculative_decoding(

@@ -26,12 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from museflash.checkpoint.chat_template import ChatTemplateError, read_chat_template, render_chat
+from museflash.runtime.choices import CONTEXT_POLICIES, DROP_OLDEST, REFUSE
 from museflash.runtime.speculative import DecodeResult, DecodeSession
 
 ROLES = ("system", "user", "assistant")
-REFUSE = "refuse"
-DROP_OLDEST = "drop-oldest"
-CONTEXT_POLICIES = (REFUSE, DROP_OLDEST)
 
 
 class ChatError(ValueError):

@@ -26,11 +26,11 @@ from museflash.bundle import (
     FunctionName,
     Metadata,
 )
-from museflash.runtime.chat import REFUSE, Chat, ChatError, ChatTemplate, Turn
+from museflash.runtime.chat import Chat, ChatError, ChatTemplate, Turn
+from museflash.runtime.choices import BACKENDS, DEFAULT_LOOKUP_MIN_MATCH, REFUSE
 from museflash.runtime.package_check import PackageError, check_packages
 from museflash.runtime.sampling import Sampling
 from museflash.runtime.speculative import (
-    DEFAULT_LOOKUP_MIN_MATCH,
     DecodeResult,
     DecodeSession,
     EagerDrafter,
@@ -42,8 +42,6 @@ from museflash.runtime.speculative import (
     speculative_generate,
     target_only_generate,
 )
-
-BACKENDS = ("export", "eager")
 
 
 class GenerateError(ValueError):

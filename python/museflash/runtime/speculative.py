@@ -50,6 +50,7 @@ from museflash.bundle import (
     Metadata,
     OutputName,
 )
+from museflash.runtime.choices import DEFAULT_LOOKUP_MIN_MATCH
 from museflash.runtime.interpreter import Interpreter, load_interpreters
 from museflash.runtime.sampling import Sampling, accept_drafts, probabilities, sample
 
@@ -238,10 +239,6 @@ class EagerDrafter:
 
 LOOKUP_MAX_MATCH = 8  # the longest context ending compared when looking up a proposal
 LOOKUP_WINDOW = 1024  # earlier occurrences are looked for among the newest this many tokens
-# A step copies from the context when its last DEFAULT_LOOKUP_MIN_MATCH tokens occurred before;
-# chosen by //:demo_figures (docs/benchmarks.md). The Swift engine's GenerationOptions default
-# is the same number (checked by tests/runtime's goldens).
-DEFAULT_LOOKUP_MIN_MATCH = 2
 
 
 def lookup_proposal(context: list[int], count: int, min_match: int) -> list[int] | None:
