@@ -128,7 +128,8 @@ def test_verify_passes_on_the_default_demo_dflash2_export(tmp_path):
 
     out = tmp_path / "exported"
     export_bundle(ExportOptions(output_dir=out, builtin="demo-dflash2", fused_target=True,
-                                dflash_drafter=True), Progress(echo=lambda _: None))
+                                dflash_drafter=True, conversion_processes=1),
+                  Progress(echo=lambda _: None))
     lines = []
     status = run_verify(VerifyOptions(export_dir=out, echo=lines.append))
     print("\n".join(lines))

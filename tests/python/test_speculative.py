@@ -64,7 +64,8 @@ def bundle(tmp_path_factory):
     out = work / "bundle"
     export_bundle(ExportOptions(output_dir=out, checkpoint=target_dir, drafter_checkpoint=fitted,
                                 fused_target=True, dflash_drafter=True, max_context_length=64,
-                                prefill_length=8), Progress(echo=lambda _: None))
+                                prefill_length=8, conversion_processes=1),
+                  Progress(echo=lambda _: None))
     return {"dir": out, "work": work, "target_dir": target_dir, "drafter_dir": fitted}
 
 

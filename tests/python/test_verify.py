@@ -163,7 +163,8 @@ def test_zlab_layout_drafter_exports_and_verifies(tmp_path):
     out = tmp_path / "bundle"
     export_bundle(ExportOptions(output_dir=out, checkpoint=target_dir,
                                 drafter_checkpoint=drafter_dir, fused_target=True,
-                                dflash_drafter=True, max_context_length=64, prefill_length=8),
+                                dflash_drafter=True, max_context_length=64, prefill_length=8,
+                                conversion_processes=1),
                   Progress(echo=lambda _: None))
     status, lines = _verify(out, new_tokens=16)
     assert status == 0
