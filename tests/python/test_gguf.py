@@ -71,6 +71,27 @@ def test_every_smollm2_tensor_equals_transformers_gguf_loader(smollm2, transform
     assert kinds == {"Q4_1", "Q8_0", "F32"}
 
 
+def test_the_header_parse_reads_what_the_plain_gguf_reader_reads(smollm2):
+    """checkpoint.gguf.open_reader parses the header through a plain view of the mapping: every
+    field (key, parts, types) and every tensor (name, type, shape, bytes) must be the plain
+    gguf.GGUFReader's."""
+    import gguf
+
+    plain, ours = gguf.GGUFReader(str(smollm2.path), "r"), smollm2._reader
+    assert list(ours.fields) == list(plain.fields)
+    for name, field in plain.fields.items():
+        mine = ours.fields[name]
+        assert (mine.offset, mine.data, mine.types) == (field.offset, field.data, field.types)
+        assert len(mine.parts) == len(field.parts), name
+        assert all(a.dtype == b.dtype and np.array_equal(a, b)
+                   for a, b in zip(mine.parts, field.parts, strict=True)), name
+    assert [(t.name, t.tensor_type, t.shape.tolist(), t.data_offset) for t in ours.tensors] == \
+        [(t.name, t.tensor_type, t.shape.tolist(), t.data_offset) for t in plain.tensors]
+    assert all(np.array_equal(a.data, b.data)
+               for a, b in zip(ours.tensors, plain.tensors, strict=True))
+    assert not ours.tensors[0].data.flags.writeable
+
+
 def test_the_smollm2_config_equals_transformers(smollm2, transformers_smollm2):
     reference = transformers_smollm2[0].config.to_dict()
     for field in CONFIG_FIELDS:
