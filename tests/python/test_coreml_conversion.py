@@ -129,7 +129,6 @@ def test_constants_deduplicate_as_coremltools_groups_them_with_placeholders_read
     assert sorted(len(found) for found in ours.values()) == [0, 0, 2]
 
 
-
 def _upstream_constexprs_after_a_rewrite(replace: bool) -> list[set[str]]:
     """x + w with w from a constexpr op, as coremltools marks the sum's constexpr ancestors:
     built, then after a pass-like rewrite in the block's context (w replaced by a const and

@@ -231,8 +231,6 @@ def compression_plan(options: ExportOptions, target_dir: Path,
     return CompressionPlan(preset, rules, schemes)
 
 
-
-
 def speculative_decoding(
     drafter_raw: dict[str, Any],
     drafter_cfg: DFlashConfig,
