@@ -3,7 +3,12 @@ import stat
 
 import pytest
 
-from museflash.export.publish import OutputDirError, check_destination, publish_directory
+from museflash.export.publish import (
+    OutputDirError,
+    check_destination,
+    publish_directories,
+    publish_directory,
+)
 
 
 def _snapshot(root):
@@ -128,3 +133,27 @@ def test_everything_is_flushed_to_disk_before_the_swap(tmp_path, monkeypatch):
                                   ("fsync", f"{name}/pkg/Data/weight.bin")]
     assert events[2:] == [("fsync", f"{name}/pkg/Data"), ("fsync", f"{name}/pkg"),
                           ("fsync", name), ("swap",), ("fsync", ".")]
+
+
+def test_several_destinations_are_published_together(tmp_path):
+    first, second = tmp_path / "fp16", tmp_path / "4bit"
+    with publish_directories([first, second]) as stagings:
+        for staging, text in zip(stagings, ("a", "b"), strict=True):
+            (staging / "metadata.json").write_text(text)
+    assert (first / "metadata.json").read_text() == "a"
+    assert (second / "metadata.json").read_text() == "b"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["4bit", "fp16"]
+
+
+def test_none_is_published_when_a_later_destination_became_unusable(tmp_path):
+    """Every destination is checked again before the first is swapped in: the second one
+    filled up while the export ran, so neither is published and nothing is staged."""
+    first, second = tmp_path / "fp16", tmp_path / "4bit"
+    with pytest.raises(OutputDirError, match="4bit is not empty"):
+        with publish_directories([first, second]) as stagings:
+            for staging in stagings:
+                (staging / "metadata.json").write_text("new")
+            second.mkdir()
+            (second / "theirs.txt").write_text("keep")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["4bit"]
+    assert [p.name for p in second.iterdir()] == ["theirs.txt"]

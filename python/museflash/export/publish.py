@@ -83,17 +83,36 @@ def publish_directory(destination: Path, overwrite: bool = False) -> Iterator[Pa
     On any exception (KeyboardInterrupt included) the staging directory is removed and the
     destination is untouched.
     """
-    destination = Path(destination).absolute()
-    check_destination(destination, overwrite)
-    staging = Path(tempfile.mkdtemp(prefix=f".{destination.name}.staging-", dir=destination.parent))
-    try:
+    with publish_directories([destination], overwrite) as (staging,):
         yield staging
-        make_readable_by_all(staging)
-        sync_tree(staging)
-        _swap_in(staging, destination, overwrite)
-        _sync(destination.parent)
+
+
+@contextlib.contextmanager
+def publish_directories(destinations: list[Path], overwrite: bool = False
+                        ) -> Iterator[list[Path]]:
+    """`publish_directory` for several destinations at once: one staging directory each, and
+    none is swapped in until every one is complete and every destination checked again."""
+    destinations = [Path(d).absolute() for d in destinations]
+    for destination in destinations:
+        check_destination(destination, overwrite)
+    stagings: list[Path] = []
+    try:
+        for destination in destinations:
+            stagings.append(Path(tempfile.mkdtemp(prefix=f".{destination.name}.staging-",
+                                                  dir=destination.parent)))
+        yield list(stagings)
+        for staging in stagings:
+            make_readable_by_all(staging)
+            sync_tree(staging)
+        # Checked again: a destination may have appeared while the export ran.
+        for destination in destinations:
+            check_destination(destination, overwrite)
+        for staging, destination in zip(stagings, destinations, strict=True):
+            _swap_in(staging, destination, overwrite)
+            _sync(destination.parent)
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        for staging in stagings:  # those already swapped in are gone from here
+            shutil.rmtree(staging, ignore_errors=True)
         raise
 
 
