@@ -26,6 +26,7 @@ from museflash.bundle import (
     DrafterKind,
     FunctionName,
     FunctionRole,
+    Metadata,
     OutputName,
 )
 from museflash.checkpoint.configs import check_configs
@@ -73,6 +74,28 @@ def test_flag_rules_fail_before_any_work(tmp_path, flags, message):
     with pytest.raises(ExportError, match=message) as caught:
         check_flag_rules(options)
     assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize(("also", "message"), [
+    ((("3bit", "b"),), r"--also-export 3bit=.*: '3bit' is not a preset; choose one of"),
+    ((("none", "b"),), r"--also-export none=.*: a none bundle is already being written"),
+    ((("4bit", "b"), ("4bit", "c")), r"--also-export 4bit=.*c: a 4bit bundle is already"),
+    ((("4bit", "out"),), r"out is already the directory of --output-dir"),
+    ((("4bit", "b"), ("8bit", "b")), r"--also-export 8bit=.*b is already the directory of "
+                                     r"--also-export 4bit="),
+])
+def test_also_export_rules_fail_before_any_work(tmp_path, also, message):
+    options = ExportOptions(output_dir=tmp_path / "out", builtin="tiny", fused_target=True,
+                            also_export=tuple((p, tmp_path / d) for p, d in also))
+    with pytest.raises(ExportError, match=message) as caught:
+        check_flag_rules(options)
+    assert "\n" not in str(caught.value)
+
+
+def test_also_export_may_add_an_uncompressed_bundle_to_a_compressed_one(tmp_path):
+    check_flag_rules(ExportOptions(output_dir=tmp_path / "out", builtin="tiny", compression="4bit",
+                                   also_export=(("none", tmp_path / "fp16"),
+                                                ("8bit", tmp_path / "int8"))))
 
 
 def test_only_one_of_the_two_checkpoints_is_refused(tmp_path):
@@ -132,6 +155,17 @@ def test_cli_prints_a_one_line_error_and_exits_2(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # no output, no console log
 
 
+@pytest.mark.parametrize("value", ["4bit", "=b", "4bit="])
+def test_cli_refuses_an_also_export_that_is_not_preset_equals_dir(tmp_path, value):
+    result = _export_cli(f"--also-export={value}", f"--output-dir={tmp_path / 'out'}",
+                         cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        f"export: error: --also-export {value!r} is not PRESET=DIR; give a compression preset "
+        "and a directory, e.g. 4bit=exported-4bit"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
 def test_cli_names_an_out_of_range_token_id_in_one_line(tmp_path):
     target_dir, drafter_dir = _write_pair(tmp_path)
     config = json.loads((drafter_dir / "config.json").read_text())
@@ -154,12 +188,18 @@ def cli_export(tmp_path_factory):
     """(working directory, output, result) of one export of the tiny pair through the command
     line, which the `bundle` tests below read as well: one export for both. Two converting
     processes whatever the machine's core count (the default takes at most the CPU count),
-    so the helper's progress lines are there to check."""
+    so the helper's progress lines are there to check. The bundle read is written by
+    --also-export none beside an 8-bit --output-dir (the tiny pair has no weight large enough
+    to compress, so only the metadata tells the two apart): one conversion, two bundles, and
+    test_the_same_export_in_another_process_is_byte_identical holds the also-exported one to
+    the build's own export of the pair."""
     cwd = tmp_path_factory.mktemp("export")
     out = cwd / "bundle"
     result = _export_cli("--builtin=tiny", "--fused-target", "--dflash-drafter",
                          "--conversion-processes=2", "--max-context-length=64",
-                         "--prefill-length=8", f"--output-dir={out}", cwd=cwd)
+                         "--prefill-length=8", "--compression=8bit",
+                         f"--output-dir={cwd / 'bundle-8bit'}", f"--also-export=none={out}",
+                         cwd=cwd)
     return cwd, out, result
 
 
@@ -168,9 +208,12 @@ def test_cli_success_prints_only_stage_lines_and_removes_its_log(cli_export):
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.splitlines()
     assert lines and all(line.startswith("[export] ") for line in lines), result.stdout
+    assert lines[-2].startswith(f"[export] wrote {cwd / 'bundle-8bit'}")
     assert lines[-1].startswith(f"[export] wrote {out}")
-    assert (out / "metadata.json").is_file()
-    assert sorted(p.name for p in cwd.iterdir()) == ["bundle"]  # no bundle.export.log
+    assert Metadata.read(cwd / "bundle-8bit").compression.preset == "8bit"
+    assert Metadata.read(out).compression is None
+    # No bundle-8bit.export.log, and no staging directory left.
+    assert sorted(p.name for p in cwd.iterdir()) == ["bundle", "bundle-8bit"]
 
 
 def test_cli_internal_failure_keeps_the_log_and_prints_its_path(tmp_path, monkeypatch, capfd):
@@ -416,8 +459,36 @@ def test_failure_mid_export_leaves_nothing_behind(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="injected failure"):
         export_bundle(ExportOptions(output_dir=out, builtin="tiny",
                                     fused_target=True, dflash_drafter=True,
-                                    conversion_processes=2), _Silent())
+                                    conversion_processes=2,
+                                    also_export=(("8bit", tmp_path / "also"),)), _Silent())
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_failed_merge_publishes_none_of_the_bundles(tmp_path, monkeypatch):
+    """With --also-export, a failure after the first bundle is merged publishes neither, and
+    every staging directory is removed (publish.publish_directories)."""
+    merged = []
+    merge = pipeline_module.merge
+
+    def merge_once(run, *args):
+        if merged:
+            raise RuntimeError("injected failure in the second merge")
+        merged.append(run.options.output_dir)
+        return merge(run, *args)
+
+    monkeypatch.setattr(pipeline_module, "merge", merge_once)
+    monkeypatch.setattr(pipeline_module, "convert_function", _convert_nothing)
+    monkeypatch.setattr(pipeline_module, "merge_packages", lambda *args: {})
+    with pytest.raises(RuntimeError, match="second merge"):
+        export_bundle(ExportOptions(output_dir=tmp_path / "out", builtin="tiny",
+                                    conversion_processes=1,
+                                    also_export=(("8bit", tmp_path / "also"),)), _Silent())
+    assert merged == [tmp_path / "out"]
+    assert list(tmp_path.iterdir()) == []
+
+
+def _convert_nothing(module, asset, function, part, *_args, **_kwargs):
+    part.mkdir()
 
 
 def test_failure_keeps_an_existing_export_intact(tmp_path, monkeypatch):
@@ -507,8 +578,10 @@ def test_progress_has_one_line_per_stage(bundle):
     assert stages.count("audit") == 1  # the fp16 range audit, with its scales
     audit = next(line for line in stage_lines if line.startswith("[export] audit"))
     assert re.search(r"scale 1; drafter peak [\d.e+]+, scale 1;", audit)  # tiny: no scaling
-    assert stages.count("trace") == stages.count("convert") == 4
-    assert stages.count("save") == 1  # one package: the target's, with the drafter's functions
+    assert stages.count("trace") == stages.count("convert") == 4  # once for both bundles
+    # One package per bundle: the target's, with the drafter's functions.
+    assert [line.split(":")[0] for line in stage_lines if " save " in line] == [
+        "[export] save (target.mlpackage)", "[export] save (target.mlpackage, none)"]
     converted = [re.search(r"convert \(([\w.]+)", line).group(1) for line in stage_lines
                  if line.startswith("[export] convert")]
     assert sorted(converted) == ["dflash_drafter.draft", "dflash_drafter.inject_kv",
@@ -607,7 +680,7 @@ def test_exported_files_are_readable_by_everyone(bundle):
     for path in out.rglob("*"):
         mode = stat.S_IMODE(path.stat().st_mode)
         assert mode & 0o004, f"{path} is not world-readable ({oct(mode)})"
-    assert [p.name for p in out.parent.iterdir()] == ["bundle"]
+    assert sorted(p.name for p in out.parent.iterdir()) == ["bundle", "bundle-8bit"]
 
 
 def _large_consts(package):

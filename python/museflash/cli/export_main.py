@@ -19,7 +19,12 @@ from absl import flags, logging
 
 from museflash.bundle import BUILTIN_PAIRS
 from museflash.cli.command import run_command
-from museflash.export.options import DEFAULT_NUM_DRAFT_TOKENS, ExportError, ExportOptions
+from museflash.export.options import (
+    DEFAULT_NUM_DRAFT_TOKENS,
+    ExportError,
+    ExportOptions,
+    parse_also_export,
+)
 from museflash.export.progress import log_path_for, quiet_console
 from museflash.export.publish import OutputDirError
 from museflash.paths import resolve_user_path
@@ -65,6 +70,11 @@ flags.DEFINE_string("compression", None,
                     "4bit (affine uint4 per block of 32, Q4_1's blocks; embedding and "
                     "lm_head int8), palettize4 (4-bit look-up table per 32 output channels; "
                     "embedding and lm_head int8). See docs/compression.md.")
+flags.DEFINE_multi_string("also-export", [],
+                          "PRESET=DIR: also write the bundle with this compression preset to "
+                          "DIR, from the same conversion (repeatable; e.g. 4bit=exported-4bit "
+                          "beside an fp16 --output-dir). Each extra bundle costs its weights "
+                          "and merge, not another trace and conversion.")
 flags.DEFINE_string("compression-config", None,
                     "JSON file of ordered compression rules (first match wins); exclusive with "
                     "--compression. See docs/compression.md.")
@@ -85,6 +95,7 @@ FLAGS = flags.FLAGS
 
 
 def options_from_flags() -> ExportOptions:
+    also = [parse_also_export(value) for value in FLAGS["also-export"].value]
     return ExportOptions(
         output_dir=resolve_user_path(FLAGS["output-dir"].value),
         checkpoint=resolve_user_path(FLAGS["checkpoint"].value),
@@ -105,6 +116,8 @@ def options_from_flags() -> ExportOptions:
         compression_config=resolve_user_path(FLAGS["compression-config"].value),
         calibration_prompts=resolve_user_path(FLAGS["calibration-prompts"].value),
         kv_write=FLAGS["kv-write"].value,
+        also_export=tuple((preset, resolve_user_path(str(directory)))
+                          for preset, directory in also),
     )
 
 
@@ -115,7 +128,11 @@ def main(argv: list[str]) -> int:
         return 2
     # coremltools logs every graph pass at INFO through absl's handler; keep the stage lines.
     logging.set_verbosity(logging.WARNING)
-    options = options_from_flags()
+    try:
+        options = options_from_flags()
+    except ExportError as error:
+        print(f"export: error: {error}", file=sys.stderr)
+        return 2
     if options.verbose:
         failure = _export(options, keep_traceback=False)
     else:

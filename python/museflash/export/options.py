@@ -55,9 +55,17 @@ class ExportOptions:
     calibration_prompts: Path | None = None
     # How main and prefill write the target's global KV caches (bundle.KVWrite).
     kv_write: str = KVWrite.BLEND.value
+    # More bundles from the same conversion: (compression preset, output directory) each. The
+    # functions are traced and converted once; each bundle gets its own weights and merge.
+    also_export: tuple[tuple[str, Path], ...] = ()
     # Today's graph before the fp16 work: plain RMSNorms and no residual scaling. Not a flag:
     # for the tests that show it failing on large activations and for the figures.
     legacy_fp16: bool = False
+
+    @property
+    def output_dirs(self) -> list[Path]:
+        """Every directory the export publishes: --output-dir, then each --also-export's."""
+        return [Path(self.output_dir), *(Path(directory) for _, directory in self.also_export)]
 
     @property
     def wants_drafter(self) -> bool:
@@ -97,6 +105,7 @@ def check_flag_rules(options: ExportOptions) -> None:
     if options.compression is not None and options.compression_config is not None:
         raise ExportError("--compression and --compression-config are exclusive: a preset, or "
                           "the rules of a file (which can state a preset's rules itself)")
+    check_also_export(options)
     if options.kv_write not in [k.value for k in KVWrite]:
         raise ExportError(f"--kv-write {options.kv_write!r} is not a strategy; choose one of "
                           f"{[k.value for k in KVWrite]} (docs/kv-write.md)")
@@ -121,6 +130,37 @@ def check_flag_rules(options: ExportOptions) -> None:
         raise ExportError(f"--drafter-checkpoint {options.drafter_checkpoint} is not a "
                           "directory; point it at the checkpoint folder that holds config.json "
                           "and the safetensors files")
+
+
+def parse_also_export(value: str) -> tuple[str, Path]:
+    """--also-export PRESET=DIR as (preset, directory)."""
+    preset, equals, directory = value.partition("=")
+    if not equals or not preset or not directory:
+        raise ExportError(f"--also-export {value!r} is not PRESET=DIR; give a compression "
+                          f"preset and a directory, e.g. 4bit=exported-4bit")
+    return preset, Path(directory)
+
+
+def check_also_export(options: ExportOptions) -> None:
+    """Each --also-export names a preset other than the main bundle's and a directory of its
+    own."""
+    main = None if options.compression_config is not None else (options.compression or "none")
+    seen: dict[Path, str] = {Path(options.output_dir).absolute(): "--output-dir"}
+    presets: set[str] = set()
+    for preset, directory in options.also_export:
+        flag = f"--also-export {preset}={directory}"
+        if preset not in PRESETS:
+            raise ExportError(f"{flag}: {preset!r} is not a preset; choose one of "
+                              f"{list(PRESETS)}")
+        if preset == main or preset in presets:
+            raise ExportError(f"{flag}: a {preset} bundle is already being written; give each "
+                              "compression once, other than --compression's")
+        where = Path(directory).absolute()
+        if where in seen:
+            raise ExportError(f"{flag}: {directory} is already the directory of {seen[where]}; "
+                              "give each bundle a directory of its own")
+        presets.add(preset)
+        seen[where] = flag
 
 
 def check_context_length(context: int, prefill_length: int) -> None:

@@ -114,7 +114,8 @@ def conversion_helpers(options, plan, progress, numerics) -> Iterator[list[Helpe
     jobs = sum(len(package.functions) for package in plan.assets)
     count = process_count(options.conversion_processes, jobs) - 1
     request = {
-        "options": _options_to_json(options),
+        # A helper only converts: what else the export writes is this process's business.
+        "options": _options_to_json(dataclasses.replace(options, also_export=())),
         "target_dir": str(plan.target_dir),
         "drafter_dir": str(plan.drafter_dir) if plan.drafter_dir else None,
         "numerics": dataclasses.asdict(numerics),

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -53,11 +53,12 @@ from museflash.export.plan import (
     AssetPlan,
     ExportPlan,
     FunctionPlan,
+    compression_plan,
     load_modules,
     plan_export,
 )
 from museflash.export.progress import Progress, human_bytes, tree_bytes
-from museflash.export.publish import check_destination, publish_directory
+from museflash.export.publish import check_destination, publish_directories
 from museflash.export.weights import StoredWeight, WeightsAhead
 
 
@@ -65,7 +66,8 @@ def export_bundle(options: ExportOptions, progress: Progress | None = None) -> P
     """Runs the whole export, one call per stage; returns the published output directory."""
     progress = progress or Progress()
     check_flag_rules(options)
-    check_destination(options.output_dir, options.overwrite)
+    for destination in options.output_dirs:
+        check_destination(destination, options.overwrite)
     with checkpoint_sources(options) as (target_dir, drafter_dir, source):
         run = ExportRun(options, progress, source, plan_export(options, target_dir, drafter_dir))
         audit(run)
@@ -73,14 +75,23 @@ def export_bundle(options: ExportOptions, progress: Progress | None = None) -> P
             # The large weights stay on disk until the packages are written (see
             # docs/export-memory.md): only their stand-ins are traced and converted, while a
             # thread (the writer) writes the real ones into each package's weight file.
-            with WeightsAhead(run.schemes, progress) as writer:
+            with ExitStack() as writers:
+                writer = writers.enter_context(WeightsAhead(run.schemes, progress))
                 with conversion_helpers(options, run.plan, progress, run.numerics) as helpers:
                     load(run, writer)
+                    also = [(other, writers.enter_context(WeightsAhead(other.schemes, progress,
+                                                                       other.label)))
+                            for other in run.also]
+                    for other, other_writer in also:
+                        write_ahead(other, other_writer)
                     convert(run, writer, helpers)
-                merge(run, writer)
-            describe(run)
-        progress.say(f"[export] wrote {options.output_dir} "
-                     f"({human_bytes(tree_bytes(options.output_dir))})")
+                for each, each_writer in [(run, writer), *also]:
+                    merge(each, each_writer, run.parts_dir)
+            shutil.rmtree(run.parts_dir)
+            for each in [run, *run.also]:
+                describe(each)
+        for directory in options.output_dirs:
+            progress.say(f"[export] wrote {directory} ({human_bytes(tree_bytes(directory))})")
     return Path(options.output_dir)
 
 
@@ -103,6 +114,10 @@ class ExportRun:
     # What the fp16 range audit found and decided.
     fp16_range: Fp16Range | None = None
     numerics: GraphNumerics = field(default_factory=GraphNumerics)
+    # The --also-export bundles (`also_export_run`): each shares this run's conversion and has
+    # its own compression, staging directory, weights and merge.
+    also: list[ExportRun] = field(default_factory=list)
+    label: str = ""  # what the progress lines add for an --also-export bundle: its preset
 
     @property
     def schemes(self) -> Mapping[str, Scheme]:
@@ -111,17 +126,35 @@ class ExportRun:
 
     @property
     def parts_dir(self) -> Path:
-        """The single-function packages, converted inside the staging directory."""
+        """The single-function packages, converted inside the staging directory (and the
+        weight files written ahead)."""
         return self.staging / ".parts"
+
+
+def also_export_run(run: ExportRun, preset: str, directory: Path) -> ExportRun:
+    """The run of one --also-export bundle: the options and plan of `run` with the preset's
+    compression and the other output directory; the modules, placeholders and audit shared."""
+    options = replace(run.options, output_dir=Path(directory), compression=preset,
+                      compression_config=None, also_export=())
+    plan = replace(run.plan, compression=compression_plan(options, run.plan.target_dir,
+                                                          run.plan.drafter_dir))
+    return replace(run, options=options, plan=plan, staging=None, stored={}, also=[],
+                   label=preset)
 
 
 @contextmanager
 def publish(run: ExportRun) -> Iterator[None]:
     """The bundle is built in a staging directory beside the destination, which replaces the
-    destination only when the block ends without an error (`publish.publish_directory`):
-    nothing is ever half-written."""
-    with publish_directory(run.options.output_dir, run.options.overwrite) as staging:
-        run.staging = staging
+    destination only when the block ends without an error (`publish.publish_directories`):
+    nothing is ever half-written. With --also-export, every bundle is staged, and none is
+    published unless all are complete."""
+    run.also = [also_export_run(run, preset, directory)
+                for preset, directory in run.options.also_export]
+    runs = [run, *run.also]
+    with publish_directories([r.options.output_dir for r in runs],
+                             run.options.overwrite) as stagings:
+        for each, staging in zip(runs, stagings, strict=True):
+            each.staging = staging
         yield
 
 
@@ -157,6 +190,14 @@ def load(run: ExportRun, writer: WeightsAhead) -> None:
         (run.parts_dir / asset.role).mkdir(parents=True)
     run.needed = {path: package_placeholders(assets, run.modules, run.placeholders)
                   for path, assets in run.plan.packages().items()}
+    for other in run.also:  # the same modules and weights, stored by their own compression
+        other.modules, other.needed = run.modules, run.needed
+    write_ahead(run, writer)
+
+
+def write_ahead(run: ExportRun, writer: WeightsAhead) -> None:
+    """`writer` starts writing the real weights of each package into the run's staging."""
+    run.parts_dir.mkdir(parents=True, exist_ok=True)
     writer.start({path: (run.parts_dir / f"{path}.weights", list(rows.values()))
                   for path, rows in run.needed.items()})
 
@@ -175,18 +216,19 @@ def convert(run: ExportRun, writer: WeightsAhead, helpers: list[HelperProcess]) 
     run_conversions(jobs, convert_here, helpers)
 
 
-def merge(run: ExportRun, writer: WeightsAhead) -> None:
-    """Per package, the converted functions of every asset sharing it merged into one
-    multifunction package (`merge.merge_packages`: identical weights are stored once, as
-    save_multifunction stores them, without loading any weight back; the target's embedding
-    and lm_head, which the DFlash drafter borrows, are among them), its placeholder consts
-    pointed at the real weights `writer` wrote. The first asset owns the package (its default
-    function is the package's)."""
+def merge(run: ExportRun, writer: WeightsAhead, functions: Path) -> None:
+    """Per package, the converted functions (under `functions`) of every asset sharing it
+    merged into one multifunction package (`merge.merge_packages`: identical weights are
+    stored once, as save_multifunction stores them, without loading any weight back; the
+    target's embedding and lm_head, which the DFlash drafter borrows, are among them), its
+    placeholder consts pointed at the real weights `writer` wrote. The first asset owns the
+    package (its default function is the package's)."""
     for path, assets in run.plan.packages().items():
         written = writer.result(path)
         destination = run.staging / path
-        with run.progress.stage("save", destination.name) as info:
-            parts = [(f.name, part_path(run.parts_dir, asset, f))
+        detail = f"{destination.name}, {run.label}" if run.label else destination.name
+        with run.progress.stage("save", detail) as info:
+            parts = [(f.name, part_path(functions, asset, f))
                      for asset in assets for f in asset.functions]
             try:
                 run.stored[assets[0].role] = merge_packages(
@@ -195,7 +237,8 @@ def merge(run: ExportRun, writer: WeightsAhead) -> None:
             except MergeError as error:
                 raise ExportError(str(error)) from error
             info["bytes"] = tree_bytes(destination)
-    shutil.rmtree(run.parts_dir)
+    if run.parts_dir != functions:
+        shutil.rmtree(run.parts_dir)
 
 
 def describe(run: ExportRun) -> None:

@@ -206,11 +206,13 @@ class WeightsAhead:
     """Writes each package's weights (`write_weights`) on a background thread, in the order
     given to `start`; `result(package)` waits for that package's file and raises what writing
     it raised. Leaving the context stops the thread after the tensor in hand (the files are
-    the caller's to remove)."""
+    the caller's to remove). `label` is added to each package's progress line."""
 
-    def __init__(self, schemes: Mapping[str, Scheme], progress: Progress | None = None):
+    def __init__(self, schemes: Mapping[str, Scheme], progress: Progress | None = None,
+                 label: str = ""):
         self.schemes = schemes
         self.progress = progress
+        self.label = label
         self.stop = threading.Event()
         self.done: dict[str, threading.Event] = {}
         self.results: dict[str, WrittenWeights | BaseException] = {}
@@ -254,7 +256,8 @@ class WeightsAhead:
                 self.done[package].set()
 
     def _stage(self, package: str):
-        return (self.progress.stage("weights", package) if self.progress is not None
+        detail = f"{package}, {self.label}" if self.label else package
+        return (self.progress.stage("weights", detail) if self.progress is not None
                 else nullcontext({}))
 
     def raise_failure(self) -> None:
