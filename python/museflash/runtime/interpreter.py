@@ -410,8 +410,12 @@ class Interpreter:
                     f"for {len(step.outputs)} outputs"
                 )
             for (name, dtype, expected), value in zip(step.outputs, results, strict=True):
-                env[name] = self._conform(step.op, name, dtype, expected, value)
-                if not _all_finite(env[name]):
+                if type(value) is not np.ndarray or value.dtype != dtype:
+                    value = np.asarray(value).astype(dtype, copy=False)
+                if value.shape != expected and expected is not None:
+                    self._conform(step.op, name, dtype, expected, value)  # raises, naming it
+                env[name] = value
+                if dtype.kind == "f" and not _all_finite(value):
                     raise NonFiniteError(self.function_name, step.op.op_type, step.op.name,
                                          self._nearest_weight(step))
 
