@@ -30,6 +30,7 @@ COMMANDS = {
     "quantized_quality_main": "--max-tokens:",
     "runtime_benchmark_main": "--swift-generate:",
     "runtime_goldens_main": "--parity-steps:",
+    "target_speed_main": "--threads:",
     "tokenizer_goldens_main": "--[no]speed:",
     "train_demo_dflash2_main": "--selector-rank:",
     "train_demo_drafter_main": "--target-layer-ids:",
