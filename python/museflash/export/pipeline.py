@@ -74,21 +74,18 @@ def export_bundle(options: ExportOptions, progress: Progress | None = None) -> P
         with publish(run):
             # The large weights stay on disk until the packages are written (see
             # docs/export-memory.md): only their stand-ins are traced and converted, while a
-            # thread (the writer) writes the real ones into each package's weight file.
+            # thread per bundle (its writer) writes the real ones into each package's weight file.
             with ExitStack() as writers:
-                writer = writers.enter_context(WeightsAhead(run.schemes, progress))
+                for each in run.bundles:
+                    each.writer = writers.enter_context(
+                        WeightsAhead(each.schemes, progress, each.label))
                 with conversion_helpers(options, run.plan, progress, run.numerics) as helpers:
-                    load(run, writer)
-                    also = [(other, writers.enter_context(WeightsAhead(other.schemes, progress,
-                                                                       other.label)))
-                            for other in run.also]
-                    for other, other_writer in also:
-                        write_ahead(other, other_writer)
-                    convert(run, writer, helpers)
-                for each, each_writer in [(run, writer), *also]:
-                    merge(each, each_writer, run.parts_dir)
+                    load(run)
+                    convert(run, helpers)
+                for each in run.bundles:
+                    merge(each, run.parts_dir)
             shutil.rmtree(run.parts_dir)
-            for each in [run, *run.also]:
+            for each in run.bundles:
                 describe(each)
         for directory in options.output_dirs:
             progress.say(f"[export] wrote {directory} ({human_bytes(tree_bytes(directory))})")
@@ -114,10 +111,16 @@ class ExportRun:
     # What the fp16 range audit found and decided.
     fp16_range: Fp16Range | None = None
     numerics: GraphNumerics = field(default_factory=GraphNumerics)
+    writer: WeightsAhead | None = None  # writes the real weights while the parts convert
     # The --also-export bundles (`also_export_run`): each shares this run's conversion and has
-    # its own compression, staging directory, weights and merge.
+    # its own compression, staging directory, writer and merge.
     also: list[ExportRun] = field(default_factory=list)
     label: str = ""  # what the progress lines add for an --also-export bundle: its preset
+
+    @property
+    def bundles(self) -> list[ExportRun]:
+        """This run and its --also-export runs: one per bundle written."""
+        return [self, *self.also]
 
     @property
     def schemes(self) -> Mapping[str, Scheme]:
@@ -138,8 +141,8 @@ def also_export_run(run: ExportRun, preset: str, directory: Path) -> ExportRun:
                       compression_config=None, also_export=())
     plan = replace(run.plan, compression=compression_plan(options, run.plan.target_dir,
                                                           run.plan.drafter_dir))
-    return replace(run, options=options, plan=plan, staging=None, stored={}, also=[],
-                   label=preset)
+    return replace(run, options=options, plan=plan, staging=None, stored={}, writer=None,
+                   also=[], label=preset)
 
 
 @contextmanager
@@ -150,10 +153,9 @@ def publish(run: ExportRun) -> Iterator[None]:
     published unless all are complete."""
     run.also = [also_export_run(run, preset, directory)
                 for preset, directory in run.options.also_export]
-    runs = [run, *run.also]
-    with publish_directories([r.options.output_dir for r in runs],
+    with publish_directories([each.options.output_dir for each in run.bundles],
                              run.options.overwrite) as stagings:
-        for each, staging in zip(runs, stagings, strict=True):
+        for each, staging in zip(run.bundles, stagings, strict=True):
             each.staging = staging
         yield
 
@@ -180,51 +182,48 @@ def audit(run: ExportRun) -> None:
         info["summary"] = summary(run.fp16_range)
 
 
-def load(run: ExportRun, writer: WeightsAhead) -> None:
+def load(run: ExportRun) -> None:
     """The modules to trace, with placeholders standing in for the large weights (each derived
-    from its tensor's name, so the helper processes make the same ones); then `writer` starts
-    writing the real weights of each package."""
+    from its tensor's name, so the helper processes make the same ones); then every bundle's
+    writer starts writing the real weights of each package."""
     run.modules = load_modules(run.options, run.plan, run.progress, run.placeholders,
                                run.numerics)
     for asset in run.plan.assets:
         (run.parts_dir / asset.role).mkdir(parents=True)
     run.needed = {path: package_placeholders(assets, run.modules, run.placeholders)
                   for path, assets in run.plan.packages().items()}
-    for other in run.also:  # the same modules and weights, stored by their own compression
-        other.modules, other.needed = run.modules, run.needed
-    write_ahead(run, writer)
+    for each in run.bundles:
+        # The --also-export bundles hold the same weights, stored by their own compression.
+        each.modules, each.needed = run.modules, run.needed
+        each.parts_dir.mkdir(parents=True, exist_ok=True)
+        each.writer.start({path: (each.parts_dir / f"{path}.weights", list(rows.values()))
+                           for path, rows in each.needed.items()})
 
 
-def write_ahead(run: ExportRun, writer: WeightsAhead) -> None:
-    """`writer` starts writing the real weights of each package into the run's staging."""
-    run.parts_dir.mkdir(parents=True, exist_ok=True)
-    writer.start({path: (run.parts_dir / f"{path}.weights", list(rows.values()))
-                  for path, rows in run.needed.items()})
-
-
-def convert(run: ExportRun, writer: WeightsAhead, helpers: list[HelperProcess]) -> None:
+def convert(run: ExportRun, helpers: list[HelperProcess]) -> None:
     """Every function traced and converted into a single-function package, here or in a
     helper process, whichever is free first."""
     jobs = [(asset, function, part_path(run.parts_dir, asset, function))
             for asset in run.plan.assets for function in asset.functions]
 
     def convert_here(job) -> None:
-        writer.raise_failure()  # e.g. a NaN weight: no need to go on
+        for each in run.bundles:  # e.g. a NaN weight: no need to go on
+            each.writer.raise_failure()
         asset, function, part = job
         convert_function(run.modules[asset.module], asset, function, part, run.progress)
 
     run_conversions(jobs, convert_here, helpers)
 
 
-def merge(run: ExportRun, writer: WeightsAhead, functions: Path) -> None:
+def merge(run: ExportRun, functions: Path) -> None:
     """Per package, the converted functions (under `functions`) of every asset sharing it
     merged into one multifunction package (`merge.merge_packages`: identical weights are
     stored once, as save_multifunction stores them, without loading any weight back; the
     target's embedding and lm_head, which the DFlash drafter borrows, are among them), its
-    placeholder consts pointed at the real weights `writer` wrote. The first asset owns the
-    package (its default function is the package's)."""
+    placeholder consts pointed at the real weights the run's writer wrote. The first asset
+    owns the package (its default function is the package's)."""
     for path, assets in run.plan.packages().items():
-        written = writer.result(path)
+        written = run.writer.result(path)
         destination = run.staging / path
         detail = f"{destination.name}, {run.label}" if run.label else destination.name
         with run.progress.stage("save", detail) as info:
