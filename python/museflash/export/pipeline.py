@@ -16,7 +16,8 @@ convert   per function, here or in a helper process (parallel): one small entry-
           traced with torch.export and converted (coremltools, ML program, iOS18, fp16 states)
           into a single-function package (convert)
 merge     each package's functions into one multifunction package, its consts pointed at the
-          real weights (merge)
+          real weights (merge); each --also-export bundle gets its own weights and merge of the
+          same converted functions
 describe  metadata.json, embedded in every package, and the checkpoint's tokenizer files
           copied beside it (describe)
 """
