@@ -131,6 +131,19 @@ def test_non_empty_output_dir_needs_overwrite(tmp_path, monkeypatch):
     assert (out / "keep.txt").read_text() == "keep"
 
 
+def test_a_non_empty_also_export_dir_is_refused_before_any_work(tmp_path, monkeypatch):
+    _forbid_loading(monkeypatch)
+    also = tmp_path / "also"
+    also.mkdir()
+    (also / "keep.txt").write_text("keep")
+    with pytest.raises(OutputDirError, match=f"output directory {also} is not empty; pass "
+                                             "--overwrite"):
+        export_bundle(ExportOptions(output_dir=tmp_path / "out", builtin="tiny",
+                                    also_export=(("8bit", also),)), _Silent())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["also"]
+    assert (also / "keep.txt").read_text() == "keep"
+
+
 class _Silent(Progress):
     def __init__(self):
         super().__init__(echo=_quiet)

@@ -28,12 +28,12 @@ def check_destination(destination: Path, overwrite: bool) -> None:
     if destination.exists() and not destination.is_dir():
         raise OutputDirError(
             f"output path {destination} exists and is not a directory; "
-            "choose another --output-dir or remove that file"
+            "choose another output directory or remove that file"
         )
     if destination.is_dir() and any(destination.iterdir()) and not overwrite:
         raise OutputDirError(
             f"output directory {destination} is not empty; pass --overwrite to replace it "
-            "or choose another --output-dir"
+            "or choose another output directory"
         )
     parent = destination.absolute().parent
     if not parent.is_dir():
@@ -43,7 +43,7 @@ def check_destination(destination: Path, overwrite: bool) -> None:
     if not os.access(parent, os.W_OK | os.X_OK):
         raise OutputDirError(
             f"cannot write in {parent} (needed to stage and rename the output); "
-            "choose a writable --output-dir"
+            "choose a writable output directory"
         )
 
 
