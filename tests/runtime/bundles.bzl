@@ -5,8 +5,8 @@ A row is (name, built-in pair, flags after the fused pair's --fused-target --dfl
 {compression preset: name of a bundle the same export also writes}). Its targets are
 `<name>_bundle` and, for the last column, `<other name>_bundle` (museflash_export_output): a
 4-bit bundle written from the fp16 bundle's conversion (--also-export), byte for byte what its
-own export would write (tests/python/test_export_compression.py), for the cost of its weights
-and merge. `runtime_goldens` rows in BUILD.bazel make goldens from some.
+own export would write (docs/ci.md; tests/python/test_export.py holds an also-exported tiny
+bundle to the build's own export), for the cost of its weights and merge. `runtime_goldens` rows in BUILD.bazel make goldens from some.
 The axes: family (Muse Glimmer demo and tiny pairs, Qwen3, Llama 3.1, SmolLM2 as a Llama),
 drafter (DFlash v1, DFlash2), compression (none, 4-bit) and KV write (blend, slice).
 """
@@ -47,6 +47,11 @@ BUNDLES = [
     ("smollm2", "smollm2", CONTEXT_256, {"4bit": "smollm2_compressed"}),
 ]
 
+# The planted fp16 pairs (docs/fp16.md) at context 64 with an 8-token prefill, read by
+# //tests/python:test_fp16 and //tests/swift_runtime:test_nonfinite_agreement: tiny-massive and
+# tiny-dflash2-massive (a residual channel of 7.7e4 on three tokens), tiny-muted (one of 4e4 on
+# every token, muted by the final norm) and tiny-muted-attention (the same channel grown by
+# attention). BUILD.bazel exports tiny-massive once more in the graph from before the fp16 work.
 FP16_FLAGS = [
     "--max-context-length=64",
     "--prefill-length=8",
