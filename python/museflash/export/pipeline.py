@@ -85,8 +85,8 @@ def export_bundle(options: ExportOptions, progress: Progress | None = None) -> P
                     convert(run, helpers)
                 for each in run.bundles:
                     merge(each, run.parts_dir)
-            shutil.rmtree(run.parts_dir)
             for each in run.bundles:
+                shutil.rmtree(each.parts_dir)
                 describe(each)
         for directory in options.output_dirs:
             progress.say(f"[export] wrote {directory} ({human_bytes(tree_bytes(directory))})")
@@ -237,8 +237,6 @@ def merge(run: ExportRun, functions: Path) -> None:
             except MergeError as error:
                 raise ExportError(str(error)) from error
             info["bytes"] = tree_bytes(destination)
-    if run.parts_dir != functions:
-        shutil.rmtree(run.parts_dir)
 
 
 def describe(run: ExportRun) -> None:
