@@ -410,12 +410,8 @@ class Interpreter:
                     f"for {len(step.outputs)} outputs"
                 )
             for (name, dtype, expected), value in zip(step.outputs, results, strict=True):
-                if type(value) is not np.ndarray or value.dtype != dtype:
-                    value = np.asarray(value).astype(dtype, copy=False)
-                if value.shape != expected and expected is not None:
-                    self._conform(step.op, name, dtype, expected, value)  # raises, naming it
-                env[name] = value
-                if dtype.kind == "f" and not _all_finite(value):
+                env[name] = self._conform(step.op, name, dtype, expected, value)
+                if not _all_finite(env[name]):
                     raise NonFiniteError(self.function_name, step.op.op_type, step.op.name,
                                          self._nearest_weight(step))
 
@@ -438,8 +434,10 @@ class Interpreter:
     def _conform(op: Any, name: str, dtype: np.dtype, expected: tuple[int, ...] | None,
                  value: Any) -> np.ndarray:
         """Stores the value in its declared dtype (this is where fp16 rounding happens) and
-        checks the declared static shape, which catches kernel mistakes early."""
-        value = np.asarray(value).astype(dtype, copy=False)
+        checks the declared static shape, which catches kernel mistakes early. An array of the
+        declared dtype is kept as it is (astype, even without a copy, costs a call per op)."""
+        if type(value) is not np.ndarray or value.dtype != dtype:
+            value = np.asarray(value).astype(dtype, copy=False)
         if expected is not None and value.shape != expected:
             raise InterpreterError(
                 f"{op.op_type} (op {op.name!r}) produced shape {value.shape} for output "
