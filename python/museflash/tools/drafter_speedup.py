@@ -66,17 +66,24 @@ def chat_prompt_ids(export_dir: Path, texts: list[str]) -> list[list[int]]:
     return ids
 
 
-def check_bundle(export_dir: Path) -> None:
+def bundle_metadata(export_dir: Path) -> Metadata:
     try:
-        metadata = Metadata.read(export_dir)
+        return Metadata.read(export_dir)
     except BundleError as error:
         raise SpeedupError(f"--export-dir {export_dir}: {error}") from error
-    if metadata.speculative_decoding is None:
-        raise SpeedupError(f"--export-dir {export_dir} has no drafter; export with "
-                           "--dflash-drafter to measure its speed-up")
+
+
+def require_tokenizer(export_dir: Path) -> None:
     if not (export_dir / "tokenizer.json").is_file():
         raise SpeedupError(f"--export-dir {export_dir} has no tokenizer.json; export a "
                            "checkpoint with its tokenizer")
+
+
+def check_bundle(export_dir: Path) -> None:
+    if bundle_metadata(export_dir).speculative_decoding is None:
+        raise SpeedupError(f"--export-dir {export_dir} has no drafter; export with "
+                           "--dflash-drafter to measure its speed-up")
+    require_tokenizer(export_dir)
 
 
 def run_prompt(swift_generate: Path, export_dir: Path, ids: list[int],

@@ -24,8 +24,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from museflash.bundle import BundleError, Metadata
-from museflash.tools.drafter_speedup import SpeedupError, chat_prompt_ids
+from museflash.bundle import Metadata
+from museflash.tools.drafter_speedup import (
+    SpeedupError,
+    bundle_metadata,
+    chat_prompt_ids,
+    require_tokenizer,
+)
 
 # (prompt ids, how many tokens) -> (new tokens, seconds)
 Reference = Callable[[list[int], int], tuple[list[int], float]]
@@ -58,13 +63,8 @@ def check_bundles(export_dirs: list[Path]) -> Metadata:
     """The bundles' metadata, all of one source checkpoint with a tokenizer; the first's."""
     found = []
     for export_dir in export_dirs:
-        try:
-            found.append(Metadata.read(export_dir))
-        except BundleError as error:
-            raise SpeedupError(f"--export-dir {export_dir}: {error}") from error
-        if not (export_dir / "tokenizer.json").is_file():
-            raise SpeedupError(f"--export-dir {export_dir} has no tokenizer.json; export a "
-                               "checkpoint with its tokenizer")
+        found.append(bundle_metadata(export_dir))
+        require_tokenizer(export_dir)
     sources = {m.source.checkpoint if m.source else None for m in found}
     if len(sources) != 1 or None in sources:
         raise SpeedupError(f"the bundles were exported from different checkpoints "
