@@ -161,9 +161,11 @@ def plain_rope(target_dir):
 
 
 def write_gguf(target_dir, path, *, architecture=None, quant=None, truncate=0, drop=(),
-               rope_freqs=False):
+               rope_freqs=False, random_blocks=None):
     """The HF checkpoint in `target_dir` as a GGUF file the way llama.cpp writes one (Llama's
-    q/k rows permuted); `quant` (a GGMLQuantizationType name) stores 2-D weights so."""
+    q/k rows permuted); `quant` (a GGMLQuantizationType name) stores 2-D weights so.
+    `random_blocks` (a k-quant name, which the gguf package cannot quantize to) stores every 2-D
+    weight as seeded random blocks of that type instead of the checkpoint's values."""
     import gguf
 
     config = json.loads((target_dir / "config.json").read_text())
@@ -192,7 +194,11 @@ def write_gguf(target_dir, path, *, architecture=None, quant=None, truncate=0, d
         if config["model_type"] == "llama" and name.endswith(("attn_q.weight", "attn_k.weight")):
             heads = config["num_attention_heads" if "attn_q" in name else "num_key_value_heads"]
             values = llama_cpp_permute(values, heads)
-        if quant is not None and values.ndim == 2:
+        if random_blocks is not None and values.ndim == 2:
+            kind = getattr(gguf.GGMLQuantizationType, random_blocks)
+            writer.add_tensor(name, k_quant_blocks(random_blocks, values.shape, len(name)),
+                              raw_dtype=kind)
+        elif quant is not None and values.ndim == 2:
             kind = getattr(gguf.GGMLQuantizationType, quant)
             writer.add_tensor(name, gguf.quants.quantize(values, kind), raw_dtype=kind)
         else:
@@ -207,6 +213,110 @@ def write_gguf(target_dir, path, *, architecture=None, quant=None, truncate=0, d
         data = path.read_bytes()
         path.write_bytes(data[:-truncate])
     return path
+
+
+# --- k-quants: ggml's 256-value super-blocks, decoded here from their layout --------------------
+# Bytes per block of 256 values, and where its fp16 scales sit: Q4_K and Q5_K start with d and
+# dmin, Q6_K ends with d.
+K_BLOCK_BYTES = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210}
+
+
+def k_quant_blocks(kind: str, shape: tuple[int, int], seed: int) -> np.ndarray:
+    """Seeded random blocks of `kind` for a [rows, cols] weight (cols a multiple of 256), as the
+    uint8 rows a GGUF file stores: every quant and sub-block scale byte random, the fp16 scales
+    small positive numbers so that every value is finite."""
+    rows, cols = shape
+    rng = np.random.default_rng(seed)
+    size = K_BLOCK_BYTES[kind]
+    blocks = rng.integers(0, 256, (rows * cols // 256, size), dtype=np.uint8)
+    scales = rng.uniform(1e-3, 1e-2, (len(blocks), 2)).astype(np.float16).view(np.uint8)
+    if kind == "Q6_K":
+        blocks[:, size - 2:] = scales[:, :2]
+    else:
+        blocks[:, :4] = scales
+    return blocks.reshape(rows, cols // 256 * size)
+
+
+def _scale_min_k4(scales: np.ndarray, j: int) -> tuple[np.ndarray, np.ndarray]:
+    """ggml's get_scale_min_k4: the 6-bit scale and min of sub-block j, packed in 12 bytes."""
+    if j < 4:
+        return scales[:, j] & 63, scales[:, j + 4] & 63
+    return ((scales[:, j + 4] & 0xF) | ((scales[:, j - 4] >> 6) << 4),
+            (scales[:, j + 4] >> 4) | ((scales[:, j] >> 6) << 4))
+
+
+def decode_k_blocks(kind: str, raw: np.ndarray) -> np.ndarray:
+    """Values of k-quant blocks (rows of `K_BLOCK_BYTES[kind]` bytes), one row of 256 per
+    block, from ggml's block layout (dequantize_row_q4_K / q5_K / q6_K)."""
+    blocks = raw.reshape(-1, K_BLOCK_BYTES[kind]).astype(np.int32)
+    out = np.zeros((len(blocks), 256), np.float32)
+    if kind == "Q6_K":
+        ql, qh, sc = blocks[:, :128], blocks[:, 128:192], blocks[:, 192:208]
+        sc = np.where(sc > 127, sc - 256, sc)
+        d = raw.reshape(-1, 210)[:, 208:210].copy().view(np.float16)[:, 0].astype(np.float32)
+        for half in range(2):
+            low, high, scale = ql[:, 64 * half:], qh[:, 32 * half:], sc[:, 8 * half:]
+            for i in range(32):
+                quants = ((low[:, i] & 0xF) | ((high[:, i] & 3) << 4),
+                          (low[:, i + 32] & 0xF) | (((high[:, i] >> 2) & 3) << 4),
+                          (low[:, i] >> 4) | (((high[:, i] >> 4) & 3) << 4),
+                          (low[:, i + 32] >> 4) | (((high[:, i] >> 6) & 3) << 4))
+                for part, q in enumerate(quants):
+                    out[:, 128 * half + 32 * part + i] = (d * scale[:, i // 16 + 2 * part]
+                                                          * (q - 32))
+        return out
+    fp16 = raw.reshape(len(blocks), -1)[:, :4].copy().view(np.float16).astype(np.float32)
+    d, dmin = fp16[:, 0], fp16[:, 1]
+    scales = blocks[:, 4:16]
+    qh = blocks[:, 16:48] if kind == "Q5_K" else None
+    qs = blocks[:, 48:] if kind == "Q5_K" else blocks[:, 16:]
+    for chunk in range(4):  # 64 values each: low nibbles, then high nibbles
+        q = qs[:, 32 * chunk:32 * chunk + 32]
+        for part, nibbles in enumerate((q & 0xF, q >> 4)):
+            scale, low = _scale_min_k4(scales, 2 * chunk + part)
+            if qh is not None:
+                nibbles = nibbles + ((qh >> (2 * chunk + part)) & 1) * 16
+            start = 64 * chunk + 32 * part
+            out[:, start:start + 32] = (d * scale)[:, None] * nibbles - (dmin * low)[:, None]
+    return out
+
+
+@pytest.mark.parametrize("kind", ["Q4_K", "Q5_K", "Q6_K"])
+def test_k_quant_weights_read_as_their_blocks_say_and_as_transformers_reads_them(tmp_path,
+                                                                                kind):
+    """The k-quants (llama.cpp's Q4_K_M and Q6_K files hold them), which the gguf package
+    dequantizes but cannot write: every 2-D weight of the tiny Llama stored as random blocks.
+    The reader's values equal the blocks decoded here from ggml's layout (the q/k rows after
+    the reader undoes llama.cpp's permutation), and transformers' own loader's."""
+    import gguf
+    from transformers import AutoModelForCausalLM
+
+    target, _ = write_hf_tiny_pair("tiny-llama", tmp_path)
+    plain_rope(target)
+    path = write_gguf(target, tmp_path / f"tiny-{kind}.gguf", random_blocks=kind)
+    checkpoint = GGUFCheckpoint(path)
+    raw = {t.name: np.asarray(t.data) for t in gguf.GGUFReader(str(path)).tensors}
+    config = checkpoint.config
+    decoded = 0
+    for info in checkpoint.tensor_infos:
+        if len(info.shape) != 2:
+            continue
+        assert info.quant_type == kind
+        values = checkpoint.tensor(info)
+        stored = values  # the rows as the file holds them
+        if info.key.endswith(("q_proj.weight", "k_proj.weight")):
+            heads = config["num_attention_heads" if "q_proj" in info.key
+                           else "num_key_value_heads"]
+            stored = llama_cpp_permute(values, heads)
+        expected = decode_k_blocks(kind, raw[gguf_name(info.key)]).reshape(info.shape)
+        assert np.array_equal(stored, expected), info.key
+        assert np.isfinite(values).all() and np.abs(values).max() > 0, info.key
+        decoded += 1
+    assert decoded >= 8
+    reference = AutoModelForCausalLM.from_pretrained(
+        path.parent, gguf_file=path.name, dtype=torch.float32).state_dict()
+    for key, values in checkpoint.tensors():
+        assert np.array_equal(values, reference[key].numpy()), key
 
 
 @pytest.fixture(scope="module", params=["tiny-llama", "tiny-qwen3"])
@@ -242,7 +352,17 @@ def test_a_tiny_gguf_reads_as_transformers_reads_it(tiny):
         assert np.array_equal(values, reference[key].numpy()), key
 
 
-@pytest.mark.parametrize("quant", ["F16", "Q8_0", "Q4_0", "Q4_1"])
+# Types the gguf package quantizes to; F32 is how write_gguf stores weights by default.
+QUANTIZED = ["F16", "BF16", "Q8_0", "Q5_0", "Q5_1", "Q4_0", "Q4_1"]
+
+
+def test_every_type_the_reader_accepts_is_tested_here():
+    from museflash.checkpoint.gguf import QUANT_TYPES
+
+    assert sorted(QUANT_TYPES) == sorted(["F32", *QUANTIZED, *K_BLOCK_BYTES])
+
+
+@pytest.mark.parametrize("quant", QUANTIZED)
 def test_quantized_weights_dequantize_as_transformers_does(tmp_path, quant):
     from transformers import AutoModelForCausalLM
 
