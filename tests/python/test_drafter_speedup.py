@@ -1,8 +1,10 @@
 """tools/drafter_speedup.py: the figures are pooled over the prompts (sums of tokens and of
 seconds, not a mean of per-prompt ratios), every bundle decodes every prompt, rendered with its
-own chat template, with the drafter and alone in one process, and a bundle the figures cannot
-be measured on is refused in one line."""
+own chat template, with the drafter and alone in one process (and a target-only bundle, when
+given, right after them), and a bundle the figures cannot be measured on is refused in one
+line."""
 
+import dataclasses
 import json
 import stat
 
@@ -84,3 +86,46 @@ def test_a_bundle_it_cannot_measure_is_refused(chat_bundle, tmp_path):
     (chat_bundle / METADATA_FILE).write_text(json.dumps(metadata))
     with pytest.raises(speedup.SpeedupError, match="no drafter"):
         speedup.check_bundle(chat_bundle)
+
+
+def test_a_target_only_bundle_decodes_every_prompt_after_the_drafted_ones(chat_bundle, tmp_path,
+                                                                         monkeypatch):
+    log = tmp_path / "calls.txt"
+    solo = prebuilt_bundle(tmp_path / "solo")
+    (solo / "tokenizer_config.json").write_text(
+        (chat_bundle / "tokenizer_config.json").read_text())
+    # The stand-in's drafter run: 4 tokens in 2 s; its --no-draft run: 4 tokens in 1 s.
+    script = fake_swift_generate(tmp_path, log)
+    fast = json.dumps({"tokens": [1, 2, 3, 4], "seconds": 1.0})
+    script.write_text(script.read_text().replace(
+        "echo '", f"case \"$*\" in *--no-draft*) echo '{fast}'; exit 0;; esac\necho '", 1))
+    without_drafter = json.loads((solo / METADATA_FILE).read_text())
+    read = speedup.bundle_metadata
+    monkeypatch.setattr(speedup, "bundle_metadata", lambda d: (
+        dataclasses.replace(read(d), speculative_decoding=None) if d == solo else read(d)))
+    assert without_drafter["source"] == json.loads(
+        (chat_bundle / METADATA_FILE).read_text())["source"]
+    figures = speedup.measure([chat_bundle], script, ["hello", "again"], 5, log=lambda _: None,
+                              target_only=solo)
+    calls = log.read_text().splitlines()
+    assert [c.split()[1] for c in calls] == [str(chat_bundle), str(solo)] * 2
+    assert ["--no-draft" in c for c in calls] == [False, True] * 2
+    assert not any("--compare" in c for c in calls[1::2])
+    assert figures[chat_bundle]["target_only_tokens_per_second"] == pytest.approx(4.0)
+    assert figures[chat_bundle]["speedup_against_target_only"] == pytest.approx(0.5)
+    table = speedup.format_figures(figures, 2, 5)
+    assert "against the target-only bundle (4.00 tokens/s): 0.50x" in table
+
+
+def test_a_target_only_bundle_it_cannot_compare_is_refused(chat_bundle, tmp_path, monkeypatch):
+    solo = prebuilt_bundle(tmp_path / "solo")
+    with pytest.raises(speedup.SpeedupError, match="has a drafter"):
+        speedup.check_target_only(solo, [chat_bundle])
+    read = speedup.bundle_metadata
+    monkeypatch.setattr(speedup, "bundle_metadata", lambda d: (
+        dataclasses.replace(read(d), speculative_decoding=None) if d == solo else read(d)))
+    metadata = json.loads((solo / METADATA_FILE).read_text())
+    metadata["source"]["checkpoint"] = "/elsewhere/target"
+    (solo / METADATA_FILE).write_text(json.dumps(metadata))
+    with pytest.raises(speedup.SpeedupError, match="elsewhere.*one target"):
+        speedup.check_target_only(solo, [chat_bundle])

@@ -1,12 +1,13 @@
 """museflash drafter_speedup: the drafter's speed-up in the Swift engine on held-out chat prompts.
 
   ./bazelw run //:drafter_speedup -- --export-dir E [--export-dir E2 ...]
-      [--max-new-tokens 64] [--prompts 16]
+      [--target-only-dir SOLO] [--max-new-tokens 64] [--prompts 16]
 
 Prints, per bundle, tokens per second with the drafter and with the target alone, their ratio,
 tokens per target call and the mean accepted length, pooled over the prompts
-(tools/drafter_speedup.py says how). Relative paths resolve against the directory Bazel was
-run from.
+(tools/drafter_speedup.py says how); with --target-only-dir, also the speed-up against that
+bundle of the same checkpoint exported without a drafter. Relative paths resolve against the
+directory Bazel was run from.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from museflash.training.chat_prompts import EVAL_PROMPTS
 
 flags.DEFINE_multi_string("export-dir", [], "An export with a drafter and a chat template "
                           "(repeat to compare bundles on the same prompts).")
+flags.DEFINE_string("target-only-dir", None, "A bundle of the same checkpoint exported without "
+                    "a drafter, also timed on every prompt (--no-draft).")
 flags.DEFINE_string("swift-generate", None, "The swift-generate binary (Bazel passes it).")
 flags.DEFINE_integer("max-new-tokens", 64, "Tokens to generate per prompt.")
 flags.DEFINE_integer("prompts", len(EVAL_PROMPTS), "How many of the held-out chat prompts.")
@@ -45,10 +48,12 @@ def main(argv: list[str]) -> int:
               "--max-new-tokens at least 1", file=sys.stderr)
         return 2
     dirs = [resolve_user_path(d) for d in FLAGS["export-dir"].value]
+    solo = FLAGS["target-only-dir"].value
     try:
         figures = drafter_speedup.measure(
             dirs, Path(FLAGS["swift-generate"].value).resolve(), list(EVAL_PROMPTS[:count]),
-            FLAGS["max-new-tokens"].value)
+            FLAGS["max-new-tokens"].value,
+            target_only=resolve_user_path(solo) if solo is not None else None)
     except drafter_speedup.SpeedupError as error:
         print(f"drafter_speedup: error: {error}", file=sys.stderr)
         return 2

@@ -10,6 +10,11 @@ target alone (`--compare`). Per bundle it prints the figures pooled over the pro
 per second each way and their ratio (the speed-up), tokens per target call and the mean
 accepted length. Give several bundles to compare drafters on the same prompts; their runs
 alternate prompt by prompt, so drift on a shared machine falls on all alike.
+
+`--compare` times the target alone in the same bundle, whose `main` verifies a whole block in
+every call. Give `--target-only-dir`, a bundle of the same checkpoint exported without a
+drafter (its `main` takes one token), and each prompt is also decoded by it (`--no-draft`), right
+after the bundles above: the speed-up against the bundle a user would ship without a drafter.
 """
 
 from __future__ import annotations
@@ -86,6 +91,38 @@ def check_bundle(export_dir: Path) -> None:
     require_tokenizer(export_dir)
 
 
+def check_target_only(export_dir: Path, drafted: list[Path]) -> None:
+    """A bundle without a drafter, of the checkpoint every bundle in `drafted` was exported from."""
+    metadata = bundle_metadata(export_dir)
+    if metadata.speculative_decoding is not None:
+        raise SpeedupError(f"--target-only-dir {export_dir} has a drafter; give a bundle of the "
+                           "same checkpoint exported without --dflash-drafter")
+    require_tokenizer(export_dir)
+    source = metadata.source.checkpoint if metadata.source else None
+    for other in drafted:
+        theirs = bundle_metadata(other).source
+        if source is None or theirs is None or theirs.checkpoint != source:
+            raise SpeedupError(f"--target-only-dir {export_dir} was exported from "
+                               f"{source}, --export-dir {other} from "
+                               f"{theirs.checkpoint if theirs else None}; give bundles of one "
+                               "target")
+
+
+def run_target_only(swift_generate: Path, export_dir: Path, ids: list[int],
+                    max_new_tokens: int) -> tuple[list[int], float]:
+    """`swift-generate --no-draft` (no lookup): the greedy tokens and the seconds they took."""
+    result = subprocess.run(
+        [str(swift_generate), "--export-dir", str(export_dir), "--prompt-ids",
+         ",".join(map(str, ids)), "--max-new-tokens", str(max_new_tokens), "--no-draft",
+         "--lookup-min-match", "0", "--format", "json"],
+        capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise SpeedupError(f"swift-generate failed on {export_dir}: "
+                           f"{result.stderr.strip().splitlines()[-1:]}")
+    report = json.loads(result.stdout)
+    return report["tokens"], report["seconds"]
+
+
 def run_prompt(swift_generate: Path, export_dir: Path, ids: list[int],
                max_new_tokens: int) -> dict:
     result = subprocess.run(
@@ -100,17 +137,34 @@ def run_prompt(swift_generate: Path, export_dir: Path, ids: list[int],
 
 
 def measure(export_dirs: list[Path], swift_generate: Path, texts: list[str],
-            max_new_tokens: int, log=print) -> dict[Path, dict[str, float]]:
+            max_new_tokens: int, log=print,
+            target_only: Path | None = None) -> dict[Path, dict[str, float]]:
+    """Figures per bundle; with `target_only`, each also gets `target_only_tokens_per_second`
+    (that bundle's, pooled the same way) and `speedup_against_target_only`."""
     for export_dir in export_dirs:
         check_bundle(export_dir)
+    if target_only is not None:
+        check_target_only(target_only, export_dirs)
     prompts = {d: chat_prompt_ids(d, texts) for d in export_dirs}
+    solo_prompts = chat_prompt_ids(target_only, texts) if target_only is not None else None
     pooled = {d: Pooled() for d in export_dirs}
+    solo_tokens, solo_seconds = 0, 0.0
     for index in range(len(texts)):
         for export_dir in export_dirs:
             pooled[export_dir].add(run_prompt(swift_generate, export_dir,
                                               prompts[export_dir][index], max_new_tokens))
+        if solo_prompts is not None:
+            tokens, seconds = run_target_only(swift_generate, target_only, solo_prompts[index],
+                                              max_new_tokens)
+            solo_tokens, solo_seconds = solo_tokens + len(tokens), solo_seconds + seconds
         log(f"[speedup] prompt {index + 1}/{len(texts)} done")
-    return {d: p.figures() for d, p in pooled.items()}
+    figures = {d: p.figures() for d, p in pooled.items()}
+    if target_only is not None:
+        solo = solo_tokens / solo_seconds
+        for each in figures.values():
+            each["target_only_tokens_per_second"] = solo
+            each["speedup_against_target_only"] = each["tokens_per_second"] / solo
+    return figures
 
 
 def format_figures(figures: dict[Path, dict[str, float]], prompts: int,
@@ -124,4 +178,9 @@ def format_figures(figures: dict[Path, dict[str, float]], prompts: int,
         lines.append(f"| {export_dir} | {f['tokens_per_second']:.2f} | "
                      f"{f['target_alone_tokens_per_second']:.2f} | {f['speedup']:.2f}x | "
                      f"{f['tokens_per_target_call']:.2f} | {f['mean_accepted_length']:.2f} |")
+    for export_dir, f in figures.items():
+        if "speedup_against_target_only" in f:
+            lines.append(f"{export_dir} with its drafter against the target-only bundle "
+                         f"({f['target_only_tokens_per_second']:.2f} tokens/s): "
+                         f"{f['speedup_against_target_only']:.2f}x")
     return "\n".join(lines)

@@ -17,8 +17,6 @@ bundle with a drafter verifies a whole block in every call.
 
 from __future__ import annotations
 
-import json
-import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,6 +28,7 @@ from museflash.tools.drafter_speedup import (
     bundle_metadata,
     chat_prompt_ids,
     require_tokenizer,
+    run_target_only,
 )
 
 # (prompt ids, how many tokens) -> (new tokens, seconds)
@@ -73,20 +72,6 @@ def check_bundles(export_dirs: list[Path]) -> Metadata:
     return found[0]
 
 
-def swift_run(swift_generate: Path, export_dir: Path, ids: list[int],
-              max_new_tokens: int) -> tuple[list[int], float]:
-    result = subprocess.run(
-        [str(swift_generate), "--export-dir", str(export_dir), "--prompt-ids",
-         ",".join(map(str, ids)), "--max-new-tokens", str(max_new_tokens), "--no-draft",
-         "--lookup-min-match", "0", "--format", "json"],
-        capture_output=True, text=True, check=False)
-    if result.returncode != 0:
-        raise SpeedupError(f"swift-generate failed on {export_dir}: "
-                           f"{result.stderr.strip().splitlines()[-1:]}")
-    report = json.loads(result.stdout)
-    return report["tokens"], report["seconds"]
-
-
 def measure(export_dirs: list[Path], swift_generate: Path, texts: list[str],
             max_new_tokens: int, reference: Reference,
             log=print) -> dict[Path, dict[str, float]]:
@@ -95,7 +80,8 @@ def measure(export_dirs: list[Path], swift_generate: Path, texts: list[str],
     for index in range(len(texts)):
         for export_dir in export_dirs:
             ids = prompts[export_dir][index]
-            tokens, seconds = swift_run(swift_generate, export_dir, ids, max_new_tokens)
+            tokens, seconds = run_target_only(swift_generate, export_dir, ids,
+                                              max_new_tokens)
             reference_tokens, reference_seconds = reference(ids, len(tokens))
             pooled[export_dir].add(tokens, seconds, reference_tokens, reference_seconds)
         log(f"[target_speed] prompt {index + 1}/{len(texts)} done")
