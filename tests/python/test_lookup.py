@@ -63,6 +63,21 @@ def test_the_proposal_follows_the_rule_on_seeded_contexts(vocab, min_match):
     assert found > 20  # the contexts do repeat
 
 
+def test_ids_whose_bytes_overlap_are_matched_as_whole_ids():
+    """lookup_proposal searches the ids' bytes; ids whose 8-byte encodings hold each other's
+    bytes at other offsets (0, 1, 256, 2^48, ...) must still match id for id."""
+    rng = np.random.default_rng(12)
+    ids = [0, 1, 256, 257, 65536, 1 << 48, 1 << 56]
+    found = 0
+    for _ in range(400):
+        context = [ids[i] for i in rng.integers(0, len(ids), int(rng.integers(2, 60)))]
+        for min_match in (1, 2, 4):
+            expected = _reference(context, 3, min_match)
+            assert lookup_proposal(context, 3, min_match) == expected, (context, min_match)
+            found += expected is not None
+    assert found > 100
+
+
 def test_the_proposal_follows_the_rule_beyond_the_window():
     """Contexts longer than the window: occurrences before its newest LOOKUP_WINDOW positions
     are not looked at, whatever they match."""

@@ -31,6 +31,7 @@ and over eager torch modules (used to measure acceptance while training a drafte
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -248,24 +249,30 @@ def lookup_proposal(context: list[int], count: int, min_match: int) -> list[int]
     an earlier position, among the last LOOKUP_WINDOW positions; among equally long matches
     the latest wins. The proposal is what followed that earlier occurrence, copied on through
     the proposal itself when it runs past the end, so a loop of period p repeats with period
-    p. The Swift engine implements the same rule (ContextLookup.proposal)."""
+    p. The Swift engine implements the same rule (ContextLookup.proposal).
+
+    The search runs over the tail's bytes (8 per id): for each length from the longest down,
+    the latest earlier occurrence of the ending, at an id boundary, by `bytes.rfind`."""
     if min_match < 1 or count < 1:
         raise ValueError(f"lookup needs min_match >= 1 and count >= 1, got {min_match}, {count}")
-    tail = np.asarray(context[-(LOOKUP_WINDOW + LOOKUP_MAX_MATCH):], np.int64)
+    tail = context[-(LOOKUP_WINDOW + LOOKUP_MAX_MATCH):]
     length = len(tail)
-    ends = np.arange(max(0, length - 1 - LOOKUP_WINDOW), length - 1)  # earlier occurrences
-    matched = np.zeros(len(ends), np.int64)
-    going = np.arange(len(ends))  # the ends still matching, by index: few after one token
-    for back in range(min(LOOKUP_MAX_MATCH, length - 1)):
-        earlier = ends[going] - back
-        going = going[(earlier >= 0) & (tail[np.maximum(earlier, 0)] == tail[length - 1 - back])]
-        if not len(going):
+    data = array("q", tail).tobytes()
+    width = 8
+    lowest_end = max(0, length - 1 - LOOKUP_WINDOW)  # earlier occurrences end in the window
+    best_end = None
+    for match in range(min(LOOKUP_MAX_MATCH, length - 1), min_match - 1, -1):
+        ending = data[(length - match) * width:]
+        first = max(0, lowest_end - match + 1) * width
+        found = data.rfind(ending, first, (length - 1) * width)  # ends before the last id
+        while found >= 0 and found % width:  # inside an id: look further back
+            found = data.rfind(ending, first, found + len(ending) - 1)
+        if found >= 0:
+            best_end = found // width + match - 1
             break
-        matched[going] += 1
-    if not len(ends) or matched.max() < min_match:
+    if best_end is None:
         return None
-    best_end = int(ends[np.flatnonzero(matched == matched.max())[-1]])
-    tokens = tail.tolist()
+    tokens = list(tail)
     for index in range(count):
         tokens.append(tokens[best_end + 1 + index])
     return tokens[length:]
