@@ -6,6 +6,8 @@ target as multifunction packages, merged by export/merge.py) from a shallow demo
 per module.
 """
 
+import copy
+import os
 import shutil
 
 import numpy as np
@@ -212,7 +214,7 @@ def test_functions_of_one_package_share_their_stored_weights(exported):
         assert not main.constants[name].flags.writeable, name
     assert _float64_weights(main) and _float64_weights(main) == _float64_weights(prefill)
     # The same outputs, bit for bit, as an Interpreter that shares nothing.
-    alone = load_program(exported["target_package"], "prefill")
+    alone = copy.copy(load_program(exported["target_package"], "prefill"))  # loaded: shared
     alone.weights_identity = None
     unshared = Interpreter(alone, "prefill")
     assert not _float64_weights(unshared) & _float64_weights(prefill)
@@ -237,6 +239,26 @@ def test_a_rewritten_package_is_read_again_not_shared(exported, tmp_path):
     for name in names:
         assert after.constants[name] is not before.constants[name]
         assert not np.array_equal(after.constants[name], before.constants[name])
+
+
+def test_a_package_loaded_again_is_the_same_program_until_its_bytes_change(exported, tmp_path):
+    package = tmp_path / "target.mlpackage"
+    shutil.copytree(exported["target_package"], package)
+    first = load_program(package, "main")
+    assert load_program(package, "main") is first
+    assert load_program(package, ["main", "prefill"]) is not first
+    weight = "layers_1_self_attn_k_proj_weight"
+    blob = next((package / "Data" / "com.apple.CoreML" / "weights").iterdir())
+    before = os.stat(blob)
+    negate_fp16_blob(package, weight)
+    # The same size and the same times: only the bytes tell the rewrite.
+    os.utime(blob, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert os.stat(blob).st_size == before.st_size
+    again = load_program(package, "main")
+    assert again is not first
+    name = next(n for n in Interpreter(first, "main").constants if weight in n)
+    assert not np.array_equal(Interpreter(again, "main").constants[name],
+                              Interpreter(first, "main").constants[name])
 
 
 def test_fp16_finiteness_is_read_from_the_exponent_bits():

@@ -21,9 +21,11 @@ so functions of one multifunction package (e.g. `inject_kv` and `draft`) can sha
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import weakref
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,6 +100,29 @@ def _default_function(spec: Any, names: list[str]) -> str:
     return "main"
 
 
+# Programs loaded lately, by the bytes they were loaded from (the program and _weights_digest):
+# a process that loads one package again (a chat turn, each command of a test) gets the same
+# Program back.
+_LOADED: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
+_LOADED_KEEP = 2
+
+
+def _weights_digest(weights_dir: Path) -> tuple[Any, ...] | None:
+    """The package's weight files by their bytes (path, then name and SHA-1 of each file), so a
+    file rewritten in place, even at the same size and time, is never mistaken for the one a
+    constant was read from."""
+    if not weights_dir.is_dir():
+        return None
+    files = []
+    for entry in sorted(os.scandir(weights_dir), key=lambda e: e.name):
+        digest = hashlib.sha1()
+        with open(entry.path, "rb") as handle:
+            while chunk := handle.read(1 << 22):
+                digest.update(chunk)
+        files.append((entry.name, digest.digest()))
+    return (str(weights_dir.resolve()), tuple(files))
+
+
 def load_program(package_path: str | Path,
                  function_name: str | Sequence[str] | None = None) -> Any:
     """Loads the ML program of a saved `.mlpackage` as a coremltools MIL `Program`.
@@ -105,15 +130,33 @@ def load_program(package_path: str | Path,
     With `function_name` (a name or several), only those functions are loaded (faster for big
     multifunction packages); otherwise all of them. `program.default_function_name` is set to
     the function Core ML would run by default (or the one named), which `Interpreter` uses when
-    given no name.
+    given no name. The last few programs loaded are kept: loading the same functions of a
+    package whose bytes have not changed returns the same Program, which callers only read.
     """
     ct = _coremltools()
-    from coremltools.converters.mil.frontend.milproto import load as milproto_load
 
     package_path = Path(package_path)
     if not package_path.is_dir():
         raise FileNotFoundError(f"{package_path} is not an .mlpackage directory")
     spec = ct.utils.load_spec(str(package_path))
+    wanted = [function_name] if isinstance(function_name, str) else function_name
+    weights = _weights_digest(package_path / PACKAGE_WEIGHTS_DIR)
+    key = (str(package_path.resolve()), tuple(wanted) if wanted is not None else None,
+           hashlib.sha1(spec.SerializeToString(deterministic=True)).digest(), weights)
+    if key in _LOADED:
+        _LOADED.move_to_end(key)
+        return _LOADED[key]
+    program = _load_spec_program(package_path, spec, function_name, weights)
+    _LOADED[key] = program
+    while len(_LOADED) > _LOADED_KEEP:
+        _LOADED.popitem(last=False)
+    return program
+
+
+def _load_spec_program(package_path: Path, spec: Any, function_name: str | Sequence[str] | None,
+                       weights: tuple[Any, ...] | None) -> Any:
+    from coremltools.converters.mil.frontend.milproto import load as milproto_load
+
     if spec.WhichOneof("Type") != "mlProgram":
         raise ValueError(f"{package_path} holds a {spec.WhichOneof('Type')}, not an ML program")
     names = list(spec.mlProgram.functions)
@@ -138,7 +181,7 @@ def load_program(package_path: str | Path,
     # Interpreter): the stored bytes each constant is made from, and the files they are in.
     program.storage_keys = {name: _storage_keys(spec.mlProgram.functions[name])
                             for name in spec.mlProgram.functions}
-    program.weights_identity = _weights_identity(weights_dir)
+    program.weights_identity = weights
     return program
 
 
@@ -181,18 +224,6 @@ def _storage_keys(function_spec: Any) -> dict[str, bytes]:
         for index, name in enumerate(names):
             keys[name] = key + b"#%d" % index
     return keys
-
-
-def _weights_identity(weights_dir: Path) -> tuple[Any, ...] | None:
-    """The package's weight files as they are now (path, size, modification time, inode), so a
-    rewritten file is never mistaken for the one a shared constant was read from."""
-    if not weights_dir.is_dir():
-        return None
-    files = []
-    for entry in sorted(os.scandir(weights_dir), key=lambda e: e.name):
-        stat = entry.stat()
-        files.append((entry.name, stat.st_size, stat.st_mtime_ns, stat.st_ino))
-    return (str(weights_dir.resolve()), tuple(files))
 
 
 # Constants (and linear's float64 weights) that live Interpreters of the same package share, by
