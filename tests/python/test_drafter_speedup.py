@@ -88,6 +88,13 @@ def test_a_bundle_it_cannot_measure_is_refused(chat_bundle, tmp_path):
         speedup.check_bundle(chat_bundle)
 
 
+def read_without_drafter(monkeypatch, solo):
+    """The bundle at `solo` read as one exported without a drafter (the prebuilt one has)."""
+    read = speedup.bundle_metadata
+    monkeypatch.setattr(speedup, "bundle_metadata", lambda d: (
+        dataclasses.replace(read(d), speculative_decoding=None) if d == solo else read(d)))
+
+
 def test_a_target_only_bundle_decodes_every_prompt_after_the_drafted_ones(chat_bundle, tmp_path,
                                                                          monkeypatch):
     log = tmp_path / "calls.txt"
@@ -100,9 +107,7 @@ def test_a_target_only_bundle_decodes_every_prompt_after_the_drafted_ones(chat_b
     script.write_text(script.read_text().replace(
         "echo '", f"case \"$*\" in *--no-draft*) echo '{fast}'; exit 0;; esac\necho '", 1))
     without_drafter = json.loads((solo / METADATA_FILE).read_text())
-    read = speedup.bundle_metadata
-    monkeypatch.setattr(speedup, "bundle_metadata", lambda d: (
-        dataclasses.replace(read(d), speculative_decoding=None) if d == solo else read(d)))
+    read_without_drafter(monkeypatch, solo)
     assert without_drafter["source"] == json.loads(
         (chat_bundle / METADATA_FILE).read_text())["source"]
     figures = speedup.measure([chat_bundle], script, ["hello", "again"], 5, log=lambda _: None,
@@ -121,9 +126,7 @@ def test_a_target_only_bundle_it_cannot_compare_is_refused(chat_bundle, tmp_path
     solo = prebuilt_bundle(tmp_path / "solo")
     with pytest.raises(speedup.SpeedupError, match="has a drafter"):
         speedup.check_target_only(solo, [chat_bundle])
-    read = speedup.bundle_metadata
-    monkeypatch.setattr(speedup, "bundle_metadata", lambda d: (
-        dataclasses.replace(read(d), speculative_decoding=None) if d == solo else read(d)))
+    read_without_drafter(monkeypatch, solo)
     metadata = json.loads((solo / METADATA_FILE).read_text())
     metadata["source"]["checkpoint"] = "/elsewhere/target"
     (solo / METADATA_FILE).write_text(json.dumps(metadata))

@@ -91,6 +91,14 @@ def check_bundle(export_dir: Path) -> None:
     require_tokenizer(export_dir)
 
 
+def require_one_checkpoint(found: list[Metadata], why: str = "") -> None:
+    """Bundles (their metadata) all exported from one source checkpoint; `why` ends the error."""
+    sources = {m.source.checkpoint if m.source else None for m in found}
+    if len(sources) != 1 or None in sources:
+        raise SpeedupError(f"the bundles were exported from different checkpoints "
+                           f"{sorted(map(str, sources))}; give bundles of one target{why}")
+
+
 def check_target_only(export_dir: Path, drafted: list[Path]) -> None:
     """A bundle without a drafter, of the checkpoint every bundle in `drafted` was exported from."""
     metadata = bundle_metadata(export_dir)
@@ -98,42 +106,34 @@ def check_target_only(export_dir: Path, drafted: list[Path]) -> None:
         raise SpeedupError(f"--target-only-dir {export_dir} has a drafter; give a bundle of the "
                            "same checkpoint exported without --dflash-drafter")
     require_tokenizer(export_dir)
-    source = metadata.source.checkpoint if metadata.source else None
-    for other in drafted:
-        theirs = bundle_metadata(other).source
-        if source is None or theirs is None or theirs.checkpoint != source:
-            raise SpeedupError(f"--target-only-dir {export_dir} was exported from "
-                               f"{source}, --export-dir {other} from "
-                               f"{theirs.checkpoint if theirs else None}; give bundles of one "
-                               "target")
+    require_one_checkpoint([metadata, *map(bundle_metadata, drafted)])
 
 
-def run_target_only(swift_generate: Path, export_dir: Path, ids: list[int],
-                    max_new_tokens: int) -> tuple[list[int], float]:
-    """`swift-generate --no-draft` (no lookup): the greedy tokens and the seconds they took."""
-    result = subprocess.run(
-        [str(swift_generate), "--export-dir", str(export_dir), "--prompt-ids",
-         ",".join(map(str, ids)), "--max-new-tokens", str(max_new_tokens), "--no-draft",
-         "--lookup-min-match", "0", "--format", "json"],
-        capture_output=True, text=True, check=False)
-    if result.returncode != 0:
-        raise SpeedupError(f"swift-generate failed on {export_dir}: "
-                           f"{result.stderr.strip().splitlines()[-1:]}")
-    report = json.loads(result.stdout)
-    return report["tokens"], report["seconds"]
-
-
-def run_prompt(swift_generate: Path, export_dir: Path, ids: list[int],
-               max_new_tokens: int) -> dict:
+def swift_generate_json(swift_generate: Path, export_dir: Path, ids: list[int],
+                        max_new_tokens: int, mode: str) -> dict:
+    """`swift-generate` (no lookup) on one prompt, with `mode` (`--compare`: the drafter, then
+    the target alone; `--no-draft`), and its JSON report."""
     result = subprocess.run(
         [str(swift_generate), "--export-dir", str(export_dir),
          "--prompt-ids", ",".join(map(str, ids)), "--max-new-tokens", str(max_new_tokens),
-         "--lookup-min-match", "0", "--format", "json", "--compare"],
+         "--lookup-min-match", "0", "--format", "json", mode],
         capture_output=True, text=True, check=False)
     if result.returncode != 0:
         raise SpeedupError(f"swift-generate failed on {export_dir}: "
                            f"{result.stderr.strip().splitlines()[-1:]}")
     return json.loads(result.stdout)
+
+
+def run_target_only(swift_generate: Path, export_dir: Path, ids: list[int],
+                    max_new_tokens: int) -> tuple[list[int], float]:
+    """`swift-generate --no-draft`: the greedy tokens and the seconds they took."""
+    report = swift_generate_json(swift_generate, export_dir, ids, max_new_tokens, "--no-draft")
+    return report["tokens"], report["seconds"]
+
+
+def run_prompt(swift_generate: Path, export_dir: Path, ids: list[int],
+               max_new_tokens: int) -> dict:
+    return swift_generate_json(swift_generate, export_dir, ids, max_new_tokens, "--compare")
 
 
 def measure(export_dirs: list[Path], swift_generate: Path, texts: list[str],

@@ -23,10 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from museflash.bundle import Metadata
-from museflash.tools.drafter_speedup import (
+from museflash.tools.drafter_speedup import (  # noqa: F401 (SpeedupError: re-exported)
     SpeedupError,
     bundle_metadata,
     chat_prompt_ids,
+    require_one_checkpoint,
     require_tokenizer,
     run_target_only,
 )
@@ -64,11 +65,7 @@ def check_bundles(export_dirs: list[Path]) -> Metadata:
     for export_dir in export_dirs:
         found.append(bundle_metadata(export_dir))
         require_tokenizer(export_dir)
-    sources = {m.source.checkpoint if m.source else None for m in found}
-    if len(sources) != 1 or None in sources:
-        raise SpeedupError(f"the bundles were exported from different checkpoints "
-                           f"{sorted(map(str, sources))}; give bundles of one target, which "
-                           "transformers then decodes")
+    require_one_checkpoint(found, ", which transformers then decodes")
     return found[0]
 
 
