@@ -91,8 +91,9 @@ def test_a_bundle_it_cannot_measure_is_refused(chat_bundle, tmp_path):
 def read_without_drafter(monkeypatch, solo):
     """The bundle at `solo` read as one exported without a drafter (the prebuilt one has)."""
     read = speedup.bundle_metadata
-    monkeypatch.setattr(speedup, "bundle_metadata", lambda d: (
-        dataclasses.replace(read(d), speculative_decoding=None) if d == solo else read(d)))
+    monkeypatch.setattr(speedup, "bundle_metadata", lambda d, *flag: (
+        dataclasses.replace(read(d, *flag), speculative_decoding=None) if d == solo
+        else read(d, *flag)))
 
 
 def test_a_target_only_bundle_decodes_every_prompt_after_the_drafted_ones(chat_bundle, tmp_path,
@@ -123,6 +124,8 @@ def test_a_target_only_bundle_decodes_every_prompt_after_the_drafted_ones(chat_b
 
 
 def test_a_target_only_bundle_it_cannot_compare_is_refused(chat_bundle, tmp_path, monkeypatch):
+    with pytest.raises(speedup.SpeedupError, match="--target-only-dir .*nowhere.*metadata.json"):
+        speedup.check_target_only(tmp_path / "nowhere", [chat_bundle])
     solo = prebuilt_bundle(tmp_path / "solo")
     with pytest.raises(speedup.SpeedupError, match="has a drafter"):
         speedup.check_target_only(solo, [chat_bundle])

@@ -71,11 +71,11 @@ def chat_prompt_ids(export_dir: Path, texts: list[str]) -> list[list[int]]:
     return ids
 
 
-def bundle_metadata(export_dir: Path) -> Metadata:
+def bundle_metadata(export_dir: Path, flag: str = "--export-dir") -> Metadata:
     try:
         return Metadata.read(export_dir)
     except BundleError as error:
-        raise SpeedupError(f"--export-dir {export_dir}: {error}") from error
+        raise SpeedupError(f"{flag} {export_dir}: {error}") from error
 
 
 def require_tokenizer(export_dir: Path) -> None:
@@ -101,7 +101,7 @@ def require_one_checkpoint(found: list[Metadata], why: str = "") -> None:
 
 def check_target_only(export_dir: Path, drafted: list[Path]) -> None:
     """A bundle without a drafter, of the checkpoint every bundle in `drafted` was exported from."""
-    metadata = bundle_metadata(export_dir)
+    metadata = bundle_metadata(export_dir, "--target-only-dir")
     if metadata.speculative_decoding is not None:
         raise SpeedupError(f"--target-only-dir {export_dir} has a drafter; give a bundle of the "
                            "same checkpoint exported without --dflash-drafter")
