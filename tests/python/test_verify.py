@@ -66,12 +66,20 @@ def _reads_one_slot_past_the_window(base, context):
             base.sliding_causal_mask(positions, capacity, window + 1)}
 
 
+def _one_slot_on(base, context):
+    """A LayerCache that writes each position one slot on in a cache shorter than `context`."""
+    class OneSlotOn(base.LayerCache):
+        __slots__ = ()
+
+        def __init__(self, keys, values, layer, slots, *rest):
+            if keys.shape[2] < context:  # a ring; the global caches hold every position
+                slots = (slots + 1) % keys.shape[2]
+            super().__init__(keys, values, layer, slots, *rest)
+    return OneSlotOn
+
+
 def _writes_one_ring_slot_on(base, context):
-    def write_cache(cache, layer, slots, values, strategy):
-        if cache.shape[2] < context:  # a ring; the global caches hold every position
-            slots = (slots + 1) % cache.shape[2]
-        return base.write_cache(cache, layer, slots, values, strategy)
-    return {"write_cache": write_cache}
+    return {"LayerCache": _one_slot_on(base, context)}
 
 
 @pytest.mark.parametrize("damage", [_reads_one_slot_past_the_window, _writes_one_ring_slot_on])
@@ -103,7 +111,7 @@ def test_a_drafter_ring_slot_written_wrong_is_a_mismatch(bundle, monkeypatch):
     from museflash.builtin.demo_checkpoint import builtin_checkpoints
     from museflash.bundle import Metadata
     from museflash.checks import verify
-    from museflash.models import dflash
+    from museflash.models import base, dflash
 
     metadata = Metadata.read(bundle)
     with builtin_checkpoints("tiny") as dirs:
@@ -111,12 +119,8 @@ def test_a_drafter_ring_slot_written_wrong_is_a_mismatch(bundle, monkeypatch):
     drafter = drafters[verify.AssetRole.DFLASH_DRAFTER]
     healthy = verify.check_dflash_drafter(bundle, metadata, drafter, target, seed=5)
     assert healthy.ok, healthy.line()
-    written = dflash.write_cache_slots
-
-    def one_slot_on(cache, layer, slots, values):
-        written(cache, layer, (slots + 1) % cache.shape[2], values)
-
-    monkeypatch.setattr(dflash, "write_cache_slots", one_slot_on)
+    # Every drafter cache is a ring: the context bound shifts them all.
+    monkeypatch.setattr(dflash, "LayerCache", _one_slot_on(base, metadata.context_length + 1))
     damaged = verify.check_dflash_drafter(bundle, metadata, drafter, target, seed=5)
     assert not damaged.ok and "wraps the ring" in damaged.note, damaged.line()
 

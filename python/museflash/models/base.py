@@ -245,6 +245,41 @@ def read_cache(cache: torch.Tensor, layer: int, dtype: torch.dtype) -> torch.Ten
     return layer_values.to(dtype)
 
 
+class LayerCache:
+    """One layer's view of a stateful key/value cache pair, passed to its attention as an object
+    (as mlx-lm passes a cache): the two buffers [layers, kv_heads, capacity, head_dim], the
+    layer's index in them, the slots this call writes, and how it writes them (`kv_write`).
+    A ring (the drafter's, Muse Glimmer's sliding layers) is written by the blend whatever the
+    target's strategy: it costs O(window) there."""
+
+    __slots__ = ("keys", "values", "layer", "slots", "kv_write")
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, layer: int, slots: torch.Tensor,
+                 kv_write: KVWrite = KVWrite.BLEND):
+        self.keys, self.values, self.layer = keys, values, layer
+        self.slots, self.kv_write = slots, KVWrite(kv_write)
+
+    def write_keys(self, k: torch.Tensor) -> None:
+        """Writes k [kv_heads, T, head_dim] at the slots (write_cache)."""
+        write_cache(self.keys, self.layer, self.slots, k, self.kv_write)
+
+    def write_values(self, v: torch.Tensor) -> None:
+        """Writes v [kv_heads, T, head_dim] at the slots (write_cache)."""
+        write_cache(self.values, self.layer, self.slots, v, self.kv_write)
+
+    def read(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer's keys and values, as `dtype` (read_cache)."""
+        return read_cache(self.keys, self.layer, dtype), read_cache(self.values, self.layer, dtype)
+
+    def update(self, k: torch.Tensor, v: torch.Tensor,
+               dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Writes k, then v ([kv_heads, T, head_dim]), then reads both: the keys and values
+        ([kv_heads, capacity, head_dim]) this call's queries attend to."""
+        self.write_keys(k)
+        self.write_values(v)
+        return self.read(dtype)
+
+
 def ring_slot_positions(last_position: torch.Tensor, capacity: int) -> torch.Tensor:
     """Absolute position held by each ring slot, given the newest written position.
 

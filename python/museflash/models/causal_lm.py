@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from museflash.bundle import KVWrite, StateName
-from museflash.models.base import RMSNorm, RotaryTables, global_causal_mask
+from museflash.models.base import LayerCache, RMSNorm, RotaryTables, global_causal_mask
 from museflash.models.dflash import DFlashConfig, DFlashEncoder
 
 
@@ -74,8 +74,8 @@ class GlobalCausalLM(CausalLM):
 
     A family sets `decoder_layer` and, if its RoPE frequencies are rescaled, overrides
     `rope_scaling`. Its config has the geometry of families.TargetConfig and rope_theta,
-    rms_norm_eps and tie_word_embeddings. Its layers take (x, rope, key_cache, value_cache,
-    cache_layer, slots, mask, kv_write), have `forward_batch(x, rope, mask)` without caches,
+    rms_norm_eps and tie_word_embeddings. Its layers take (x, rope, mask, base.LayerCache),
+    have `forward_batch(x, rope, mask)` without caches,
     an `output_scale` multiplying what they add to the residual stream, and the plain
     (w) RMSNorms `input_layernorm` and `post_attention_layernorm` reading it.
     """
@@ -163,7 +163,7 @@ class GlobalCausalLM(CausalLM):
         caches = (self.globalKeyCache, self.globalValueCache)
         captured: dict[int, torch.Tensor] = {}
         for layer_id, layer in enumerate(self.layers):
-            x = layer(x, rope, *caches, layer_id, positions, mask, self.kv_write)
+            x = layer(x, rope, mask, LayerCache(*caches, layer_id, positions, self.kv_write))
             if layer_id in capture_layers:
                 captured[layer_id] = x
         return x, [captured[i] for i in capture_layers]

@@ -24,17 +24,16 @@ from torch import nn
 
 from museflash.bundle import LayerType, StateName
 from museflash.models.base import (
+    LayerCache,
     RMSNorm,
     RotaryTables,
     SwiGLU,
     apply_rope,
     attend,
-    read_cache,
     ring_capacity,
     ring_slot_positions,
     sliding_causal_mask,
     softcap,
-    write_cache_slots,
 )
 
 
@@ -199,22 +198,20 @@ class DFlashAttention(nn.Module):
         return x.reshape(x.shape[1], count, self.head_dim).transpose(0, 1)
 
     def write_kv(
-        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], key_cache: torch.Tensor,
-        value_cache: torch.Tensor, layer: int, slots: torch.Tensor,
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], cache: LayerCache
     ) -> None:
-        """rope: (cos, sin) [T, head_dim] of the written positions."""
+        """rope: (cos, sin) [T, head_dim] of the written positions; `cache`: the layer's ring."""
         k = self.k_norm(self._heads(self.k_proj(x), self.n_kv))
-        write_cache_slots(key_cache, layer, slots, apply_rope(k, *rope))
-        write_cache_slots(value_cache, layer, slots, self._heads(self.v_proj(x), self.n_kv))
+        cache.write_keys(apply_rope(k, *rope))
+        cache.write_values(self._heads(self.v_proj(x), self.n_kv))
 
     def forward(
-        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], key_cache: torch.Tensor,
-        value_cache: torch.Tensor, layer: int, slots: torch.Tensor, mask: torch.Tensor,
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor,
+        cache: LayerCache,
     ) -> torch.Tensor:
-        self.write_kv(x, rope, key_cache, value_cache, layer, slots)
+        self.write_kv(x, rope, cache)
         q = self.q_norm(self._heads(self.q_proj(x), self.n_q))
-        keys = read_cache(key_cache, layer, q.dtype)
-        values = read_cache(value_cache, layer, q.dtype)
+        keys, values = cache.read(q.dtype)
         out = attend(apply_rope(q, *rope), keys, values, mask, 1.0 / math.sqrt(self.head_dim))
         return self.o_proj(out.transpose(0, 1).reshape(1, x.shape[1], -1))
 
@@ -234,8 +231,8 @@ class DFlashDecoderLayer(nn.Module):
     def scaled(self, update: torch.Tensor) -> torch.Tensor:
         return update if self.output_scale == 1.0 else update * self.output_scale
 
-    def forward(self, x: torch.Tensor, rope, *cache_args) -> torch.Tensor:
-        h = x + self.scaled(self.self_attn(self.input_layernorm(x), rope, *cache_args))
+    def forward(self, x: torch.Tensor, rope, mask: torch.Tensor, cache: LayerCache) -> torch.Tensor:
+        h = x + self.scaled(self.self_attn(self.input_layernorm(x), rope, mask, cache))
         return h + self.scaled(self.mlp(self.post_attention_layernorm(h)))
 
 
@@ -364,7 +361,7 @@ class DFlashDrafter(nn.Module):
         caches = self.caches
         rope = self.rotary(positions, self.config.rope_theta, features.dtype)
         for layer_id, layer in enumerate(self.layers):
-            layer.self_attn.write_kv(features, rope, *caches, layer_id, slots)
+            layer.self_attn.write_kv(features, rope, LayerCache(*caches, layer_id, slots))
         return positions[-1:]
 
     def _hidden(self, input_ids: torch.Tensor, positions: torch.Tensor,
@@ -377,7 +374,7 @@ class DFlashDrafter(nn.Module):
             x = x * self.residual_scale
         rope = self.rotary(positions, self.config.rope_theta, x.dtype)
         for layer_id, layer in enumerate(self.layers):
-            x = layer(x, rope, *caches, layer_id, slots, mask)
+            x = layer(x, rope, mask, LayerCache(*caches, layer_id, slots))
         return self.norm(x)
 
     def output_weight(self, vocabulary: torch.Tensor | None = None) -> torch.Tensor:

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from museflash.models.base import softcap
+from museflash.models.base import LayerCache, softcap
 from museflash.models.dflash import (
     DFlashConfig,
     DFlashDecoderLayer,
@@ -130,9 +130,9 @@ class DFlash2DecoderLayer(DFlashDecoderLayer):
         self.attention_conv = GroupedDynamicConv(*sizes)
         self.mlp_conv = GroupedDynamicConv(*sizes)
 
-    def forward(self, x: torch.Tensor, rope, *cache_args) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope, mask: torch.Tensor, cache: LayerCache) -> torch.Tensor:
         mixed, dynamic = self.attention_conv.prepare(self.input_layernorm(x))
-        h = x + self.scaled(self.attention_conv.finish(self.self_attn(mixed, rope, *cache_args),
+        h = x + self.scaled(self.attention_conv.finish(self.self_attn(mixed, rope, mask, cache),
                                                        dynamic))
         mixed, dynamic = self.mlp_conv.prepare(self.post_attention_layernorm(h))
         return h + self.scaled(self.mlp_conv.finish(self.mlp(mixed), dynamic))

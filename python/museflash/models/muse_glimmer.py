@@ -18,17 +18,16 @@ from torch import nn
 
 from museflash.bundle import KVWrite, LayerType, StateName
 from museflash.models.base import (
+    LayerCache,
     RMSNorm,
     RotaryTables,
     SwiGLU,
     apply_rope,
     attend,
     global_causal_mask,
-    read_cache,
     ring_capacity,
     sliding_causal_mask,
     softcap,
-    write_cache,
 )
 from museflash.models.causal_lm import CausalLM, WithDrafterFeatures
 
@@ -164,15 +163,11 @@ class MuseGlimmerAttention(nn.Module):
         self,
         x: torch.Tensor,
         rope: tuple[torch.Tensor, torch.Tensor] | None,
-        key_cache: torch.Tensor,
-        value_cache: torch.Tensor,
-        cache_layer: int,
-        slots: torch.Tensor,
         mask: torch.Tensor,
-        kv_write: KVWrite = KVWrite.BLEND,
+        cache: LayerCache,
     ) -> torch.Tensor:
-        """rope: (cos, sin) [T, head_dim] for the layer's theta, None for a NoPE layer;
-        `kv_write`: how the new keys and values enter the cache (base.write_cache)."""
+        """rope: (cos, sin) [T, head_dim] for the layer's theta, None for a NoPE layer; mask
+        [T, capacity] bool; `cache`: the layer's ring or global cache (base.LayerCache)."""
         length = x.shape[1]
         q = self.q_proj(x[0]).reshape(length, self.n_q, self.head_dim).transpose(0, 1)
         k = self.k_proj(x[0]).reshape(length, self.n_kv, self.head_dim).transpose(0, 1)
@@ -181,10 +176,7 @@ class MuseGlimmerAttention(nn.Module):
         k = self.qk_norm(k)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        write_cache(key_cache, cache_layer, slots, k, kv_write)
-        write_cache(value_cache, cache_layer, slots, v, kv_write)
-        keys = read_cache(key_cache, cache_layer, q.dtype)
-        values = read_cache(value_cache, cache_layer, q.dtype)
+        keys, values = cache.update(k, v, q.dtype)
         out = attend(q, keys, values, mask, 1.0 / math.sqrt(self.head_dim))
         out = out.transpose(0, 1).reshape(1, length, self.n_q * self.head_dim)
         return self.o_proj(out * torch.sigmoid(self.gate_proj(x)))
@@ -229,8 +221,8 @@ class MuseGlimmerDecoderLayer(nn.Module):
         self.pre_feedforward_layernorm = RMSNorm(hidden, eps, unit_offset=True)
         self.post_feedforward_layernorm = RMSNorm(hidden, post_eps, unit_offset=True)
 
-    def forward(self, x: torch.Tensor, rope, *cache_args) -> torch.Tensor:
-        attn = self.self_attn(self.input_layernorm(x), rope, *cache_args)
+    def forward(self, x: torch.Tensor, rope, mask: torch.Tensor, cache: LayerCache) -> torch.Tensor:
+        attn = self.self_attn(self.input_layernorm(x), rope, mask, cache)
         h = x + self.post_attention_layernorm(attn)
         return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
 
@@ -343,8 +335,8 @@ class MuseGlimmerForCausalLM(CausalLM):
             else:
                 caches = (self.globalKeyCache, self.globalValueCache)
                 slots, mask, kv_write = positions, global_mask, self.kv_write
-            rope = ropes.get(layer.rope_theta)
-            x = layer(x, rope, *caches, self._cache_layer[layer_id], slots, mask, kv_write)
+            cache = LayerCache(*caches, self._cache_layer[layer_id], slots, kv_write)
+            x = layer(x, ropes.get(layer.rope_theta), mask, cache)
             if layer_id in capture_layers:
                 captured[layer_id] = x
         return x, [captured[i] for i in capture_layers]

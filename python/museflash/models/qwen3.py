@@ -19,14 +19,13 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from museflash.bundle import KVWrite, LayerType
+from museflash.bundle import LayerType
 from museflash.models.base import (
+    LayerCache,
     RMSNorm,
     SwiGLU,
     apply_rope,
     attend,
-    read_cache,
-    write_cache,
 )
 from museflash.models.causal_lm import GlobalCausalLM, WithDrafterFeatures
 from museflash.models.hf_config import (
@@ -160,21 +159,14 @@ class Qwen3Attention(nn.Module):
         self,
         x: torch.Tensor,
         rope: tuple[torch.Tensor, torch.Tensor],
-        key_cache: torch.Tensor,
-        value_cache: torch.Tensor,
-        cache_layer: int,
-        slots: torch.Tensor,
         mask: torch.Tensor,
-        kv_write: KVWrite = KVWrite.BLEND,
+        cache: LayerCache,
     ) -> torch.Tensor:
-        """x [1, T, hidden]; rope: (cos, sin) [T, head_dim]; slots: the absolute positions;
-        `kv_write`: how the new keys and values enter the cache (base.write_cache)."""
+        """x [1, T, hidden]; rope: (cos, sin) [T, head_dim]; mask [T, capacity] bool; `cache`
+        takes the new keys and values at the absolute positions (base.LayerCache)."""
         length = x.shape[1]
         q, k, v = self._qkv(x[0], rope)
-        write_cache(key_cache, cache_layer, slots, k, kv_write)
-        write_cache(value_cache, cache_layer, slots, v, kv_write)
-        keys = read_cache(key_cache, cache_layer, q.dtype)
-        values = read_cache(value_cache, cache_layer, q.dtype)
+        keys, values = cache.update(k, v, q.dtype)
         out = attend(q, keys, values, mask, 1.0 / math.sqrt(self.head_dim))
         return self.o_proj(out.transpose(0, 1).reshape(1, length, self.n_q * self.head_dim))
 
@@ -204,8 +196,8 @@ class Qwen3DecoderLayer(nn.Module):
     def scaled(self, update: torch.Tensor) -> torch.Tensor:
         return update if self.output_scale == 1.0 else update * self.output_scale
 
-    def forward(self, x: torch.Tensor, rope, *cache_args) -> torch.Tensor:
-        h = x + self.scaled(self.self_attn(self.input_layernorm(x), rope, *cache_args))
+    def forward(self, x: torch.Tensor, rope, mask: torch.Tensor, cache: LayerCache) -> torch.Tensor:
+        h = x + self.scaled(self.self_attn(self.input_layernorm(x), rope, mask, cache))
         return h + self.scaled(self.mlp(self.post_attention_layernorm(h)))
 
     def forward_batch(self, x: torch.Tensor, rope, mask: torch.Tensor) -> torch.Tensor:
