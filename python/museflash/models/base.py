@@ -249,8 +249,8 @@ class LayerCache:
     """One layer's view of a stateful key/value cache pair, passed to its attention as an object
     (as mlx-lm passes a cache): the two buffers [layers, kv_heads, capacity, head_dim], the
     layer's index in them, the slots this call writes, and how it writes them (`kv_write`).
-    A ring (the drafter's, Muse Glimmer's sliding layers) is written by the blend whatever the
-    target's strategy: it costs O(window) there."""
+    The models make a ring's (the drafter's, Muse Glimmer's sliding layers') with the blend
+    whatever the target's strategy: it costs O(window) there."""
 
     __slots__ = ("keys", "values", "layer", "slots", "kv_write")
 

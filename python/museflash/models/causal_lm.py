@@ -75,9 +75,9 @@ class GlobalCausalLM(CausalLM):
     A family sets `decoder_layer` and, if its RoPE frequencies are rescaled, overrides
     `rope_scaling`. Its config has the geometry of families.TargetConfig and rope_theta,
     rms_norm_eps and tie_word_embeddings. Its layers take (x, rope, mask, base.LayerCache),
-    have `forward_batch(x, rope, mask)` without caches,
-    an `output_scale` multiplying what they add to the residual stream, and the plain
-    (w) RMSNorms `input_layernorm` and `post_attention_layernorm` reading it.
+    have `forward_batch(x, rope, mask)` without caches, an `output_scale` multiplying what they
+    add to the residual stream, and the plain (w) RMSNorms `input_layernorm` and
+    `post_attention_layernorm` reading it.
     """
 
     # The family's decoder layer, built from the config once per layer.
