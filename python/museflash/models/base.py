@@ -38,6 +38,12 @@ class RMSNorm(nn.Module):
     that plain form, whose x^2 overflows fp16 above |x| = 256: kept for the figures and the
     tests that show the old graph failing (docs/fp16.md).
 
+    `fold` (set per norm by the fp16 range audit: `fold_norm_weights`) writes the product as
+    x * (f * w) instead of (x * f) * w: beside a massive channel x * f of a small channel is an
+    fp16 subnormal of a few bits, which a large weight then multiplies, while f * w is normal.
+    It can overflow where the row's rms is tiny and w large, so the audit folds only a norm whose
+    recorded rms and weights bound it (export/fp16_range.py, docs/fp16.md).
+
     `unit_offset=True` is the (1 + w) kind whose checkpoint weights are stored around zero;
     `with_weight=False` is a parameter-free normalisation (identity weight). `gain`, a
     non-persistent scalar multiplier of the output (1 unless a residual stream is rescaled:
@@ -49,6 +55,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.unit_offset = unit_offset
         self.form = NormForm.MAX_ABS
+        self.fold = False
         self.gain = 1.0
         if with_weight:
             initial = torch.zeros(dim) if unit_offset else torch.ones(dim)
@@ -73,13 +80,19 @@ class RMSNorm(nn.Module):
             # where they keep a few bits, and a large norm weight multiplies that loss.
             # |x| * factor <= sqrt(dim) (or 1 / sqrt(eps)), so the product stays bounded.
             factor = torch.rsqrt(scaled.pow(2).mean(dim=-1, keepdim=True) + floor) / peak
+            if self.fold and self.weight is not None:
+                return (x32 * (factor * self.full_weight())).to(x.dtype)
             normed = x32 * factor
         if self.weight is not None:
-            scale = self.weight.float()
-            normed = normed * (1.0 + scale if self.unit_offset else scale)
+            normed = normed * self.full_weight()
         elif self.gain != 1.0:
             normed = normed * self.gain
         return normed.to(x.dtype)
+
+    def full_weight(self) -> torch.Tensor:
+        """The weight the output is multiplied by, fp32: 1 + w for the unit-offset kind."""
+        scale = self.weight.float()
+        return 1.0 + scale if self.unit_offset else scale
 
     def scale_input(self, factor: float) -> None:
         """The norm reads a stream now multiplied by `factor`: eps follows it (factor^2), so the
@@ -103,6 +116,16 @@ def set_norm_form(module: nn.Module, form: NormForm) -> None:
     for child in module.modules():
         if isinstance(child, RMSNorm):
             child.form = NormForm(form)
+
+
+def fold_norm_weights(module: nn.Module, names: tuple[str, ...] | list[str]) -> None:
+    """The RMSNorms of `module` named in `names` (paths below it, as named_modules gives them)
+    are written with their weight folded into the row's factor (RMSNorm.fold)."""
+    for name in names:
+        norm = module.get_submodule(name)
+        if not isinstance(norm, RMSNorm) or norm.weight is None:
+            raise ValueError(f"{name} is not a weighted RMSNorm of {type(module).__name__}")
+        norm.fold = True
 
 
 class SwiGLU(nn.Module):
