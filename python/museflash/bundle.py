@@ -13,7 +13,8 @@ Compatibility rules, stated in the schema and honoured by both readers:
   older reader still reads a newer exporter's bundle of the same version.
 - Enumerated names (asset roles and kinds, function roles, state kinds, ...) are closed: an
   unknown value is an error, since a reader cannot drive what it does not know.
-- Optional values are written as null; readers also accept them absent.
+- Optional values are written as null (a field marked `omit_null` is left out instead, so
+  bundles written before it keep their bytes); readers also accept them absent.
 
 This module imports nothing from the rest of museflash (and no torch or coremltools).
 """
@@ -48,13 +49,15 @@ EMBEDDED_METADATA_KEY = "museflash.metadata"
 # channels past 2^15 on their <bos> and delimiter tokens, as real LLMs carry: docs/fp16.md);
 # `tiny-muted` carries one channel near 4e4 on every token that its final norm mutes while it
 # lifts the small ones (fp16's precision, not its range, is at stake); `tiny-muted-attention`
-# the same with the channel grown by attention, whose values depend on the states attended to.
+# the same with the channel grown by attention, whose values depend on the states attended to;
+# `tiny-small-channels` a channel of 1e3 to 3e4 that every later norm mutes, beside channels
+# near 1e-4 that the norms lift (the audit folds their weights into the factor).
 # `tiny-qwen3` / `tiny-llama`: random Qwen3 and Llama 3.1 targets written by transformers'
 # save_pretrained, each with a z-lab-shaped DFlash drafter (hf_tiny_pairs.py).
 BUILTIN_PREFIX = "builtin:"
 BUILTIN_PAIRS = ("smollm2", "demo", "demo-dflash2", "tiny", "tiny-dflash2", "tiny-massive",
-                 "tiny-dflash2-massive", "tiny-muted", "tiny-muted-attention", "tiny-qwen3",
-                 "tiny-llama")
+                 "tiny-dflash2-massive", "tiny-muted", "tiny-muted-attention",
+                 "tiny-small-channels", "tiny-qwen3", "tiny-llama")
 
 
 def builtin_source(pair: str) -> str:
@@ -444,6 +447,20 @@ class LayerPeaks:
 
 
 @dataclass(frozen=True)
+class NormFold:
+    """A target norm written x * (f * w) rather than (x * f) * w: beside a massive channel the
+    normalised value x * f of a small one is an fp16 subnormal of a few bits, which a large
+    weight then multiplies (docs/fp16.md)."""
+    norm: str = _doc("the norm's module path in the target, e.g. `norm` or "
+                     "`layers.3.input_layernorm`")
+    unfolded_error: float = _doc("largest relative error of its output on a calibration row, "
+                                 "its last two products simulated in fp16 as (x * f) * w")
+    folded_error: float = _doc("the same as x * (f * w)")
+    fold_bound: float = _doc("bound on |f * w| from the smallest rms seen and max |w|; below "
+                             "2^15")
+
+
+@dataclass(frozen=True)
 class Fp16Range:
     """The export's fp16 range audit: the checkpoint run in fp32 eager on calibration
     sequences before conversion, and the residual scales chosen from it (docs/fp16.md)."""
@@ -464,6 +481,10 @@ class Fp16Range:
     bos_token_id: int | None = _doc("the <bos> that led each calibration sequence, or null")
     target_layers: list[LayerPeaks]
     drafter_layers: list[LayerPeaks]
+    folded_norms: list[NormFold] | None = field(
+        default=None, metadata={"doc": "target norms written x * (f * w); absent (not null) "
+                                       "when none is, so such a bundle's bytes are as before",
+                                "omit_null": True})
 
 
 @dataclass(frozen=True)
@@ -561,7 +582,8 @@ def _hints(cls: type) -> dict[str, Any]:
 
 def _encode(value: Any) -> Any:
     if dataclasses.is_dataclass(value):
-        return {f.name: _encode(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return {f.name: _encode(getattr(value, f.name)) for f in dataclasses.fields(value)
+                if not (f.metadata.get("omit_null") and getattr(value, f.name) is None)}
     if isinstance(value, enum.Enum):
         return value.value
     if isinstance(value, dict):

@@ -4,6 +4,10 @@ Every RMSNorm of a museflash graph ends in `rsqrt(mean(y * y) + e)` (or `pow(y, 
 max_abs form `y` is `real_div(x, maximum(reduce_max(abs(x)), 1))`; in the plain form `y` is
 the norm's input itself. `metadata.json`'s `fp16_range.norm` must say what the graph does:
 verify compares the two, so a bundle whose record claims another form is refused.
+
+A norm the fp16 range audit folds (`fp16_range.folded_norms`) multiplies the row's factor
+`f = rsqrt(...) / m` by its constant weight before `x`: `x * (f * w)`. Unfolded, `f` meets `x`
+first. `folded_norm_count` counts the first kind; verify holds it to the record.
 """
 
 from __future__ import annotations
@@ -54,6 +58,27 @@ def norm_forms(function: Any) -> Counter:
             for p in (_producer(divisor, "x"), _producer(divisor, "y")))
         forms[NormForm.MAX_ABS.value if peak else NormForm.PLAIN.value] += 1
     return forms
+
+
+def _is_constant(var: Any) -> bool:
+    return var is not None and getattr(var, "val", None) is not None
+
+
+def folded_norm_count(function: Any) -> int:
+    """How many of `function`'s norms multiply the row's factor by a constant (their weight)
+    before the input: the fold (models/base.py RMSNorm.fold)."""
+    count = 0
+    for op in function.operations:
+        if op.op_type != "rsqrt":
+            continue
+        factors = [child for child in op.outputs[0].child_ops if child.op_type == "real_div"]
+        for factor in factors or [op]:
+            if any(child.op_type == "mul" and any(
+                    _is_constant(v) for k, v in child.inputs.items() if k in ("x", "y")
+                    and v is not factor.outputs[0]) for child in factor.outputs[0].child_ops):
+                count += 1
+                break
+    return count
 
 
 def graph_norm_form(function: Any) -> str:

@@ -45,7 +45,7 @@ from museflash.checkpoint.chat_template import read_chat_template, render_chat
 from museflash.checkpoint.configs import read_config
 from museflash.checkpoint.load import load_drafter, load_target
 from museflash.checkpoint.tensor_files import CheckpointError, checkpoint_shapes
-from museflash.checks.norm_form import graph_norm_form
+from museflash.checks.norm_form import folded_norm_count, graph_norm_form
 from museflash.checks.parity import (
     Discrepancy,
     ParityReport,
@@ -204,6 +204,13 @@ def _check_norm_form(name: str, metadata: Metadata, function) -> None:
         raise VerifyInputError(f"metadata.json fp16_range.norm is {recorded!r} but {name}'s "
                                f"graph writes its norms in the {found!r} form; the record "
                                "does not describe this bundle: re-export it")
+    folds = len(metadata.fp16_range.folded_norms or [])
+    found_folds = folded_norm_count(function)
+    if found_folds != folds:
+        raise VerifyInputError(f"metadata.json fp16_range.folded_norms lists {folds} norms but "
+                               f"{name}'s graph folds the weight into the factor in "
+                               f"{found_folds}; the record does not describe this bundle: "
+                               "re-export it")
 
 
 def check_target(export_dir: Path, metadata: Metadata, target, function: FunctionName,
@@ -420,11 +427,14 @@ def check_fp16_range(metadata: Metadata, target_dir: Path, drafter_dir: Path | N
         context=metadata.context_length, block=spec.block_size if spec else 1,
         vocab_size=metadata.vocab_size, config=read_config(target_dir), prompts=None,
         calibration="builtin", norm=audit.norm, scale=audit.norm == NormForm.MAX_ABS)
-    recorded = (audit.target_residual_scale, audit.drafter_residual_scale)
-    expected = (fresh.target_residual_scale, fresh.drafter_residual_scale)
+    recorded = (audit.target_residual_scale, audit.drafter_residual_scale,
+                [f.norm for f in audit.folded_norms or []])
+    expected = (fresh.target_residual_scale, fresh.drafter_residual_scale,
+                [f.norm for f in fresh.folded_norms or []])
     if recorded != expected:
-        raise VerifyInputError(f"metadata.json fp16_range records residual scales {recorded} "
-                               f"but the checkpoint's audit gives {expected}; re-export")
+        raise VerifyInputError(f"metadata.json fp16_range records residual scales and folded "
+                               f"norms {recorded} but the checkpoint's audit gives {expected}; "
+                               "re-export")
     return (f"fp16 range: residual scales {audit.target_residual_scale:g} (target) / "
             f"{drafter_scale} (drafter) match a fresh audit; largest |x| "
             f"{audit.peak_after_scaling:.4g}, norms {audit.norm}")

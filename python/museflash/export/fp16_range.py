@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from museflash.bundle import Fp16Range, LayerPeaks, NormForm
+from museflash.bundle import Fp16Range, LayerPeaks, NormFold, NormForm
 from museflash.checkpoint.load import load_drafter, load_target
 from museflash.checkpoint.weight_values import unholdable, weight_value_error
 from museflash.export.options import ExportError
@@ -45,6 +45,14 @@ CALIBRATION_TOKENS = 48
 # audit's memory is bounded whatever the file's size.
 MAX_CALIBRATION_PROMPTS = 64
 PEAK_TOKENS = 4  # tokens with the largest residual peaks: recorded, and drafted from
+# A target norm whose output, simulated in fp16 on the calibration rows, is off by more than this
+# (relative, on some row) in today's order (x * f) * w gets its weight folded, x * (f * w), or,
+# where that cannot hold it either, the export is refused. Eight fp16 half-ulps.
+NORM_LOSS_LIMIT = 2.0 ** -8
+FP16_MIN_NORMAL = 2.0 ** -14
+# x * (f * w) needs |f * w| in fp16's range on every row, f = 1 / rms: the fold is allowed where
+# max|w| / (smallest rms the calibration saw / FOLD_MARGIN) stays under SAFE_LIMIT.
+FOLD_MARGIN = 16.0
 # Built-in calibration text: code, prose, digits, punctuation and blank lines, the kinds of
 # token real models' massive activations sit on; each line is one sequence after <bos>.
 BUILTIN_CALIBRATION = (
@@ -61,6 +69,7 @@ class GraphNumerics:
     norm: NormForm = NormForm.MAX_ABS
     target_residual_scale: float = 1.0
     drafter_residual_scale: float = 1.0
+    folded_norms: tuple[str, ...] = ()  # target norms written x * (f * w) (models/base.py)
 
 
 def read_calibration_prompts(path: Path) -> tuple[list[str], int]:
@@ -185,6 +194,63 @@ class _Peaks:
             handle.remove()
 
 
+def _fp16(value: torch.Tensor) -> torch.Tensor:
+    return value.half().float()
+
+
+@dataclass
+class _NormLoss:
+    """One norm's record over the calibration rows (fp32, scales applied): the largest relative
+    error of its output with its last two products simulated in fp16 in each order, the
+    smallest row rms and the largest |weight|."""
+    unfolded: float = 0.0
+    folded: float = 0.0
+    smallest_rms: float = math.inf
+    largest_weight: float = 0.0
+
+    def note(self, norm: RMSNorm, x: torch.Tensor) -> None:
+        rows = x.detach().float().reshape(-1, x.shape[-1])
+        rms = torch.sqrt(rows.pow(2).mean(dim=-1, keepdim=True) + norm.eps)
+        factor, weight = _fp16(1.0 / rms), _fp16(norm.full_weight())
+        exact = rows.double() / rms.double() * norm.full_weight().double()
+        # Relative to the row's output, but never to less than a row of fp16's smallest normal
+        # in every channel: a row that small adds nothing the next op can resolve whatever its
+        # form, and relative to itself it would count a flush to zero as a loss of 1.
+        size = exact.norm(dim=-1).clamp(min=FP16_MIN_NORMAL * math.sqrt(rows.shape[-1]))
+        unfolded = _fp16(_fp16(_fp16(rows) * factor) * weight)
+        folded = _fp16(_fp16(rows) * _fp16(factor * weight))
+        for name, value in (("unfolded", unfolded), ("folded", folded)):
+            error = float(((value.double() - exact).norm(dim=-1) / size).max())
+            setattr(self, name, _larger(getattr(self, name), error))
+        self.smallest_rms = min(self.smallest_rms, float(rms.min()))
+        self.largest_weight = max(self.largest_weight, float(norm.full_weight().abs().max()))
+
+    def fold_bound(self, eps: float) -> float:
+        """A bound on |f * w| over the rows the calibration saw, with FOLD_MARGIN for rows
+        smaller than any of them (f itself never passes 1 / sqrt(eps))."""
+        factor = min(FOLD_MARGIN / self.smallest_rms, 1.0 / math.sqrt(eps))
+        return self.largest_weight * factor
+
+
+class _NormLosses:
+    """Forward hooks recording a _NormLoss for every weighted RMSNorm of `root`."""
+
+    def __init__(self, root: nn.Module):
+        self.norms: dict[str, RMSNorm] = {}
+        self.losses: dict[str, _NormLoss] = {}
+        self.handles = []
+        for name, module in root.named_modules():
+            if isinstance(module, RMSNorm) and module.weight is not None:
+                self.norms[name] = module
+                self.losses[name] = _NormLoss()
+                self.handles.append(module.register_forward_hook(
+                    lambda m, args, _out, name=name: self.losses[name].note(m, args[0])))
+
+    def close(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+
 class _RowEmbedding(nn.Module):
     """An embedding whose rows are read from the checkpoint as they are asked for."""
 
@@ -232,6 +298,7 @@ class _Run:
     """One pass of the audit: the hooks' peaks, the residual peaks it saw and the target's
     logits (lm_head's output, and after the output multiplier, before any soft-cap)."""
     peaks: _Peaks
+    norms: _NormLosses
     target_residual: list[float] = field(default_factory=list)
     drafter_residual: list[float] = field(default_factory=list)
     token_peaks: dict[int, float] = field(default_factory=dict)
@@ -284,7 +351,7 @@ class RangeAudit:
     @torch.no_grad()
     def run(self, sequences: list[list[int]]) -> _Run:
         target, drafter = self.target, self.drafter
-        run = _Run(_Peaks(self.roots))
+        run = _Run(_Peaks(self.roots), _NormLosses(target))
         try:
             ids = torch.tensor(sequences)
             layers = tuple(range(target.config.num_hidden_layers))
@@ -312,6 +379,7 @@ class RangeAudit:
                         self._draft(run, ids, features, ranked[:PEAK_TOKENS])
         finally:
             run.peaks.close()
+            run.norms.close()
         return run
 
     def _logits_peak(self, hidden: torch.Tensor, rows: int = 8192) -> float:
@@ -416,6 +484,32 @@ def _refuse_nonfinite(run: _Run) -> None:
                           "its weights and its config's eps and scale fields")
 
 
+def choose_folds(run: _Run) -> list[NormFold]:
+    """The target norms to write x * (f * w): those whose output loses more than
+    NORM_LOSS_LIMIT in today's order on the calibration rows, where folding keeps it and
+    |f * w| is bounded under SAFE_LIMIT. Refuses, naming the norm, where neither order holds."""
+    folds = []
+    for name, loss in run.norms.losses.items():
+        if loss.unfolded <= NORM_LOSS_LIMIT:
+            continue
+        bound = loss.fold_bound(run.norms.norms[name].eps)
+        if bound <= SAFE_LIMIT and loss.folded <= NORM_LOSS_LIMIT:
+            folds.append(NormFold(norm=name, unfolded_error=loss.unfolded,
+                                  folded_error=loss.folded, fold_bound=bound))
+            continue
+        why = (f"with its weight folded in, |f * w| could reach {bound:.3g}, past fp16's range"
+               if bound > SAFE_LIMIT else
+               f"folded it is still off by {loss.folded:.2g}: its input's small channels are "
+               "themselves below fp16's normal range")
+        raise ExportError(
+            f"fp16 range: target {name} loses its small channels beside a massive one (output "
+            f"off by {loss.unfolded:.2g} in fp16 on the calibration, limit "
+            f"{NORM_LOSS_LIMIT:.2g}), and {why}; this checkpoint cannot be exported in fp16 "
+            "as it is: rescale that norm's weights or the massive channel feeding it in the "
+            "checkpoint, or give --calibration-prompts that your use really meets")
+    return folds
+
+
 def audit_checkpoint(target_dir: Path, drafter_dir: Path | None, *, fused: bool,
                      with_drafter: bool, context: int, block: int, vocab_size: int,
                      config: dict, prompts: list[str] | None, calibration: str,
@@ -446,6 +540,7 @@ def audit_checkpoint(target_dir: Path, drafter_dir: Path | None, *, fused: bool,
             f"{target_scale:g} (target) / {drafter_scale:g} (drafter), above the 2^15 fp16 "
             "can hold with margin; no residual scale can fix a projection this large, so this "
             "checkpoint cannot be exported in fp16")
+    folds = choose_folds(checked) if scale else []
     everything = [*checked.peaks.inputs.values(), *checked.peaks.outputs.values(),
                   *checked.target_residual, *checked.drafter_residual, checked.logits]
     ranked = sorted(first.token_peaks, key=lambda t: -first.token_peaks[t])
@@ -464,8 +559,10 @@ def audit_checkpoint(target_dir: Path, drafter_dir: Path | None, *, fused: bool,
         target_layers=audit.layer_peaks(first, "target", first.target_residual),
         drafter_layers=(audit.layer_peaks(first, "drafter", first.drafter_residual)
                         if audit.drafter is not None else []),
+        folded_norms=folds or None,
     )
-    return record, GraphNumerics(norm, target_scale, drafter_scale)
+    return record, GraphNumerics(norm, target_scale, drafter_scale,
+                                 tuple(fold.norm for fold in folds))
 
 
 def summary(record: Fp16Range) -> str:
@@ -478,5 +575,8 @@ def summary(record: Fp16Range) -> str:
     if record.drafter_layers:
         drafter_peak = max(p.residual for p in record.drafter_layers)
         text += f"; drafter peak {drafter_peak:.4g}, scale {record.drafter_residual_scale:g}"
+    if record.folded_norms:
+        names = ", ".join(fold.norm for fold in record.folded_norms)
+        text += f"; weight folded into the factor in {names}"
     return (f"{text}; largest |x| after scaling {record.peak_after_scaling:.4g} over "
             f"{record.sequences} x {record.tokens} calibration tokens ({record.calibration})")

@@ -41,6 +41,7 @@ from museflash.export.options import (
 )
 from museflash.export.placeholders import PlaceholderWeights, compressed_weights
 from museflash.export.progress import Progress
+from museflash.models.base import fold_norm_weights
 from museflash.models.dflash import ENCODER_PREFIX, ZLAB_ENCODER_KEYS, DFlashConfig
 from museflash.models.dflash2 import DFlash2Config
 from museflash.models.families import TARGET_FAMILIES, TargetConfig
@@ -373,6 +374,7 @@ def load_modules(options: ExportOptions, plan: ExportPlan, progress: Progress,
             norm_form=numerics.norm,
             residual_scale=numerics.target_residual_scale,
         )
+        fold_norm_weights(target, numerics.folded_norms)
         info["bytes"] = module_weight_bytes(target)
     modules = {"target": target}
     if options.dflash_drafter or options.with_drafter:
