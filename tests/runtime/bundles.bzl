@@ -53,8 +53,10 @@ BUNDLES = [
 # The planted fp16 pairs (docs/fp16.md) at context 64 with an 8-token prefill, read by
 # //tests/python:test_fp16 and //tests/swift_runtime:test_nonfinite_agreement: tiny-massive and
 # tiny-dflash2-massive (a residual channel of 7.7e4 on three tokens), tiny-muted (one of 4e4 on
-# every token, muted by the final norm) and tiny-muted-attention (the same channel grown by
-# attention). BUILD.bazel exports tiny-massive once more in the graph from before the fp16 work.
+# every token, muted by the final norm), tiny-muted-attention (the same channel grown by
+# attention) and tiny-small-channels (one of 1e3 to 3e4 that every later norm mutes, with
+# channels near 1e-4 beside it: the audit folds those norms' weights). BUILD.bazel exports
+# tiny-massive once more in the graph from before the fp16 work.
 FP16_FLAGS = [
     "--max-context-length=64",
     "--prefill-length=8",
@@ -66,6 +68,7 @@ FP16_BUNDLES = [
     ("fp16_massive_dflash2", "tiny-dflash2-massive", FP16_FLAGS),
     ("fp16_muted", "tiny-muted", FP16_FLAGS),
     ("fp16_muted_attention", "tiny-muted-attention", FP16_FLAGS),
+    ("fp16_small_channels", "tiny-small-channels", FP16_FLAGS),
 ]
 
 def export_args(builtin, flags):

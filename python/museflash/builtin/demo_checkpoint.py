@@ -291,6 +291,38 @@ def plant_attention_grown_channel(target: MuseGlimmerWithDrafterFeatures) -> Non
             layer.input_layernorm.weight[MARKER] = grown - 1.0
 
 
+# Small channels beside a massive one at every norm (write_tiny_checkpoints(
+# massive="small-channels")): the post-MLP norms of the first SMALL_CHANNEL_LAYERS layers write
+# MASSIVE alone, with weight SMALL_CHANNEL_PEAK, so their random MLP outputs put 1e3 to 3e4 into
+# it, varying by token; every later layer's input norm reads it, mutes it and lifts the others
+# by SMALL_CHANNEL_INPUT_GAIN (folded in, their outputs are fp16 normals). Every token's
+# embedding holds SMALL_CHANNEL_EMBEDDING in MASSIVE, so the ordinary channels leave the
+# embedding norm near 1e-4 to 1e-3 and no layer writes them. The final norm mutes MASSIVE and
+# lifts the others by MUTED_FINAL_GAIN. Beside 3e4 the normalised value x * f of such a channel
+# is about 1e-7: an fp16 subnormal of two or three bits, which the lift multiplies into the
+# logits; x * (f * w) keeps it (docs/fp16.md, "Small channels beside a massive one").
+SMALL_CHANNEL_LAYERS = 2
+SMALL_CHANNEL_PEAK = 6e4
+SMALL_CHANNEL_EMBEDDING = 22000.0
+SMALL_CHANNEL_INPUT_GAIN = 1e4
+
+
+def plant_small_channels(target: MuseGlimmerWithDrafterFeatures) -> None:
+    """Plants the class described above into a randomly initialised tiny target."""
+    with torch.no_grad():
+        target.embed_tokens.weight[:, MASSIVE] = SMALL_CHANNEL_EMBEDDING
+        for depth, layer in enumerate(target.layers):
+            for norm in (layer.post_attention_layernorm, layer.post_feedforward_layernorm):
+                norm.weight.fill_(-1.0)  # (1 + w) = 0: the layers write no ordinary channel
+            if depth < SMALL_CHANNEL_LAYERS:
+                layer.post_feedforward_layernorm.weight[MASSIVE] = SMALL_CHANNEL_PEAK - 1.0
+            else:
+                layer.input_layernorm.weight.fill_(SMALL_CHANNEL_INPUT_GAIN - 1.0)
+                layer.input_layernorm.weight[MASSIVE] = -1.0
+        target.norm.weight.fill_(MUTED_FINAL_GAIN - 1.0)
+        target.norm.weight[MASSIVE] = -1.0
+
+
 def _plant_mlp(mlp: nn.Module, units: list[int], *, gate: float, down: float) -> None:
     """Units that read only MARKER (gate = up, so silu(g) * g >= 0) and write only MASSIVE;
     no unit reads MASSIVE."""
@@ -340,13 +372,15 @@ def smollm2_gguf() -> Path:
 
 
 # The random pairs by built-in name: (drafter config, planted massive activations: False,
-# True for plant_massive_activations, "muted" for plant_muted_massive_channel).
+# True for plant_massive_activations, "muted" for plant_muted_massive_channel, "muted-attention"
+# for plant_attention_grown_channel, "small-channels" for plant_small_channels).
 TINY_PAIRS = {"tiny": (TINY_DRAFTER_CONFIG, False),
               "tiny-dflash2": (TINY_DFLASH2_CONFIG, False),
               "tiny-massive": (TINY_DRAFTER_CONFIG, True),
               "tiny-dflash2-massive": (TINY_DFLASH2_CONFIG, True),
               "tiny-muted": (TINY_DRAFTER_CONFIG, "muted"),
-              "tiny-muted-attention": (TINY_DRAFTER_CONFIG, "muted-attention")}
+              "tiny-muted-attention": (TINY_DRAFTER_CONFIG, "muted-attention"),
+              "tiny-small-channels": (TINY_DRAFTER_CONFIG, "small-channels")}
 
 
 @contextmanager
@@ -479,6 +513,8 @@ def write_tiny_checkpoints(
         plant_muted_massive_channel(target)
     elif massive == "muted-attention":
         plant_attention_grown_channel(target)
+    elif massive == "small-channels":
+        plant_small_channels(target)
     elif massive:
         plant_massive_activations(target, drafter)
     generator = torch.Generator().manual_seed(seed + 1)
