@@ -60,25 +60,22 @@ def norm_forms(function: Any) -> Counter:
     return forms
 
 
-def _is_constant(var: Any) -> bool:
-    return var is not None and getattr(var, "val", None) is not None
+def _times_constant(var: Any) -> bool:
+    """Whether `var` is multiplied by a constant: the other input of a `mul` it feeds has a
+    value."""
+    return any(child.op_type == "mul" and any(
+        other is not var and getattr(other, "val", None) is not None
+        for other in (child.inputs.get("x"), child.inputs.get("y")))
+        for child in var.child_ops)
 
 
 def folded_norm_count(function: Any) -> int:
-    """How many of `function`'s norms multiply the row's factor by a constant (their weight)
-    before the input: the fold (models/base.py RMSNorm.fold)."""
-    count = 0
-    for op in function.operations:
-        if op.op_type != "rsqrt":
-            continue
-        factors = [child for child in op.outputs[0].child_ops if child.op_type == "real_div"]
-        for factor in factors or [op]:
-            if any(child.op_type == "mul" and any(
-                    _is_constant(v) for k, v in child.inputs.items() if k in ("x", "y")
-                    and v is not factor.outputs[0]) for child in factor.outputs[0].child_ops):
-                count += 1
-                break
-    return count
+    """How many of `function`'s norms multiply the row's factor `rsqrt(...) / m` by a
+    constant (their weight) before the input: the fold (models/base.py RMSNorm.fold), which
+    only the max_abs form writes."""
+    return sum(1 for op in function.operations if op.op_type == "rsqrt"
+               and any(child.op_type == "real_div" and _times_constant(child.outputs[0])
+                       for child in op.outputs[0].child_ops))
 
 
 def graph_norm_form(function: Any) -> str:

@@ -49,7 +49,7 @@ PEAK_TOKENS = 4  # tokens with the largest residual peaks: recorded, and drafted
 # (relative, on some row) in today's order (x * f) * w gets its weight folded, x * (f * w), or,
 # where that cannot hold it either, the export is refused. Eight fp16 half-ulps.
 NORM_LOSS_LIMIT = 2.0 ** -8
-FP16_MIN_NORMAL = 2.0 ** -14
+FP16_MIN_NORMAL = 2.0 ** -14  # the floor of what that error is relative to (_NormLoss.note)
 # x * (f * w) needs |f * w| in fp16's range on every row, f = 1 / rms: the fold is allowed where
 # max|w| / (smallest rms the calibration saw / FOLD_MARGIN) stays under SAFE_LIMIT.
 FOLD_MARGIN = 16.0
@@ -202,17 +202,19 @@ def _fp16(value: torch.Tensor) -> torch.Tensor:
 class _NormLoss:
     """One norm's record over the calibration rows (fp32, scales applied): the largest relative
     error of its output with its last two products simulated in fp16 in each order, the
-    smallest row rms and the largest |weight|."""
+    smallest row rms, the largest |weight| and the norm's eps."""
     unfolded: float = 0.0
     folded: float = 0.0
     smallest_rms: float = math.inf
     largest_weight: float = 0.0
+    eps: float = 0.0
 
     def note(self, norm: RMSNorm, x: torch.Tensor) -> None:
         rows = x.detach().float().reshape(-1, x.shape[-1])
         rms = torch.sqrt(rows.pow(2).mean(dim=-1, keepdim=True) + norm.eps)
-        factor, weight = _fp16(1.0 / rms), _fp16(norm.full_weight())
-        exact = rows.double() / rms.double() * norm.full_weight().double()
+        full = norm.full_weight()
+        factor, weight = _fp16(1.0 / rms), _fp16(full)
+        exact = rows.double() / rms.double() * full.double()
         # Relative to the row's output, but never to less than a row of fp16's smallest normal
         # in every channel: a row that small adds nothing the next op can resolve whatever its
         # form, and relative to itself it would count a flush to zero as a loss of 1.
@@ -223,12 +225,13 @@ class _NormLoss:
             error = float(((value.double() - exact).norm(dim=-1) / size).max())
             setattr(self, name, _larger(getattr(self, name), error))
         self.smallest_rms = min(self.smallest_rms, float(rms.min()))
-        self.largest_weight = max(self.largest_weight, float(norm.full_weight().abs().max()))
+        self.largest_weight = max(self.largest_weight, float(full.abs().max()))
+        self.eps = norm.eps
 
-    def fold_bound(self, eps: float) -> float:
+    def fold_bound(self) -> float:
         """A bound on |f * w| over the rows the calibration saw, with FOLD_MARGIN for rows
         smaller than any of them (f itself never passes 1 / sqrt(eps))."""
-        factor = min(FOLD_MARGIN / self.smallest_rms, 1.0 / math.sqrt(eps))
+        factor = min(FOLD_MARGIN / self.smallest_rms, 1.0 / math.sqrt(self.eps))
         return self.largest_weight * factor
 
 
@@ -236,12 +239,10 @@ class _NormLosses:
     """Forward hooks recording a _NormLoss for every weighted RMSNorm of `root`."""
 
     def __init__(self, root: nn.Module):
-        self.norms: dict[str, RMSNorm] = {}
         self.losses: dict[str, _NormLoss] = {}
         self.handles = []
         for name, module in root.named_modules():
             if isinstance(module, RMSNorm) and module.weight is not None:
-                self.norms[name] = module
                 self.losses[name] = _NormLoss()
                 self.handles.append(module.register_forward_hook(
                     lambda m, args, _out, name=name: self.losses[name].note(m, args[0])))
@@ -492,7 +493,7 @@ def choose_folds(run: _Run) -> list[NormFold]:
     for name, loss in run.norms.losses.items():
         if loss.unfolded <= NORM_LOSS_LIMIT:
             continue
-        bound = loss.fold_bound(run.norms.norms[name].eps)
+        bound = loss.fold_bound()
         if bound <= SAFE_LIMIT and loss.folded <= NORM_LOSS_LIMIT:
             folds.append(NormFold(norm=name, unfolded_error=loss.unfolded,
                                   folded_error=loss.folded, fold_bound=bound))
