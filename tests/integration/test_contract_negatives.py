@@ -22,6 +22,9 @@ COMPRESSED = Path(os.environ.get("MUSEFLASH_COMPRESSED_EXPORT_DIR",
 DFLASH2 = Path(os.environ.get("MUSEFLASH_DFLASH2_EXPORT_DIR",
                               "tests/runtime/dflash2_bundle"))
 SLICE = Path(os.environ.get("MUSEFLASH_SLICE_EXPORT_DIR", "tests/runtime/dflash2_slice_bundle"))
+# The planted fp16 pair whose audit folds 7 norms' weights into their factor (docs/fp16.md).
+FOLDED = Path(os.environ.get("MUSEFLASH_FOLDED_EXPORT_DIR",
+                             "tests/runtime/fp16_small_channels_bundle"))
 CHECKER = Path(os.environ.get("MUSEFLASH_CHECK_CONTRACT", "swift/check-contract"))
 SPEC = Path("Data") / "com.apple.CoreML" / "model.mlmodel"
 
@@ -366,3 +369,28 @@ def test_a_norm_form_the_graph_does_not_write_fails_norm_form(bundle, claimed):
     assert "fp16_range.norm" in line and claimed in line
     if claimed == "plain":
         assert "main" in line and "prefill" in line and "max_abs" in line
+
+
+def test_the_folded_norms_are_the_graphs(tmp_path):
+    """tiny-small-channels' record lists the 7 norms its graphs fold; one dropped from the
+    record fails by function, naming both counts."""
+    folded = interface_copy(FOLDED, tmp_path / "folded")
+    assert "target.norm_form" in every_property_holds(folded)
+    rewrite_metadata(folded, lambda metadata: metadata["fp16_range"]["folded_norms"].pop())
+    result, failed, _ = check(folded)
+    assert result.returncode == 1 and failed == {"target.norm_form"}
+    line = next(line for line in result.stdout.splitlines()
+                if line.startswith("FAIL target.norm_form"))
+    assert "folded_norms lists 6" in line and "in 7" in line
+    assert "main" in line and "prefill" in line
+
+
+def test_a_fold_the_graph_does_not_write_fails_norm_form(bundle):
+    """The demo's graphs fold no norm; a record claiming one does not describe them."""
+    fold = {"norm": "norm", "unfolded_error": 0.05, "folded_error": 0.001, "fold_bound": 400.0}
+    rewrite_metadata(bundle, lambda metadata: metadata["fp16_range"].update(folded_norms=[fold]))
+    result, failed, _ = check(bundle)
+    assert result.returncode == 1 and failed == {"target.norm_form"}
+    line = next(line for line in result.stdout.splitlines()
+                if line.startswith("FAIL target.norm_form"))
+    assert "folded_norms lists 1" in line and "in 0" in line

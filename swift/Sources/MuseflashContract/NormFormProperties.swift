@@ -9,6 +9,11 @@ import MLPackage
 /// `max_abs` form `y` is `real_div(x, maximum(reduce_max(abs(x)), 1))`; in the `plain` form `y`
 /// is the norm's input itself. A record that names the other form would have the bundle's
 /// fp16 safety described wrongly to whoever reads it, so the mismatch fails by function name.
+///
+/// The same property holds each function to `fp16_range.folded_norms`: a norm the export's
+/// audit folds multiplies its factor `rsqrt(...) / m` by its constant weight before the input,
+/// `x * (f * w)` (python/museflash/checks/norm_form.py, `folded_norm_count`). The count of such
+/// norms in `main` and `prefill` must be the number the record lists (none when it is absent).
 extension LoadedBundle {
     func normFormProperties() -> [PropertyResult] {
         [targetNormForm()]
@@ -28,6 +33,14 @@ extension LoadedBundle {
             guard let program = package.program else {
                 return "not an ML program: no graph to judge"
             }
+            let recordedFolds: Int
+            switch range["folded_norms"] {
+            case nil, .null?: recordedFolds = 0
+            case .array(let folds)?: recordedFolds = folds.count
+            case let other?:
+                throw Violation(detail: "metadata.json fp16_range.folded_norms is \(other), not a list; use the "
+                                + "metadata.json the export wrote")
+            }
             var problems = Problems()
             var found: [String] = []
             for name in [FunctionName.main, .prefill] {
@@ -36,11 +49,16 @@ extension LoadedBundle {
                       let block = function.block else { continue }
                 let forms = Self.normForms(in: block)
                 let form = Self.singleForm(forms)
-                found.append("\(name) \(forms.values.reduce(0, +)) norms \(form)")
+                let folds = Self.foldedNormCount(in: block)
+                found.append("\(name) \(forms.values.reduce(0, +)) norms \(form), \(folds) folded")
                 problems.require(form == recorded.rawValue,
                                  "metadata.json says fp16_range.norm \(recorded.rawValue) but \(name)'s graph writes "
                                  + "its norms in the \(form) form (\(Self.tally(forms))); the record does not describe "
                                  + "this bundle: re-export it, or use the metadata.json the export wrote")
+                problems.require(folds == recordedFolds,
+                                 "metadata.json fp16_range.folded_norms lists \(recordedFolds) norms but \(name)'s graph "
+                                 + "folds the weight into the factor in \(folds); the record does not describe this "
+                                 + "bundle: re-export it, or use the metadata.json the export wrote")
             }
             return try problems.verdict("\(recorded.rawValue): " + found.joined(separator: ", "))
         }
@@ -77,6 +95,42 @@ extension LoadedBundle {
             forms[form.rawValue, default: 0] += 1
         }
         return forms
+    }
+
+    /// How many of `block`'s norms multiply the row's factor (the `real_div` of their `rsqrt`)
+    /// by a constant before the input: the fold, which only the max_abs form writes.
+    static func foldedNormCount(in block: MILBlock) -> Int {
+        let operations = block.allOperations
+        var producer: [String: MILOperation] = [:]
+        var consumers: [String: [MILOperation]] = [:]
+        for operation in operations {
+            for output in operation.outputs { producer[output.name] = operation }
+            for input in operation.inputs {
+                for case .name(let name) in input.arguments { consumers[name, default: []].append(operation) }
+            }
+        }
+        func isConstant(_ binding: MILBinding?) -> Bool {
+            switch binding {
+            case .value?: return true
+            case .name(let name)?: return producer[name]?.type == "const"
+            default: return false
+            }
+        }
+        func timesConstant(_ name: String) -> Bool {
+            consumers[name, default: []].contains { mul in
+                mul.type == "mul" && ["x", "y"].contains { argument in
+                    let binding = mul.input(named: argument)?.first
+                    return binding != .name(name) && isConstant(binding)
+                }
+            }
+        }
+        return operations.filter { rsqrt in
+            rsqrt.type == "rsqrt" && rsqrt.outputs.contains { output in
+                consumers[output.name, default: []].contains { factor in
+                    factor.type == "real_div" && factor.outputs.contains { timesConstant($0.name) }
+                }
+            }
+        }.count
     }
 
     /// The one form every norm is written in; "mixed" or "none" otherwise.
