@@ -399,10 +399,10 @@ def test_logits_follow_fp32_on_the_planted_tokens(exports, name):
 
 
 def test_the_audit_predicts_the_loss_of_small_channels_beside_a_massive_one():
-    """One row: a channel of 1e4 (muted by the weight) beside channels near 1e-2 lifted by 300.
-    x * f of a small channel is about 8e-6, an fp16 subnormal of seven bits, and the lift
-    multiplies that loss; f * w is normal, so the folded order keeps the output's own
-    precision."""
+    """Rows with a channel of 1e4 (muted by the weight) beside channels near 1e-3 lifted by
+    300. x * f of a small channel is about 8e-7, an fp16 subnormal of about four bits, and the
+    lift multiplies that loss; f * w is normal, so the folded order keeps the output's own
+    precision. Ordinary rows lose nothing in either order."""
     from museflash.export.fp16_range import NORM_LOSS_LIMIT, _NormLoss
 
     norm = RMSNorm(64, 1e-6, unit_offset=False)
