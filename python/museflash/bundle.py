@@ -264,16 +264,63 @@ class State:
 
 
 @dataclass(frozen=True)
+class ContextBucket:
+    """Functions that attend to the global caches' first `context` slots only and write only
+    there (docs/buckets.md): a call whose last position is below `context` may run one of them
+    instead of the function of the same name over the whole capacity, with the same result."""
+    context: int = _doc("slots [0, context) of the global KV caches these functions read and "
+                        "write; a multiple of 32 below the capacity")
+    functions: dict[FunctionName, Function] = _doc(
+        "a subset of the asset's own functions, with their query lengths; the Core ML function "
+        "is named `<name>_<context>` (bucket_function_name)")
+
+
+def bucket_function_name(function: FunctionName, context: int) -> str:
+    """The Core ML name of `function` in the context bucket of `context` slots."""
+    return f"{function}_{context}"
+
+
+@dataclass(frozen=True)
+class FunctionEntry:
+    """One row of an asset's function table (Asset.function_table): a Core ML function of its
+    package, what it computes, and the global cache slots it attends to."""
+    name: str  # the Core ML function name
+    function: FunctionName
+    context: int | None  # its bucket's slots; None: the whole capacity
+    spec: Function
+
+
+@dataclass(frozen=True)
 class Asset:
     """A role's functions and states. Assets may share a package (schema 3: the target and the
-    DFlash drafter); the package then has exactly the union of their functions."""
+    DFlash drafter); the package then has exactly the union of their function tables."""
     path: str = _doc("package path relative to the export directory; the fused target and the "
                      "DFlash drafter name the same one")
     kind: AssetKind
     default_function: FunctionName = _doc("one of this asset's functions; the package's default "
                                           "function is its owner's (the first role naming it)")
-    functions: dict[FunctionName, Function]
+    functions: dict[FunctionName, Function] = _doc("the functions over the whole capacity")
     states: list[State]
+    buckets: list[ContextBucket] | None = field(
+        default=None, metadata={"doc": "smaller context buckets, ascending, each with its own "
+                                       "copies of some functions; absent (not null) when the "
+                                       "asset has none", "omit_null": True})
+
+    def __post_init__(self) -> None:
+        contexts = [b.context for b in self.buckets or ()]
+        if contexts != sorted(set(contexts)):
+            raise BundleError(f"the {self.kind} asset's bucket contexts {contexts} are not "
+                              "strictly ascending")
+        capacity = self.capacity(StateKind.GLOBAL_KV)
+        for bucket in self.buckets or ():
+            if capacity is None or not 0 < bucket.context < capacity:
+                raise BundleError(f"the {self.kind} asset's bucket of {bucket.context} slots is "
+                                  f"not inside its global caches' capacity ({capacity})")
+            for name, function in bucket.functions.items():
+                if self.functions.get(name) != function:
+                    raise BundleError(
+                        f"the {self.kind} asset's bucket of {bucket.context} slots has a "
+                        f"function {name!s} that differs from (or is missing among) its own")
 
     def function(self, name: FunctionName) -> Function:
         if name not in self.functions:
@@ -284,6 +331,33 @@ class Asset:
     def capacity(self, kind: StateKind) -> int | None:
         """Slots of this package's states of `kind` (None when it has none)."""
         return next((s.capacity for s in self.states if s.kind == kind), None)
+
+    def function_table(self) -> list[FunctionEntry]:
+        """Every Core ML function of this asset: each bucket's, smallest bucket first, then
+        those over the whole capacity. The one table the exporter, the engines, check-contract
+        and the tests read (docs/buckets.md)."""
+        rows = [FunctionEntry(bucket_function_name(name, bucket.context), name, bucket.context,
+                              function)
+                for bucket in self.buckets or () for name, function in bucket.functions.items()]
+        return rows + [FunctionEntry(str(name), name, None, function)
+                       for name, function in self.functions.items()]
+
+    def pick(self, name: FunctionName, last_position: int) -> FunctionEntry:
+        """The function `name` of the smallest bucket that holds `last_position` (the call's
+        last position), or the one over the whole capacity. A position past the global caches
+        is refused: no function holds it."""
+        capacity = self.capacity(StateKind.GLOBAL_KV)
+        if capacity is not None and last_position >= capacity:
+            raise BundleError(f"position {last_position} is past the {capacity} slots of the "
+                              f"{self.kind} package's global caches; re-export with a larger "
+                              "--max-context-length, or start a new conversation")
+        fitting = (row for row in self.function_table()
+                   if row.function == name and (row.context is None
+                                                or last_position < row.context))
+        row = next(fitting, None)
+        if row is None:
+            self.function(name)  # raises: the asset has no such function
+        return row
 
 
 @dataclass(frozen=True)
@@ -534,6 +608,11 @@ class Metadata:
     @property
     def kv_write_strategy(self) -> KVWrite:
         return self.kv_write or KVWrite.BLEND
+
+    def context_buckets(self, role: AssetRole = AssetRole.TARGET) -> list[int]:
+        """The contexts of `role`'s functions, ascending, the whole capacity last."""
+        asset = self.asset(role)
+        return [b.context for b in asset.buckets or ()] + [self.context_length]
 
     def max_query_length(self) -> int:
         return max(f.query_length for a in self.assets.values() for f in a.functions.values())

@@ -24,6 +24,7 @@ from museflash.export.options import (
     ExportError,
     ExportOptions,
     parse_also_export,
+    parse_context_buckets,
 )
 from museflash.export.progress import log_path_for, quiet_console
 from museflash.export.publish import OutputDirError
@@ -54,6 +55,12 @@ flags.DEFINE_integer("num-draft-tokens", None,
 flags.DEFINE_integer("max-context-length", None,
                      "Capacity of the global KV caches (default: 512, or the model's "
                      "max_position_embeddings when smaller).")
+flags.DEFINE_string("context-buckets", None,
+                    "Comma-separated context buckets, ascending multiples of 32 up to the "
+                    "capacity, e.g. 512,2048,8192: each gets its own main and prefill, which "
+                    "attend to (and write) only that many slots of the shared caches, and the "
+                    "engines call the smallest holding the call (default: 5 contexts doubling "
+                    "from 512 up to the capacity, none below 1024; docs/buckets.md).")
 flags.DEFINE_integer("prefill-length", 32, "Query length of the target's prefill function.")
 flags.DEFINE_integer("decode-length", None,
                      "Query length of the target's main function (default: the block, "
@@ -116,6 +123,7 @@ def options_from_flags() -> ExportOptions:
         compression_config=resolve_user_path(FLAGS["compression-config"].value),
         calibration_prompts=resolve_user_path(FLAGS["calibration-prompts"].value),
         kv_write=FLAGS["kv-write"].value,
+        context_buckets=parse_context_buckets(FLAGS["context-buckets"].value),
         also_export=tuple((preset, resolve_user_path(str(directory)))
                           for preset, directory in also),
     )

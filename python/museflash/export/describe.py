@@ -25,8 +25,10 @@ from museflash.bundle import (
     CompressionMode,
     CompressionPreset,
     CompressionRule,
+    ContextBucket,
     Fp16Range,
     Function,
+    FunctionName,
     Generator,
     LayerType,
     Metadata,
@@ -57,14 +59,18 @@ def state_entries(module: torch.nn.Module, names: tuple[StateName, ...]) -> list
 
 
 def asset(plan: AssetPlan, module: torch.nn.Module) -> Asset:
+    def entries(context: int | None) -> dict[FunctionName, Function]:
+        return {f.function: Function(role=f.role, query_length=f.query_length,
+                                     inputs=f.input_names, outputs=list(f.outputs))
+                for f in plan.functions if f.bucket == context}
+
     return Asset(
         path=plan.path,
         kind=plan.kind,
         default_function=plan.default_function,
-        functions={f.name: Function(role=f.role, query_length=f.query_length,
-                                    inputs=f.input_names, outputs=list(f.outputs))
-                   for f in plan.functions},
+        functions=entries(None),
         states=state_entries(module, plan.states),
+        buckets=[ContextBucket(b, entries(b)) for b in plan.buckets] or None,
     )
 
 

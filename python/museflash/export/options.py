@@ -5,6 +5,7 @@ It imports no torch, so the command line can define its flags and answer --help 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,6 +13,10 @@ from museflash.bundle import BUILTIN_PAIRS, KVWrite
 from museflash.compression import PRESETS
 
 DEFAULT_CONTEXT_LENGTH = 512
+# Default context buckets (docs/buckets.md): at most DEFAULT_BUCKETS contexts, the capacity
+# among them, from SMALLEST_DEFAULT_BUCKET up; each bucket adds a main and a prefill.
+DEFAULT_BUCKETS = 5
+SMALLEST_DEFAULT_BUCKET = 512
 # Tokens drafted per step when --num-draft-tokens is not given (capped by the drafter's
 # block_size - 1). Chosen by measurement (docs/benchmarks.md, //:demo_figures): on both demo
 # pairs k = 7 decoded fastest on the Python export backend, and on the Swift engine for v1;
@@ -55,6 +60,8 @@ class ExportOptions:
     calibration_prompts: Path | None = None
     # How main and prefill write the target's global KV caches (bundle.KVWrite).
     kv_write: str = KVWrite.BLEND.value
+    # The target's context buckets (docs/buckets.md); None: plan.context_buckets' default.
+    context_buckets: tuple[int, ...] | None = None
     # More bundles from the same conversion: (compression preset, output directory) each. The
     # functions are traced and converted once; each bundle gets its own weights and merge.
     also_export: tuple[tuple[str, Path], ...] = ()
@@ -173,3 +180,52 @@ def check_context_length(context: int, prefill_length: int) -> None:
     if prefill_length > context:
         raise ExportError(f"--prefill-length {prefill_length} exceeds --max-context-length "
                           f"{context}")
+
+
+def parse_context_buckets(value: str | None) -> tuple[int, ...] | None:
+    """--context-buckets 512,2048,8192 as (512, 2048, 8192); None when not given."""
+    if value is None:
+        return None
+    try:
+        buckets = tuple(int(part) for part in value.split(","))
+    except ValueError:
+        raise ExportError(f"--context-buckets {value!r} is not a comma-separated list of "
+                          "integers; give slot counts, e.g. 512,2048,8192") from None
+    return buckets
+
+
+def check_context_buckets(buckets: tuple[int, ...], context: int, max_query: int) -> None:
+    """Each bucket a multiple of 32 (a slice of a Core ML state the Neural Engine wants
+    aligned), ascending, at most the capacity, and holding a whole call of the longest query
+    (the prefill chunk or the verify block)."""
+    flag = f"--context-buckets {','.join(map(str, buckets))}"
+    if not buckets:
+        raise ExportError(f"{flag}: give at least one bucket, e.g. {context}")
+    if list(buckets) != sorted(set(buckets)):
+        raise ExportError(f"{flag}: the buckets are not strictly ascending; list each once, "
+                          "smallest first")
+    for bucket in buckets:
+        if bucket % 32:
+            raise ExportError(f"{flag}: {bucket} is not a multiple of 32 (the Neural Engine "
+                              f"wants state slices in multiples of 32); use "
+                              f"{-(-bucket // 32) * 32}")
+        if bucket > context:
+            raise ExportError(f"{flag}: {bucket} exceeds the capacity {context}; raise "
+                              f"--max-context-length or drop the bucket")
+        if bucket < max_query:
+            raise ExportError(f"{flag}: {bucket} is below the longest call ({max_query} "
+                              "tokens: the prefill chunk or the verify block), which a bucket "
+                              "must hold; drop it or use a larger one")
+
+
+def default_context_buckets(context: int, max_query: int) -> tuple[int, ...]:
+    """The buckets below `context` by default: DEFAULT_BUCKETS contexts in all, spaced evenly
+    in log scale from SMALLEST_DEFAULT_BUCKET to the capacity and rounded down to multiples of
+    32 (a doubling when the capacity is 16 times the smallest), without one shorter than the
+    longest call. None below a capacity of twice the smallest."""
+    if context < 2 * SMALLEST_DEFAULT_BUCKET:
+        return ()
+    steps = min(DEFAULT_BUCKETS - 1, max(1, round(math.log2(context / SMALLEST_DEFAULT_BUCKET))))
+    ratio = (context / SMALLEST_DEFAULT_BUCKET) ** (1 / steps)
+    buckets = {int(SMALLEST_DEFAULT_BUCKET * ratio ** i) // 32 * 32 for i in range(steps)}
+    return tuple(sorted(b for b in buckets if max_query <= b < context))

@@ -3,6 +3,7 @@ input, output and state before any weight is read; load the modules the plan tra
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from museflash.bundle import (
     SelectorDecoding,
     SpeculativeDecoding,
     StateName,
+    bucket_function_name,
     target_states,
 )
 from museflash.checkpoint.configs import CheckedConfigs, check_configs, drafter_kind, read_config
@@ -37,7 +39,9 @@ from museflash.export.options import (
     DEFAULT_NUM_DRAFT_TOKENS,
     ExportError,
     ExportOptions,
+    check_context_buckets,
     check_context_length,
+    default_context_buckets,
 )
 from museflash.export.placeholders import PlaceholderWeights, compressed_weights
 from museflash.export.progress import Progress
@@ -59,17 +63,27 @@ class InputPlan:
 
 @dataclass
 class FunctionPlan:
-    name: FunctionName  # Core ML function name
+    name: str  # Core ML function name: the function's own, or bucket_function_name's
     role: FunctionRole
     entry_point: str  # module entry point
     inputs: list[InputPlan]
     outputs: list[OutputName]
     example_args: tuple
     query_length: int
+    function: FunctionName | None = None  # what it computes; None: `name` itself
+    bucket: int | None = None  # the global cache slots it attends to; None: all of them
+
+    def __post_init__(self) -> None:
+        self.function = FunctionName(self.function or self.name)
 
     @property
     def input_names(self) -> list[InputName]:
         return [i.name for i in self.inputs]
+
+    def in_bucket(self, context: int) -> FunctionPlan:
+        """The same function attending to the global caches' first `context` slots only."""
+        return dataclasses.replace(self, name=bucket_function_name(self.function, context),
+                                   bucket=context)
 
 
 @dataclass
@@ -83,12 +97,18 @@ class AssetPlan:
     functions: list[FunctionPlan]
     # The package holding the functions; several assets may share one (docs/metadata.md).
     path: str = ""
+    # The context buckets below the capacity (docs/buckets.md); `functions` has each one's.
+    buckets: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         self.path = self.path or AssetRole(self.role).package
 
     def function(self, name: str) -> FunctionPlan:
         return next(f for f in self.functions if f.name == name)
+
+    def whole(self) -> list[FunctionPlan]:
+        """The functions over the whole capacity (bundle.Asset.functions)."""
+        return [f for f in self.functions if f.bucket is None]
 
 
 @dataclass(frozen=True)
@@ -154,9 +174,11 @@ def plan_export(options: ExportOptions, target_dir: Path, drafter_dir: Path | No
         raise ExportError(f"decode length {decode_length} exceeds --max-context-length "
                           f"{context}")
     max_query = max(options.prefill_length, decode_length, block)
+    buckets = context_buckets(options, context, max_query, configs.target)
     return ExportPlan(Path(target_dir), Path(drafter_dir) if drafter_dir else None, configs,
                       spec, max_query,
-                      _asset_plans(options, spec, decode_length, configs.target.layer_types),
+                      _asset_plans(options, spec, decode_length, configs.target.layer_types,
+                                   buckets),
                       compression_plan(options, Path(target_dir),
                                        Path(drafter_dir) if drafter_dir else None),
                       context, kv_write_strategy(options, configs.target))
@@ -172,6 +194,26 @@ def kv_write_strategy(options: ExportOptions, target: TargetConfig) -> KVWrite:
             f"sliding ones, which every strategy writes with the blend; use --kv-write "
             f"{KVWrite.BLEND}")
     return strategy
+
+
+def context_buckets(options: ExportOptions, context: int, max_query: int,
+                    target: TargetConfig) -> tuple[int, ...]:
+    """The context buckets below the capacity `context` (docs/buckets.md): --context-buckets,
+    or by default DEFAULT_BUCKETS contexts spaced evenly in log scale from
+    SMALLEST_DEFAULT_BUCKET up to the capacity (doubling, for SmolLM2's 8192), rounded down to
+    multiples of 32. A target without global layers has no context-sized cache to bucket."""
+    if options.context_buckets is not None:
+        check_context_buckets(options.context_buckets, context, max_query)
+        chosen = tuple(b for b in options.context_buckets if b < context)
+    else:
+        chosen = default_context_buckets(context, max_query)
+    if chosen and not target.global_layer_ids:
+        if options.context_buckets is not None:
+            raise ExportError("--context-buckets: this target has no global (full-attention) "
+                              "layers, only sliding rings, whose cost does not grow with the "
+                              "context; drop --context-buckets")
+        return ()
+    return chosen
 
 
 def context_length(options: ExportOptions, target_dir: Path) -> int:
@@ -319,17 +361,21 @@ def _inject_function(block: int, width: int) -> FunctionPlan:
 
 
 def _asset_plans(options: ExportOptions, spec: SpeculativeDecoding | None,
-                 decode_length: int, layer_types: list[str]) -> list[AssetPlan]:
+                 decode_length: int, layer_types: list[str],
+                 buckets: tuple[int, ...] = ()) -> list[AssetPlan]:
     fused = options.fused_target
     target_outputs = [OutputName.LOGITS] + ([OutputName.DRAFTER_FEATURES] if fused else [])
+    whole = [
+        _ids_function(FunctionName.MAIN, FunctionRole.DECODE, "forward", decode_length,
+                      target_outputs),
+        _ids_function(FunctionName.PREFILL, FunctionRole.PREFILL, "prefill",
+                      options.prefill_length, target_outputs),
+    ]
+    # Smallest bucket first, as bundle.Asset.function_table lists them.
     assets = [AssetPlan(
         AssetRole.TARGET, AssetKind.FUSED_TARGET if fused else AssetKind.TARGET, "target",
-        target_states(layer_types), FunctionName.MAIN, [
-            _ids_function(FunctionName.MAIN, FunctionRole.DECODE, "forward", decode_length,
-                          target_outputs),
-            _ids_function(FunctionName.PREFILL, FunctionRole.PREFILL, "prefill",
-                          options.prefill_length, target_outputs),
-        ])]
+        target_states(layer_types), FunctionName.MAIN,
+        [f.in_bucket(b) for b in buckets for f in whole] + whole, buckets=buckets)]
     if options.dflash_drafter:
         draft_outputs = [OutputName.LOGITS] + (
             [OutputName.DRAFT_TOKENS] if spec.drafter_kind == DrafterKind.DFLASH2 else [])

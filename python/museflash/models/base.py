@@ -203,20 +203,27 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 def write_cache_slots(
-    cache: torch.Tensor, layer: int, slots: torch.Tensor, values: torch.Tensor
+    cache: torch.Tensor, layer: int, slots: torch.Tensor, values: torch.Tensor,
+    span: int | None = None,
 ) -> None:
     """cache[layer][:, slots[t]] = values[:, t], in place.
 
     cache: [layers, kv_heads, capacity, head_dim]; slots: [T] int, pairwise distinct;
     values: [kv_heads, T, head_dim]. A one-hot blend rather than index_put/scatter because it
-    is the form coremltools 9.0 converts for an fp16 state (docs/positions.md).
+    is the form coremltools 9.0 converts for an fp16 state (docs/positions.md). With `span`
+    (a context bucket: docs/buckets.md) the blend covers slots [0, span) only, a constant
+    slice of the state, so a call costs what its bucket holds; the slots must lie below it.
     """
-    capacity = cache.shape[2]
+    capacity = cache.shape[2] if span is None else span
     slot_ids = torch.arange(capacity, dtype=slots.dtype)
     hits = slots.reshape(-1, 1) == slot_ids.reshape(1, -1)  # [T, capacity]
     written = hits.any(dim=0).reshape(1, capacity, 1)
     scattered = torch.matmul(hits.to(values.dtype).transpose(0, 1), values)
-    cache[layer] = torch.where(written, scattered.to(cache.dtype), cache[layer])
+    if span is None:
+        cache[layer] = torch.where(written, scattered.to(cache.dtype), cache[layer])
+    else:
+        cache[layer, :, :span] = torch.where(written, scattered.to(cache.dtype),
+                                             cache[layer, :, :span])
 
 
 @torch.library.custom_op("museflash::write_cache_rows", mutates_args=())
@@ -244,17 +251,19 @@ def _write_cache_rows_shape(cache, layer, start, values):
 
 
 def write_cache(cache: torch.Tensor, layer: int, slots: torch.Tensor, values: torch.Tensor,
-                strategy: KVWrite = KVWrite.BLEND) -> None:
+                strategy: KVWrite = KVWrite.BLEND, span: int | None = None) -> None:
     """cache[layer][:, slots[t]] = values[:, t], in place, written as `strategy` says: the
-    one-hot blend (any pairwise distinct slots), or one slice_update at slots[0] (KVWrite.SLICE:
-    the slots must be consecutive and ascending, as the global cache's positions are)."""
+    one-hot blend (any pairwise distinct slots; within [0, span) with a span), or one
+    slice_update at slots[0] (KVWrite.SLICE: the slots must be consecutive and ascending, as
+    the global cache's positions are; it writes O(T) rows whatever the span)."""
     if strategy == KVWrite.SLICE:
         cache.copy_(write_cache_rows(cache, layer, slots[:1], values))
     else:
-        write_cache_slots(cache, layer, slots, values)
+        write_cache_slots(cache, layer, slots, values, span)
 
 
-def read_cache(cache: torch.Tensor, layer: int, dtype: torch.dtype) -> torch.Tensor:
+def read_cache(cache: torch.Tensor, layer: int, dtype: torch.dtype,
+               span: int | None = None) -> torch.Tensor:
     """One layer of a cache buffer, as `dtype`, with the cast kept in the exported graph.
 
     coremltools' torch frontend reads an fp16 state as fp32 (its fp16 pass narrows it again
@@ -262,7 +271,7 @@ def read_cache(cache: torch.Tensor, layer: int, dtype: torch.dtype) -> torch.Ten
     cast, the attention output reaches o_proj as fp32 and the converter promotes that layer's
     weight to a materialised fp32 copy: 2x its bytes per layer, held through half the pass
     pipeline. The fp16 -> fp32 -> fp16 round trip is exact, and the converter folds it away."""
-    layer_values = cache[layer]
+    layer_values = cache[layer] if span is None else cache[layer, :, :span]
     if layer_values.dtype == dtype:
         return layer_values.to(torch.float32).to(dtype)
     return layer_values.to(dtype)
@@ -273,31 +282,34 @@ class LayerCache:
     (as mlx-lm passes a cache): the two buffers [layers, kv_heads, capacity, head_dim], the
     layer's index in them, the slots this call writes, and how it writes them (`kv_write`).
     The models make a ring's (the drafter's, Muse Glimmer's sliding layers') with the blend
-    whatever the target's strategy: it costs O(window) there."""
+    whatever the target's strategy: it costs O(window) there. `span`, for a global cache,
+    is the context bucket the call runs in: it reads and blends slots [0, span) only."""
 
-    __slots__ = ("keys", "values", "layer", "slots", "kv_write")
+    __slots__ = ("keys", "values", "layer", "slots", "kv_write", "span")
 
     def __init__(self, keys: torch.Tensor, values: torch.Tensor, layer: int, slots: torch.Tensor,
-                 kv_write: KVWrite = KVWrite.BLEND):
+                 kv_write: KVWrite = KVWrite.BLEND, span: int | None = None):
         self.keys, self.values, self.layer = keys, values, layer
         self.slots, self.kv_write = slots, KVWrite(kv_write)
+        self.span = None if span is None or span == keys.shape[2] else span
 
     def write_keys(self, k: torch.Tensor) -> None:
         """Writes k [kv_heads, T, head_dim] at the slots (write_cache)."""
-        write_cache(self.keys, self.layer, self.slots, k, self.kv_write)
+        write_cache(self.keys, self.layer, self.slots, k, self.kv_write, self.span)
 
     def write_values(self, v: torch.Tensor) -> None:
         """Writes v [kv_heads, T, head_dim] at the slots (write_cache)."""
-        write_cache(self.values, self.layer, self.slots, v, self.kv_write)
+        write_cache(self.values, self.layer, self.slots, v, self.kv_write, self.span)
 
     def read(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """The layer's keys and values, as `dtype` (read_cache)."""
-        return read_cache(self.keys, self.layer, dtype), read_cache(self.values, self.layer, dtype)
+        """The layer's keys and values, as `dtype` (read_cache), within the span."""
+        return (read_cache(self.keys, self.layer, dtype, self.span),
+                read_cache(self.values, self.layer, dtype, self.span))
 
     def update(self, k: torch.Tensor, v: torch.Tensor,
                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """Writes k, then v ([kv_heads, T, head_dim]), then reads both: the keys and values
-        ([kv_heads, capacity, head_dim]) this call's queries attend to."""
+        ([kv_heads, span or capacity, head_dim]) this call's queries attend to."""
         self.write_keys(k)
         self.write_values(v)
         return self.read(dtype)

@@ -40,13 +40,26 @@ class CausalLM(nn.Module):
     """
 
     entry_points = ("forward", "prefill")
+    # The context bucket of a view: the global caches' slots [0, span) that its calls attend
+    # to and write; None: the whole capacity (docs/buckets.md).
+    span: int | None = None
 
-    def with_entry_point(self, name: str) -> Self:
+    def with_entry_point(self, name: str, span: int | None = None) -> Self:
+        """A view of the same module whose forward is entry point `name`, attending to the
+        global caches' first `span` slots only (None: all of them)."""
         if name not in self.entry_points:
             raise ValueError(f"unknown entry point {name!r}; choose from {self.entry_points}")
+        if span is not None and not 0 < span <= self.max_context:
+            raise ValueError(f"span {span} is outside the global caches' 1..{self.max_context}")
         view = copy.copy(self)  # shares parameter, buffer and submodule dicts
         view.entry_point = name
+        view.span = None if span == self.max_context else span
         return view
+
+    @property
+    def attended_context(self) -> int:
+        """Slots of the global caches this view's calls attend to: its span or the capacity."""
+        return self.span or self.max_context
 
     def output_weight(self) -> torch.Tensor:
         return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
@@ -158,12 +171,13 @@ class GlobalCausalLM(CausalLM):
             raise ValueError(f"query length {length} exceeds max_query_len {self.max_query_len}")
         positions = position_ids.reshape(-1)
         x = self.embed(input_ids.reshape(1, -1))
-        mask = global_causal_mask(positions, self.max_context)
+        mask = global_causal_mask(positions, self.attended_context)
         rope = self.rotary(positions, self.config.rope_theta, x.dtype)
         caches = (self.globalKeyCache, self.globalValueCache)
         captured: dict[int, torch.Tensor] = {}
         for layer_id, layer in enumerate(self.layers):
-            x = layer(x, rope, mask, LayerCache(*caches, layer_id, positions, self.kv_write))
+            x = layer(x, rope, mask, LayerCache(*caches, layer_id, positions, self.kv_write,
+                                                self.span))
             if layer_id in capture_layers:
                 captured[layer_id] = x
         return x, [captured[i] for i in capture_layers]

@@ -322,7 +322,7 @@ class MuseGlimmerForCausalLM(CausalLM):
         x = self.embed_norm(self.embed_tokens(input_ids.reshape(1, -1)))
         sliding_mask = sliding_causal_mask(positions, self.ring_capacity,
                                            self.config.sliding_window)
-        global_mask = global_causal_mask(positions, self.max_context)
+        global_mask = global_causal_mask(positions, self.attended_context)
         ring_slots = torch.remainder(positions, self.ring_capacity)
         # One lookup per distinct theta, shared by its layers.
         ropes = {theta: self.rotary(positions, theta, x.dtype) for theta in self.rotary.thetas}
@@ -331,11 +331,11 @@ class MuseGlimmerForCausalLM(CausalLM):
             # The rings keep the blend whatever kv_write says: it costs O(window) there.
             if layer.is_sliding:
                 caches = (self.slidingKeyCache, self.slidingValueCache)
-                slots, mask, kv_write = ring_slots, sliding_mask, KVWrite.BLEND
+                slots, mask, kv_write, span = ring_slots, sliding_mask, KVWrite.BLEND, None
             else:
                 caches = (self.globalKeyCache, self.globalValueCache)
-                slots, mask, kv_write = positions, global_mask, self.kv_write
-            cache = LayerCache(*caches, self._cache_layer[layer_id], slots, kv_write)
+                slots, mask, kv_write, span = positions, global_mask, self.kv_write, self.span
+            cache = LayerCache(*caches, self._cache_layer[layer_id], slots, kv_write, span)
             x = layer(x, ropes.get(layer.rope_theta), mask, cache)
             if layer_id in capture_layers:
                 captured[layer_id] = x

@@ -84,8 +84,9 @@ def _check_interface(package: Path, spec: Any, metadata: Metadata, path: str) ->
     for role, asset in metadata.assets.items():
         if asset.path != path:
             continue
-        for name, function in asset.functions.items():
-            found = described.get(str(name))
+        for row in asset.function_table():
+            name, function = row.name, row.spec
+            found = described.get(name)
             if found is None:
                 raise PackageError(f"{where}: no function {name} (the {role} lists it; the "
                                    f"package has {sorted(described)}); {fix}")

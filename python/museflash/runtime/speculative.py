@@ -96,21 +96,31 @@ class Drafter(Protocol):
 
 
 class _Package:
-    """The interpreters of one package's functions and the states they share."""
+    """The interpreters of one asset's functions (its function table: every context bucket's)
+    and the states they share."""
 
     def __init__(self, export_dir: Path, asset: Asset,
                  interpreters: Mapping[str, Interpreter] | None = None):
         self.path = export_dir / asset.path
         if not self.path.is_dir():
             raise BundleError(f"{self.path} not found (listed in {METADATA_FILE})")
+        self.asset = asset
+        names = [row.name for row in asset.function_table()]
         if interpreters is None:
-            interpreters = load_interpreters(self.path, asset.functions)
-        self.functions = {name: interpreters[name] for name in asset.functions}
+            interpreters = load_interpreters(self.path, names)
+        self.functions = {name: interpreters[name] for name in names}
         self.query_length = {name: f.query_length for name, f in asset.functions.items()}
         self.states = next(iter(self.functions.values())).zero_states()
+        # The Core ML function each call ran, in order (the context bucket it picked).
+        self.ran: list[str] = []
 
     def run(self, function: FunctionName, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return self.functions[function].run(inputs, self.states)
+        """Runs `function` in the smallest context bucket holding the call's last position
+        (bundle.Asset.pick), on the shared states."""
+        last = int(np.max(inputs[InputName.POSITION_IDS]))
+        name = self.asset.pick(function, last).name
+        self.ran.append(name)
+        return self.functions[name].run(inputs, self.states)
 
     def reset(self) -> None:
         for value in self.states.values():
@@ -764,11 +774,11 @@ def load_role_interpreters(export_dir: Path, metadata: Metadata,
     by_path: dict[str, list[str]] = {}
     for role in roles:
         asset = metadata.asset(role)
-        by_path.setdefault(asset.path, []).extend(asset.functions)
+        by_path.setdefault(asset.path, []).extend(row.name for row in asset.function_table())
     loaded = {path: load_interpreters(export_dir / path, names)
               for path, names in by_path.items()}
-    return {role: {name: loaded[metadata.asset(role).path][name]
-                   for name in metadata.asset(role).functions} for role in roles}
+    return {role: {row.name: loaded[metadata.asset(role).path][row.name]
+                   for row in metadata.asset(role).function_table()} for role in roles}
 
 
 def load_exported_pair(export_dir: str | Path) -> tuple[ExportedTarget, ExportedDrafter,
