@@ -33,8 +33,9 @@ def write_rows(cache, layer: int, first, values, name: str):
     length = values.shape[1]
     begin = mb.concat(values=[np.array([layer, 0], np.int32), first,
                               np.array([0], np.int32)], axis=0)
-    end = mb.concat(values=[np.array([layer + 1, kv_heads], np.int32),
-                            mb.add(x=first, y=np.int32(length)),
+    last = (first + np.int32(length) if isinstance(first, np.ndarray)
+            else mb.add(x=first, y=np.int32(length)))
+    end = mb.concat(values=[np.array([layer + 1, kv_heads], np.int32), last,
                             np.array([head_dim], np.int32)], axis=0)
     update = mb.expand_dims(x=values, axes=[0])
     if update.dtype != cache.dtype:
@@ -45,5 +46,11 @@ def write_rows(cache, layer: int, first, values, name: str):
 @register_torch_op(torch_alias=[OP_NAME])
 def convert_write_cache_rows(context, node) -> None:
     cache, layer, start, values = _get_inputs(context, node, expected=4)
-    first = first_slot(start, cache.shape[2], values.shape[1])
+    if start.val is not None:
+        # A constant start (a context bucket's blend, written from slot 0: models/base.py
+        # write_cache_slots) gives a constant begin: no runtime-indexed slice_update.
+        first = np.array([min(max(int(np.asarray(start.val).reshape(-1)[0]), 0),
+                              cache.shape[2] - values.shape[1])], np.int32)
+    else:
+        first = first_slot(start, cache.shape[2], values.shape[1])
     context.add(write_rows(cache, int(layer.val), first, values, node.name))

@@ -222,8 +222,11 @@ def write_cache_slots(
     if span is None:
         cache[layer] = torch.where(written, scattered.to(cache.dtype), cache[layer])
     else:
-        cache[layer, :, :span] = torch.where(written, scattered.to(cache.dtype),
-                                             cache[layer, :, :span])
+        # One slice_update of the state at a constant offset (write_cache_rows from slot 0),
+        # rather than a copy of the whole layer with the bucket's slots replaced.
+        blended = torch.where(written, scattered.to(cache.dtype), cache[layer, :, :span])
+        first = torch.zeros(1, dtype=torch.int32)
+        cache.copy_(write_cache_rows(cache, layer, first, blended))
 
 
 @torch.library.custom_op("museflash::write_cache_rows", mutates_args=())
