@@ -95,12 +95,87 @@ public struct ExportMetadata: Codable, Equatable, Sendable {
         /// Shared by every function of this asset (in a shared package, not by the other
         /// assets' functions).
         public var states: [State]
+        /// Smaller context buckets, ascending, each with its own copies of some `functions`
+        /// (docs/buckets.md); nil (absent) when the asset has none.
+        public var buckets: [ContextBucket]?
 
         enum CodingKeys: String, CodingKey {
             case path, kind
             case defaultFunction = "default_function"
-            case functions, states
+            case functions, states, buckets
         }
+
+        /// Slots of this asset's states of `kind` (nil when it has none).
+        public func capacity(_ kind: StateKind) -> Int? {
+            states.first { $0.kind == kind }?.capacity
+        }
+
+        /// Every Core ML function of this asset: each bucket's, smallest bucket first, then
+        /// those over the whole capacity (in `FunctionName` order). The one table the engine
+        /// and check-contract read, as python/museflash/bundle.py `Asset.function_table`.
+        public var functionTable: [FunctionEntry] {
+            let ordered = FunctionName.allCases
+            var rows: [FunctionEntry] = []
+            for bucket in buckets ?? [] {
+                for name in ordered { if let spec = bucket.functions[name] {
+                    rows.append(FunctionEntry(name: ContextBucket.functionName(name, context: bucket.context),
+                                              function: name, context: bucket.context, spec: spec))
+                } }
+            }
+            for name in ordered { if let spec = functions[name] {
+                rows.append(FunctionEntry(name: name.rawValue, function: name, context: nil, spec: spec))
+            } }
+            return rows
+        }
+
+        /// The function `name` of the smallest bucket holding `lastPosition` (a call's last
+        /// position), or the one over the whole capacity; nil when the asset has no such
+        /// function or the position is past its global caches.
+        public func pick(_ name: FunctionName, lastPosition: Int) -> FunctionEntry? {
+            if let capacity = capacity(.globalKV), lastPosition >= capacity { return nil }
+            return functionTable.first { $0.function == name && ($0.context.map { lastPosition < $0 } ?? true) }
+        }
+
+        /// Why the buckets break the contract (not ascending, outside the capacity, a function
+        /// that differs from the asset's own); nil when they keep it.
+        public var bucketProblem: String? {
+            let contexts = (buckets ?? []).map(\.context)
+            guard contexts == Array(Set(contexts)).sorted() else {
+                return "bucket contexts \(contexts) are not strictly ascending"
+            }
+            let capacity = capacity(.globalKV)
+            for bucket in buckets ?? [] {
+                guard let capacity, bucket.context > 0, bucket.context < capacity else {
+                    return "the bucket of \(bucket.context) slots is not inside the global caches' capacity (\(capacity.map(String.init) ?? "none"))"
+                }
+                for (name, spec) in bucket.functions where functions[name] != spec {
+                    return "the bucket of \(bucket.context) slots has a function \(name.rawValue) that differs from (or is missing among) the asset's own"
+                }
+            }
+            return nil
+        }
+    }
+
+    /// Functions that attend to the global caches' first `context` slots only and write only
+    /// there: a call whose last position is below `context` may run one of them instead of the
+    /// function of the same name over the whole capacity, with the same result.
+    public struct ContextBucket: Codable, Equatable, Sendable {
+        public var context: Int
+        public var functions: [FunctionName: Function]
+
+        /// The Core ML name of `function` in the bucket of `context` slots: `<name>_<context>`.
+        public static func functionName(_ function: FunctionName, context: Int) -> String {
+            "\(function.rawValue)_\(context)"
+        }
+    }
+
+    /// One row of an asset's function table: a Core ML function of its package, what it
+    /// computes, and the global cache slots it attends to (nil: the whole capacity).
+    public struct FunctionEntry: Equatable, Sendable {
+        public var name: String
+        public var function: FunctionName
+        public var context: Int?
+        public var spec: Function
     }
 
     public struct Function: Codable, Equatable, Sendable {
@@ -724,6 +799,7 @@ extension ExportMetadata.Asset {
         functions = try container.decodeObject([ExportMetadata.FunctionName: ExportMetadata.Function].self,
                                                forKey: .functions)
         states = try container.decode([ExportMetadata.State].self, forKey: .states)
+        buckets = try container.decodeIfPresent([ExportMetadata.ContextBucket].self, forKey: .buckets)
     }
 
     public func encode(to encoder: Encoder) throws {
@@ -733,6 +809,24 @@ extension ExportMetadata.Asset {
         try container.encode(defaultFunction, forKey: .defaultFunction)
         try container.encodeObject(functions, forKey: .functions)
         try container.encode(states, forKey: .states)
+        try container.encodeIfPresent(buckets, forKey: .buckets)
+    }
+}
+
+extension ExportMetadata.ContextBucket {
+    enum CodingKeys: String, CodingKey { case context, functions }
+
+    public init(from decoder: Decoder) throws {
+        let container = try decoder.container(keyedBy: CodingKeys.self)
+        context = try container.decode(Int.self, forKey: .context)
+        functions = try container.decodeObject([ExportMetadata.FunctionName: ExportMetadata.Function].self,
+                                               forKey: .functions)
+    }
+
+    public func encode(to encoder: Encoder) throws {
+        var container = encoder.container(keyedBy: CodingKeys.self)
+        try container.encode(context, forKey: .context)
+        try container.encodeObject(functions, forKey: .functions)
     }
 }
 

@@ -79,8 +79,11 @@ public struct GenerationResult: Sendable {
     public var lookupAccepted: [Int] = []
     public var lookupSteps: Int { lookupAccepted.count }
     public var stopReason: StopReason = .maxNewTokens
-    /// Function name -> calls and seconds spent in them.
+    /// Function name -> calls and seconds spent in them (a context bucket's calls count as
+    /// its function's: `main_512` as `main`).
     public var functions: [String: FunctionStats] = [:]
+    /// Core ML function name -> calls: which context bucket each call ran in (docs/buckets.md).
+    public var ranFunctions: [String: Int] = [:]
     public var trace: [FunctionCall] = []
     public var numDraftTokens = 0
     public var seconds = 0.0
@@ -132,8 +135,10 @@ public final class SpeculativeDecoder {
     public let contextLength: Int
     public let hasDrafter: Bool
 
-    private let prefill: any BackendFunction
-    private let main: any BackendFunction
+    /// The target asset, whose function table (`functionTable`) says which function of which
+    /// context bucket holds a call (`pick`), and its functions by Core ML name.
+    private let targetAsset: ExportMetadata.Asset
+    private let targetFunctions: [String: any BackendFunction]
     private let injectKV: (any BackendFunction)?
     private let draft: (any BackendFunction)?
     private let targetState: any BackendState
@@ -183,15 +188,22 @@ public final class SpeculativeDecoder {
         vocabSize = metadata.vocabSize
         contextLength = metadata.contextLength
         fusedTarget = target.kind == .fusedTarget
+        if let problem = target.bucketProblem { throw RuntimeError.badMetadata(reason: "target: \(problem)") }
+        targetAsset = target
         let targetURL = try bundle.modelURL(of: .target)
-        prefill = try Self.load(backend, .prefill, targetURL, bundle)
-        main = try Self.load(backend, .main, targetURL, bundle)
-        targetState = try backend.makeState(for: [prefill, main])
+        // Every bucket's functions share the one state (an assumption Core ML does not
+        // document: CoreMLBackend, docs/mac.md), so all are loaded before it is made.
+        var loaded: [String: any BackendFunction] = [:]
+        for row in target.functionTable where [.prefill, .main].contains(row.function) {
+            loaded[row.name] = try Self.load(backend, row.name, targetURL, bundle)
+        }
+        targetFunctions = loaded
+        targetState = try backend.makeState(for: target.functionTable.compactMap { loaded[$0.name] })
         if let speculative = metadata.speculativeDecoding, speculative.drafterKind != .ring,
            let drafter = metadata.assets[.dflashDrafter], fusedTarget {
             let drafterURL = try bundle.modelURL(of: .dflashDrafter)
-            let inject = try Self.load(backend, .injectKV, drafterURL, bundle)
-            let drafting = try Self.load(backend, .draft, drafterURL, bundle)
+            let inject = try Self.load(backend, ExportMetadata.FunctionName.injectKV.rawValue, drafterURL, bundle)
+            let drafting = try Self.load(backend, ExportMetadata.FunctionName.draft.rawValue, drafterURL, bundle)
             injectKV = inject
             draft = drafting
             drafterState = try backend.makeState(for: [inject, drafting])
@@ -239,9 +251,9 @@ public final class SpeculativeDecoder {
         writtenTo = -1
     }
 
-    private static func load(_ backend: any InferenceBackend, _ function: ExportMetadata.FunctionName, _ url: URL,
+    private static func load(_ backend: any InferenceBackend, _ function: String, _ url: URL,
                              _ bundle: MuseflashBundle) throws -> any BackendFunction {
-        let loaded = try backend.loadFunction(function.rawValue, of: url)
+        let loaded = try backend.loadFunction(function, of: url)
         if let shipped = loaded as? ShippedCompiledModel, let expected = bundle.metadataJSON {
             try checkEmbeddedMetadata(shipped, expected: expected)
         }
@@ -376,33 +388,42 @@ public final class SpeculativeDecoder {
             if !new.isEmpty { onTokens?(new) }
         }
 
-        mutating func call(_ function: any BackendFunction, _ inputs: [String: ShapedArray], first: Int, length: Int) throws -> [String: ShapedArray] {
+        /// Runs `function` on the target's state (`target`) or the drafter's, counted and traced
+        /// under `traced` (its own name by default; a context bucket's under its function's).
+        mutating func call(_ function: any BackendFunction, _ inputs: [String: ShapedArray], first: Int, length: Int,
+                           traced: String? = nil, target: Bool = false) throws -> [String: ShapedArray] {
             let clock = ContinuousClock()
             let start = clock.now
             let outputs: [String: ShapedArray]
             do {
-                outputs = try function.predict(inputs, state: function === decoder.prefill || function === decoder.main
-                                                ? decoder.targetState : decoder.drafterState!)
+                outputs = try function.predict(inputs, state: target ? decoder.targetState : decoder.drafterState!)
             } catch let error as RuntimeError {
                 throw error
             } catch {
                 throw RuntimeError.backend(function: function.name, reason: "\(error)")
             }
-            result.functions[function.name, default: FunctionStats()].calls += 1
-            result.functions[function.name, default: FunctionStats()].seconds += (clock.now - start).seconds
-            result.trace.append(FunctionCall(function: function.name, firstPosition: first, length: length))
+            let name = traced ?? function.name
+            result.functions[name, default: FunctionStats()].calls += 1
+            result.functions[name, default: FunctionStats()].seconds += (clock.now - start).seconds
+            result.ranFunctions[function.name, default: 0] += 1
+            result.trace.append(FunctionCall(function: name, firstPosition: first, length: length))
             writtenTo = max(writtenTo, first + length - 1)
             return outputs
         }
 
-        /// Calls `prefill` or `main` on ids at positions first ..< first + ids.count; returns
-        /// the logits rows and the drafter features (nil from a plain target).
-        mutating func target(_ function: any BackendFunction, ids: [Int32], first: Int) throws -> (logits: [Float], rows: Int, features: [Float]?, width: Int) {
+        /// Calls `prefill` or `main` on ids at positions first ..< first + ids.count, in the
+        /// smallest context bucket that holds the last one; returns the logits rows and the
+        /// drafter features (nil from a plain target).
+        mutating func target(_ name: ExportMetadata.FunctionName, ids: [Int32], first: Int) throws -> (logits: [Float], rows: Int, features: [Float]?, width: Int) {
             let count = ids.count
+            let last = first + count - 1
+            guard let row = decoder.targetAsset.pick(name, lastPosition: last), let function = decoder.targetFunctions[row.name] else {
+                throw RuntimeError.badOption(reason: "position \(last) is past the \(decoder.contextLength) slots of the target's caches; re-export with a larger --max-context-length, or start a new conversation")
+            }
             let outputs = try call(function, [
                 "input_ids": ShapedArray(int32: ids, shape: [1, count]),
                 "position_ids": ShapedArray(int32: (0..<count).map { Int32(first + $0) }, shape: [count]),
-            ], first: first, length: count)
+            ], first: first, length: count, traced: name.rawValue, target: true)
             guard let logits = outputs["logits"], logits.count % decoder.vocabSize == 0, logits.count > 0 else {
                 throw RuntimeError.badOutput(function: function.name, reason: "no logits of \(decoder.vocabSize) columns")
             }
@@ -433,14 +454,14 @@ public final class SpeculativeDecoder {
             if ids.count < length { ids += [Int32](repeating: pad, count: length - ids.count) }
             var logits: [Float] = []
             for start in try chunkStarts(ids.count, length, first: first) {
-                let out = try target(decoder.prefill, ids: Array(ids[start..<(start + length)]), first: start)
+                let out = try target(.prefill, ids: Array(ids[start..<(start + length)]), first: start)
                 logits = Array(out.logits[((out.rows - 1) * decoder.vocabSize)...])
                 store(features: out.features, width: out.width, first: start, rows: length)
             }
             if prompt.count < length {
                 let last = prompt.count - 1
                 let verify = decoder.verifyLength
-                let out = try target(decoder.main, ids: [prompt[last]] + [Int32](repeating: pad, count: verify - 1), first: last)
+                let out = try target(.main, ids: [prompt[last]] + [Int32](repeating: pad, count: verify - 1), first: last)
                 logits = Array(out.logits[0..<decoder.vocabSize])
                 store(features: out.features, width: out.width, first: last, rows: verify)
             }
@@ -546,7 +567,7 @@ public final class SpeculativeDecoder {
                 } else {
                     (guesses, q) = try draftStep(anchor: anchor, at: anchorPosition, proposals: proposals)
                 }
-                let verified = try target(decoder.main, ids: [anchor] + guesses, first: anchorPosition)
+                let verified = try target(.main, ids: [anchor] + guesses, first: anchorPosition)
                 guard verified.rows == block else {
                     throw RuntimeError.badOutput(function: "main", reason: "\(verified.rows) logits rows for a block of \(block)")
                 }
@@ -586,7 +607,7 @@ public final class SpeculativeDecoder {
             emit([token])
             var position = prompt.count
             while !done, roomFor(first: position, length: block) {
-                let out = try target(decoder.main, ids: [token] + [Int32](repeating: pad, count: block - 1), first: position)
+                let out = try target(.main, ids: [token] + [Int32](repeating: pad, count: block - 1), first: position)
                 token = next(out.logits[0..<vocab])
                 emit([token])
                 position += 1
