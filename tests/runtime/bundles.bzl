@@ -22,14 +22,20 @@ CONTEXT_256 = ["--max-context-length=256"]
 
 SLICE = ["--kv-write=slice"]
 
+# Context buckets below the capacity of 256 (docs/buckets.md): main and prefill of 64 and 128
+# slots beside the whole-capacity ones. The blend rows have them; their --kv-write slice twins
+# have none, and the tests hold those to the bucketed rows' goldens: the same tokens, accepted
+# drafts and call trace with and without buckets.
+BUCKETS = ["--context-buckets=64,128"]
+
 BUNDLES = [
-    # The trained demo pair at its default context (256), so prompts of 200 tokens fit; and
-    # "compressed", the pair in 4-bit (7 drafted tokens, the default, as in every row but
-    # smollm2).
-    ("demo", "demo", [], {"4bit": "compressed"}),
+    # The trained demo pair at its default context (256), so prompts of 200 tokens fit, with
+    # context buckets; and "compressed", the pair in 4-bit (7 drafted tokens, the default, as
+    # in every row but smollm2).
+    ("demo", "demo", BUCKETS, {"4bit": "compressed"}),
     # The tiny target with a random DFlash2 drafter in z-lab's layout (`draft` also returns
     # the candidate selector's draft_tokens).
-    ("dflash2", "tiny-dflash2", CONTEXT_256, {}),
+    ("dflash2", "tiny-dflash2", CONTEXT_256 + BUCKETS, {}),
     # The same three with --kv-write slice (docs/kv-write.md). Every strategy computes the same
     # values, so no goldens of their own: the tests hold them to the blend bundles' goldens.
     ("demo_slice", "demo", SLICE, {"4bit": "compressed_slice"}),
@@ -40,7 +46,7 @@ BUNDLES = [
     # position (held to qwen3_bundle's goldens); and each family with 4-bit weights (int4 per
     # block of 32; embedding and lm_head int8): Qwen3's embedding is tied to its lm_head,
     # Llama's head is its own.
-    ("qwen3", "tiny-qwen3", CONTEXT_256, {"4bit": "qwen3_compressed"}),
+    ("qwen3", "tiny-qwen3", CONTEXT_256 + BUCKETS, {"4bit": "qwen3_compressed"}),
     ("llama", "tiny-llama", CONTEXT_256, {"4bit": "llama_compressed"}),
     ("qwen3_slice", "tiny-qwen3", CONTEXT_256 + SLICE, {}),
     # The real pair (SmolLM2-135M-Instruct from the pinned wheel's GGUF file, with the drafter

@@ -23,7 +23,8 @@ interpreter) and writes ONE JSON file:
              no match), for the Swift engine's copy of the rule
   parity     single function calls captured from the speculative decoding of the ring-wrapping
              case: inputs, every state of the package before and after, and every output, so
-             an interpreter can be checked one function at a time
+             an interpreter can be checked one function at a time; `ran` names the Core ML
+             function that computed it (a context bucket's, `main_64`, or `function` itself)
 
 A tensor is {"dtype": "float16" | "float32" | "int32", "shape": [...], "base64": little-endian
 raw bytes in C order}. Calls are recorded by a proxy around each package's `run`; the loop
@@ -172,6 +173,8 @@ def _tensors(arrays: dict[str, np.ndarray]) -> dict[str, Any]:
 class Call:
     """One function call, captured whole."""
     function: str
+    # The Core ML function that ran it: `function`, or a context bucket's (`main_64`).
+    ran: str
     inputs: dict[str, np.ndarray]
     states_before: dict[str, np.ndarray]
     outputs: dict[str, np.ndarray]
@@ -204,7 +207,7 @@ class Recorder:
                                "length": int(positions.shape[0])})
             if self.capture:
                 self.calls.append(Call(
-                    function=str(function),
+                    function=str(function), ran=package.ran[-1],
                     inputs={str(k): np.array(v, copy=True) for k, v in inputs.items()},
                     states_before=before,
                     outputs={str(k): np.array(v, copy=True) for k, v in outputs.items()},
@@ -332,7 +335,8 @@ def select_calls(calls: list[Call], steps: list[int]) -> list[tuple[int, int, Ca
 
 def parity_record(case: str, trace_index: int, nth: int, call: Call) -> dict[str, Any]:
     return {"function": call.function,
-            "label": f"{case} {call.function} call {nth}",
+            "ran": call.ran,
+            "label": f"{case} {call.ran} call {nth}",
             "case": case,
             "trace_index": trace_index,
             "inputs": _tensors(call.inputs),

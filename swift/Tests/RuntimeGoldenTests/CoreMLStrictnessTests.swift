@@ -50,7 +50,7 @@ final class CoreMLStrictnessTests: XCTestCase {
         guard let records = try goldens.parity?.get() else { return false }
         let package = try goldens.bundle().modelURL(of: .target)
         for record in records where record.startsFromFreshStates {
-            let function = try backend.loadFunction(record.function, of: package)
+            let function = try backend.loadFunction(record.ran, of: package)
             let inputs = record.inputs.mapValues { tensor -> ShapedArray in
                 tensor.type.isInteger ? ShapedArray(int32: tensor.ints(), shape: tensor.shape)
                     : ShapedArray(float: tensor.floats(), shape: tensor.shape)

@@ -1,0 +1,271 @@
+"""Context buckets (docs/buckets.md): the one function table in bundle.py, the flag's rules, the
+models' spans, and a bucketed bundle decoding exactly as its unbucketed twin across every
+bucket boundary.
+
+The bundles: //tests/runtime:dflash2_bundle (the tiny target with a DFlash2 drafter at capacity
+256, buckets 64 and 128) and dflash2_slice_bundle, the same export with --kv-write slice and no
+buckets. Every write strategy computes the same values (docs/kv-write.md), so they must give
+the same tokens, accepted drafts and call trace."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from prebuilt import DFLASH2_BUNDLE, DFLASH2_SLICE_BUNDLE
+
+from museflash.builtin.demo_checkpoint import builtin_checkpoints
+from museflash.bundle import (
+    PACKAGE_WEIGHT_FILE,
+    Asset,
+    AssetKind,
+    AssetRole,
+    BundleError,
+    ContextBucket,
+    Function,
+    FunctionName,
+    FunctionRole,
+    InputName,
+    OutputName,
+    State,
+    StateKind,
+    StateName,
+)
+from museflash.checkpoint.load import load_target
+from museflash.export.options import (
+    ExportError,
+    ExportOptions,
+    check_context_buckets,
+    default_context_buckets,
+    parse_context_buckets,
+)
+from museflash.export.plan import plan_export
+from museflash.runtime.speculative import DecodeSession, load_exported_pair
+from museflash.tools.runtime_goldens import Recorder
+
+# --- The flag and the default --------------------------------------------------------------
+
+
+def test_default_buckets_double_from_512_up_to_the_capacity_and_stay_at_five():
+    assert default_context_buckets(512, 32) == ()
+    assert default_context_buckets(8192, 32) == (512, 1024, 2048, 4096)
+    wide = default_context_buckets(131072, 32)
+    assert len(wide) == 4 and wide[0] == 512
+    assert all(b % 32 == 0 for b in wide) and list(wide) == sorted(wide)
+
+
+@pytest.mark.parametrize("buckets, problem", [
+    ((128, 64), "not strictly ascending"),
+    ((64, 64), "not strictly ascending"),
+    ((100,), "not a multiple of 32.*use 128"),
+    ((512,), "exceeds the capacity 256"),
+    ((32,), "below the longest call \\(33 tokens"),
+])
+def test_bad_buckets_are_refused_naming_the_problem(buckets, problem):
+    with pytest.raises(ExportError, match=problem):
+        check_context_buckets(buckets, 256, 33)
+
+
+def test_a_bucket_list_that_is_not_integers_is_refused():
+    assert parse_context_buckets("64,128") == (64, 128)
+    with pytest.raises(ExportError, match="not a comma-separated list of integers"):
+        parse_context_buckets("64,big")
+
+
+def test_the_plan_gives_each_bucket_a_main_and_a_prefill_smallest_first(tmp_path):
+    options = ExportOptions(output_dir=tmp_path, builtin="tiny", fused_target=True,
+                            dflash_drafter=True, max_context_length=256, prefill_length=8,
+                            context_buckets=(64, 128, 256))
+    with builtin_checkpoints("tiny") as (target_dir, drafter_dir):
+        plan = plan_export(options, target_dir, drafter_dir)
+    target = plan.asset(AssetRole.TARGET)
+    assert target.buckets == (64, 128)  # the capacity is the whole-capacity functions'
+    assert [(f.name, f.bucket) for f in target.functions] == [
+        ("main_64", 64), ("prefill_64", 64), ("main_128", 128), ("prefill_128", 128),
+        ("main", None), ("prefill", None)]
+    assert [f.name for f in plan.asset(AssetRole.DFLASH_DRAFTER).functions] == [
+        "inject_kv", "draft"]
+
+
+# --- The function table ----------------------------------------------------------------------
+
+
+def _function(role: FunctionRole, length: int) -> Function:
+    return Function(role, length, [InputName.INPUT_IDS, InputName.POSITION_IDS],
+                    [OutputName.LOGITS])
+
+
+def _asset(buckets: list[ContextBucket] | None, capacity: int = 256) -> Asset:
+    main, prefill = _function(FunctionRole.DECODE, 8), _function(FunctionRole.PREFILL, 32)
+    states = [State(name, StateKind.GLOBAL_KV, name.role, [2, 1, capacity, 16], "float16", 2,
+                    1, capacity, 16)
+              for name in (StateName.GLOBAL_KEY_CACHE, StateName.GLOBAL_VALUE_CACHE)]
+    return Asset("target.mlpackage", AssetKind.TARGET, FunctionName.MAIN,
+                 {FunctionName.MAIN: main, FunctionName.PREFILL: prefill}, states, buckets)
+
+
+def _bucket(context: int) -> ContextBucket:
+    return ContextBucket(context, {FunctionName.MAIN: _function(FunctionRole.DECODE, 8),
+                                   FunctionName.PREFILL: _function(FunctionRole.PREFILL, 32)})
+
+
+def test_each_call_runs_in_the_smallest_bucket_holding_its_last_position():
+    asset = _asset([_bucket(64), _bucket(128)])
+    assert [row.name for row in asset.function_table()] == [
+        "main_64", "prefill_64", "main_128", "prefill_128", "main", "prefill"]
+    picks = {last: asset.pick(FunctionName.MAIN, last).name for last in (0, 63, 64, 127, 128, 255)}
+    assert picks == {0: "main_64", 63: "main_64", 64: "main_128", 127: "main_128",
+                     128: "main", 255: "main"}
+    assert asset.pick(FunctionName.PREFILL, 10).context == 64
+    with pytest.raises(BundleError, match="position 256 is past the 256 slots"):
+        asset.pick(FunctionName.MAIN, 256)
+    with pytest.raises(BundleError, match="no function draft"):
+        asset.pick(FunctionName.DRAFT, 0)
+
+
+@pytest.mark.parametrize("buckets, problem", [
+    ([_bucket(128), _bucket(64)], "not strictly ascending"),
+    ([_bucket(256)], "not inside its global caches' capacity"),
+    ([ContextBucket(64, {FunctionName.MAIN: _function(FunctionRole.DECODE, 4)})],
+     "function main that differs"),
+])
+def test_metadata_whose_buckets_break_the_contract_is_refused(buckets, problem):
+    with pytest.raises(BundleError, match=problem):
+        _asset(buckets)
+
+
+def test_an_asset_without_buckets_has_only_its_own_functions():
+    table = _asset(None).function_table()
+    assert [(row.name, row.context) for row in table] == [("main", None), ("prefill", None)]
+    assert _asset(None).pick(FunctionName.MAIN, 255).name == "main"
+
+
+# --- The models ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("pair", ["tiny", "tiny-qwen3"])
+def test_a_span_view_computes_the_same_bits_and_writes_only_inside_its_span(pair):
+    with builtin_checkpoints(pair) as (target_dir, drafter_dir):
+        whole = load_target(target_dir, drafter_dir, dtype=torch.float32, max_context=128,
+                            max_query_len=8)
+        spanned = load_target(target_dir, drafter_dir, dtype=torch.float32, max_context=128,
+                              max_query_len=8)
+    ids = torch.arange(3, 11, dtype=torch.int32).reshape(1, 8)
+    full, bucket = whole.with_entry_point("forward"), spanned.with_entry_point("forward", span=64)
+    for start in (0, 8, 40, 56):
+        positions = torch.arange(start, start + 8, dtype=torch.int32)
+        for a, b in zip(full(ids, positions), bucket(ids, positions), strict=True):
+            assert torch.equal(a, b)
+    for name in ("globalKeyCache", "globalValueCache"):
+        assert torch.equal(getattr(whole, name), getattr(spanned, name))
+        assert getattr(spanned, name)[:, :, 56:64].abs().sum() > 0
+        assert getattr(spanned, name)[:, :, 64:].abs().sum() == 0
+
+
+# --- A bucketed bundle against its unbucketed twin --------------------------------------------
+
+
+def _bundle(variable: str) -> Path:
+    path = os.environ.get(variable)
+    if not path:
+        pytest.skip(f"{variable} is not set: run through Bazel")
+    return Path(path)
+
+
+@pytest.fixture(scope="module")
+def twins():
+    """(bucketed, unbucketed): each the (target, drafter, metadata) of its bundle."""
+    return (load_exported_pair(_bundle(DFLASH2_BUNDLE)),
+            load_exported_pair(_bundle(DFLASH2_SLICE_BUNDLE)))
+
+
+def _bucket_of(name: str) -> int | None:
+    match = re.fullmatch(r"[a-z_]+?_(\d+)", name)
+    return int(match.group(1)) if match else None
+
+
+def _decode_turns(pair, turns: list[tuple[int, int]], drafter: bool):
+    """Greedy decoding of a chat-like session: per turn (prompt ids added, new tokens), the
+    history so far plus the new ids, with both caches kept across turns. Returns the tokens
+    and accepted drafts of each turn, and the recorded calls: (function, first position,
+    length) per turn."""
+    target, draft, metadata = pair
+    session = DecodeSession(target, draft if drafter else None,
+                            mask_token_id=metadata.speculative_decoding.mask_token_id,
+                            context_length=metadata.context_length, lookup_min_match=0)
+    session.reset()
+    recorder = Recorder([target.package, draft.package])
+    calls, results, history = [], [], []
+    rng = np.random.default_rng(7)
+    try:
+        for added, new in turns:
+            history += [int(t) for t in rng.integers(3, metadata.vocab_size, added)]
+            recorder.start()
+            result = session.generate(history, new)
+            calls.append(list(recorder.trace))
+            results.append((result.tokens, result.accepted, result.reused_tokens))
+            history += result.tokens
+    finally:
+        recorder.close()
+    return results, calls
+
+
+def _ran(pair) -> list[str]:
+    target, draft, _ = pair
+    return list(target.package.ran)
+
+
+@pytest.mark.parametrize("drafter", [True, False], ids=["speculative", "target-only"])
+def test_bucketed_and_unbucketed_bundles_decode_the_same_across_every_boundary(twins, drafter):
+    bucketed, plain = twins
+    # 70 ids: the prefill's last chunk (38..69) straddles 64; 110 new tokens run verify blocks
+    # across 128, with rejections rolling back below it; the second turn grows the history
+    # from about 180 positions, so the session moves up into the whole capacity.
+    turns = [(70, 110), (6, 20)]
+    for pair in twins:
+        pair[0].package.ran.clear()
+    got, got_calls = _decode_turns(bucketed, turns, drafter)
+    want, want_calls = _decode_turns(plain, turns, drafter)
+    assert got == want
+    assert got_calls == want_calls  # the same functions at the same positions, in order
+    assert got[1][2] > 0, "the second turn kept the first turn's caches"
+    # Which bucket each target call ran in: the smallest holding its last position.
+    trace = [row for turn in got_calls for row in turn
+             if row["function"] in (FunctionName.MAIN, FunctionName.PREFILL)]
+    ran = _ran(bucketed)
+    assert len(ran) == len(trace)
+    capacity = bucketed[2].context_length
+    for row, name in zip(trace, ran, strict=True):
+        last = row["first_position"] + row["length"] - 1
+        bucket = _bucket_of(name) or capacity
+        smaller = [b for b in (64, 128, capacity) if b < bucket]
+        assert last < bucket and all(last >= b for b in smaller), (row, name)
+    assert set(_ran(plain)) <= {"main", "prefill"}
+
+    def straddles(row, boundary):
+        return row["first_position"] < boundary <= row["first_position"] + row["length"] - 1
+
+    rows = list(zip(trace, ran, strict=True))
+    prefills = [(row, name) for row, name in rows if row["function"] == "prefill"]
+    assert any(straddles(row, 64) and name == "prefill_128" for row, name in prefills)
+    mains = [(row, name) for row, name in rows if row["function"] == "main"]
+    assert any(straddles(row, 128) and name == "main" for row, name in mains)
+    # A rollback across a boundary: a call wrote past 128, the next one starts below it.
+    assert any(a["first_position"] + a["length"] > 128 > b["first_position"]
+               for (a, _), (b, _) in zip(mains, mains[1:], strict=False))
+    # The session moved up: the first turn's last call ran in a smaller bucket than the
+    # whole capacity the second turn's calls run in.
+    first_turn = sum(1 for row in got_calls[0] if row["function"] in ("main", "prefill"))
+    assert _bucket_of(ran[0]) == 64 and _bucket_of(ran[first_turn]) is None
+
+
+def test_the_bucketed_package_stores_each_weight_once():
+    """Within 1% of the unbucketed weight file: each bucket adds only its masks' small
+    constants (hundreds of bytes), never a copy of a weight."""
+    bucketed, plain = [(_bundle(v) / "target.mlpackage" / PACKAGE_WEIGHT_FILE).stat().st_size
+                       for v in (DFLASH2_BUNDLE, DFLASH2_SLICE_BUNDLE)]
+    assert plain <= bucketed <= 1.01 * plain
