@@ -50,6 +50,16 @@ def test_no_draft_gives_the_same_greedy_tokens_with_one_main_call_per_token():
     assert "draft" not in alone["calls"]
 
 
+def test_each_target_call_runs_in_the_smallest_context_bucket_holding_it():
+    """The demo bundle has buckets of 64 and 128 slots (tests/runtime/bundles.bzl): a short
+    prompt and 8 new tokens stay below 64, so no target call runs a larger function."""
+    report = json.loads(run("--export-dir", BUNDLE, "--prompt-ids", "1,40,41,42,43,44,45",
+                            "--max-new-tokens", "8", "--format", "json").stdout)
+    ran = report["ran_functions"]
+    assert {"prefill_64", "main_64"} <= set(ran) <= {"prefill_64", "main_64", "inject_kv", "draft"}
+    assert ran["prefill_64"] + ran["main_64"] == report["calls"]["prefill"] + report["calls"]["main"]
+
+
 def test_profile_ops_splits_each_functions_time_by_op_type():
     report = json.loads(run("--export-dir", BUNDLE, "--prompt-ids", "1,40,41,42,43,44,45",
                             "--max-new-tokens", "8", "--format", "json", "--profile-ops").stdout)

@@ -289,6 +289,8 @@ func report(_ result: GenerationResult, options: Options, backend: String, bundl
         "stop_reason": result.stopReason.rawValue,
         "num_draft_tokens": result.numDraftTokens,
         "calls": result.functions.mapValues { $0.calls },
+        // Per Core ML function: which context bucket the calls ran in (docs/buckets.md).
+        "ran_functions": result.ranFunctions,
         "functions": functions,
         "target_calls": result.targetCalls,
         "tokens_per_target_call": result.tokensPerTargetCall,
@@ -465,10 +467,19 @@ do {
                           text: text?.decode(result.tokens), alone: alone)
         body["open_seconds"] = openSeconds
         if let interpreter = backend as? InterpreterBackend, options.profileOps {
+            // A context bucket's function (`main_64`) counts as its function, as the calls do.
+            var own: [String: String] = [:]
+            for asset in bundle.metadata.assets.values {
+                for row in asset.functionTable { own[row.name] = row.function.rawValue }
+            }
+            var seconds: [String: [String: Double]] = [:]
+            for (name, ops) in interpreter.opSeconds {
+                seconds[own[name] ?? name, default: [:]].merge(ops, uniquingKeysWith: +)
+            }
             var perCall: [String: [String: Double]] = [:]
-            for (function, seconds) in interpreter.opSeconds {
+            for (function, ops) in seconds {
                 let calls = max(1, result.functions[function]?.calls ?? 0)
-                perCall[function] = seconds.mapValues { 1000 * $0 / Double(calls) }
+                perCall[function] = ops.mapValues { 1000 * $0 / Double(calls) }
             }
             body["op_ms_per_call"] = perCall
         }
