@@ -268,8 +268,9 @@ class ContextBucket:
     """Functions that attend to the global caches' first `context` slots only and write only
     there (docs/buckets.md): a call whose last position is below `context` may run one of them
     instead of the function of the same name over the whole capacity, with the same result."""
-    context: int = _doc("slots [0, context) of the global KV caches these functions read and "
-                        "write; a multiple of 32 below the capacity")
+    context: int = _doc("slots [0, context) of the context-sized KV caches (the target's global "
+                        "ones, a full-attention drafter's ring) these functions read and write; "
+                        "a multiple of 32 below the capacity")
     functions: dict[FunctionName, Function] = _doc(
         "a subset of the asset's own functions, with their query lengths; the Core ML function "
         "is named `<name>_<context>` (bucket_function_name)")
@@ -311,11 +312,11 @@ class Asset:
         if contexts != sorted(set(contexts)):
             raise BundleError(f"the {self.kind} asset's bucket contexts {contexts} are not "
                               "strictly ascending")
-        capacity = self.capacity(StateKind.GLOBAL_KV)
+        capacity = self.context_capacity
         for bucket in self.buckets or ():
             if capacity is None or not 0 < bucket.context < capacity:
                 raise BundleError(f"the {self.kind} asset's bucket of {bucket.context} slots is "
-                                  f"not inside its global caches' capacity ({capacity})")
+                                  f"not inside its context-sized caches' capacity ({capacity})")
             for name, function in bucket.functions.items():
                 if self.functions.get(name) != function:
                     raise BundleError(
@@ -332,6 +333,12 @@ class Asset:
         """Slots of this package's states of `kind` (None when it has none)."""
         return next((s.capacity for s in self.states if s.kind == kind), None)
 
+    @property
+    def context_capacity(self) -> int | None:
+        """Slots of the asset's largest states: the target's global caches, a full-attention
+        drafter's ring (as long as the context). What a context bucket slices."""
+        return max((s.capacity for s in self.states), default=None)
+
     def function_table(self) -> list[FunctionEntry]:
         """Every Core ML function of this asset: each bucket's, smallest bucket first, then
         those over the whole capacity. The one table the exporter, the engines, check-contract
@@ -344,12 +351,13 @@ class Asset:
 
     def pick(self, name: FunctionName, last_position: int) -> FunctionEntry:
         """The function `name` of the smallest bucket that holds `last_position` (the call's
-        last position), or the one over the whole capacity. A position past the global caches
-        is refused: no function holds it."""
-        capacity = self.capacity(StateKind.GLOBAL_KV)
-        if capacity is not None and last_position >= capacity:
+        last position), or the one over the whole capacity. A position past a bucketed asset's
+        context-sized caches is refused: no function holds it. (An asset without buckets
+        leaves positions to its ring arithmetic: a sliding ring holds any.)"""
+        capacity = self.context_capacity
+        if self.buckets and capacity is not None and last_position >= capacity:
             raise BundleError(f"position {last_position} is past the {capacity} slots of the "
-                              f"{self.kind} package's global caches; re-export with a larger "
+                              f"{self.kind} package's caches; re-export with a larger "
                               "--max-context-length, or start a new conversation")
         fitting = (row for row in self.function_table()
                    if row.function == name and (row.context is None

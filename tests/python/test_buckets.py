@@ -35,7 +35,7 @@ from museflash.bundle import (
     StateKind,
     StateName,
 )
-from museflash.checkpoint.load import load_target
+from museflash.checkpoint.load import load_drafter, load_target
 from museflash.export.options import (
     ExportError,
     ExportOptions,
@@ -129,7 +129,7 @@ def test_each_call_runs_in_the_smallest_bucket_holding_its_last_position():
 
 @pytest.mark.parametrize("buckets, problem", [
     ([_bucket(128), _bucket(64)], "not strictly ascending"),
-    ([_bucket(256)], "not inside its global caches' capacity"),
+    ([_bucket(256)], "not inside its context-sized caches' capacity"),
     ([ContextBucket(64, {FunctionName.MAIN: _function(FunctionRole.DECODE, 4)})],
      "function main that differs"),
 ])
@@ -164,6 +164,37 @@ def test_a_span_view_computes_the_same_bits_and_writes_only_inside_its_span(pair
         assert torch.equal(getattr(whole, name), getattr(spanned, name))
         assert getattr(spanned, name)[:, :, 56:64].abs().sum() > 0
         assert getattr(spanned, name)[:, :, 64:].abs().sum() == 0
+
+
+def test_a_full_attention_drafters_span_view_computes_the_same_bits():
+    """tiny-qwen3's z-lab-shaped drafter attends to the whole context: its ring can be
+    bucketed like the target's global caches; a sliding drafter's (tiny-dflash2's) cannot."""
+    with builtin_checkpoints("tiny-qwen3") as (target_dir, drafter_dir):
+        target = load_target(target_dir, drafter_dir, dtype=torch.float32, max_context=128,
+                             max_query_len=8)
+        drafters = [load_drafter(drafter_dir, target, target_dir=target_dir,
+                                 dtype=torch.float32, max_context=128, max_query_len=8)
+                    for _ in range(2)]
+    whole, spanned = drafters
+    width = whole.layers[0].self_attn.k_proj.in_features
+    features = torch.linspace(-1, 1, 8 * width).reshape(1, 8, width)
+    ids = torch.arange(3, 11, dtype=torch.int32).reshape(1, 8)
+    for start in (0, 8, 40, 56):
+        positions = torch.arange(start, start + 8, dtype=torch.int32)
+        whole.with_entry_point("inject_kv")(features, positions)
+        spanned.with_entry_point("inject_kv", span=64)(features, positions)
+        a = whole.with_entry_point("draft")(ids, positions)
+        b = spanned.with_entry_point("draft", span=64)(ids, positions)
+        assert torch.equal(a, b)
+    for mine, theirs in zip(whole.caches, spanned.caches, strict=True):
+        assert torch.equal(mine, theirs) and theirs[:, :, 64:].abs().sum() == 0
+    with builtin_checkpoints("tiny-dflash2") as (target_dir, drafter_dir):
+        target = load_target(target_dir, drafter_dir, dtype=torch.float32, max_context=128,
+                             max_query_len=8)
+        sliding = load_drafter(drafter_dir, target, target_dir=target_dir, dtype=torch.float32,
+                               max_context=128, max_query_len=8)
+    with pytest.raises(ValueError, match="only a full-attention drafter"):
+        sliding.with_entry_point("draft", span=64)
 
 
 # --- A bucketed bundle against its unbucketed twin --------------------------------------------

@@ -71,10 +71,10 @@ def _one_slot_on(base, context):
     class OneSlotOn(base.LayerCache):
         __slots__ = ()
 
-        def __init__(self, keys, values, layer, slots, *rest):
+        def __init__(self, keys, values, layer, slots, *rest, **options):
             if keys.shape[2] < context:  # a ring; the global caches hold every position
                 slots = (slots + 1) % keys.shape[2]
-            super().__init__(keys, values, layer, slots, *rest)
+            super().__init__(keys, values, layer, slots, *rest, **options)
     return OneSlotOn
 
 

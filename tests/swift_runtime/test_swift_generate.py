@@ -57,7 +57,8 @@ def test_each_target_call_runs_in_the_smallest_context_bucket_holding_it():
                             "--max-new-tokens", "8", "--format", "json").stdout)
     ran = report["ran_functions"]
     assert {"prefill_64", "main_64"} <= set(ran) <= {"prefill_64", "main_64", "inject_kv", "draft"}
-    assert ran["prefill_64"] + ran["main_64"] == report["calls"]["prefill"] + report["calls"]["main"]
+    calls = report["calls"]
+    assert ran["prefill_64"] + ran["main_64"] == calls["prefill"] + calls["main"]
 
 
 def test_profile_ops_splits_each_functions_time_by_op_type():

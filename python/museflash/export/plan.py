@@ -178,7 +178,9 @@ def plan_export(options: ExportOptions, target_dir: Path, drafter_dir: Path | No
     return ExportPlan(Path(target_dir), Path(drafter_dir) if drafter_dir else None, configs,
                       spec, max_query,
                       _asset_plans(options, spec, decode_length, configs.target.layer_types,
-                                   buckets),
+                                   buckets, drafter_buckets=(
+                                       buckets if options.dflash_drafter
+                                       and configs.drafter.sliding_window is None else ())),
                       compression_plan(options, Path(target_dir),
                                        Path(drafter_dir) if drafter_dir else None),
                       context, kv_write_strategy(options, configs.target))
@@ -362,7 +364,11 @@ def _inject_function(block: int, width: int) -> FunctionPlan:
 
 def _asset_plans(options: ExportOptions, spec: SpeculativeDecoding | None,
                  decode_length: int, layer_types: list[str],
-                 buckets: tuple[int, ...] = ()) -> list[AssetPlan]:
+                 buckets: tuple[int, ...] = (),
+                 drafter_buckets: tuple[int, ...] = ()) -> list[AssetPlan]:
+    """The assets' functions, each bucket's smallest first (as bundle.Asset.function_table
+    lists them). A full-attention DFlash drafter's ring is as long as the context, so its
+    functions get the target's buckets (`drafter_buckets`); a sliding ring's cost is fixed."""
     fused = options.fused_target
     target_outputs = [OutputName.LOGITS] + ([OutputName.DRAFTER_FEATURES] if fused else [])
     whole = [
@@ -379,14 +385,17 @@ def _asset_plans(options: ExportOptions, spec: SpeculativeDecoding | None,
     if options.dflash_drafter:
         draft_outputs = [OutputName.LOGITS] + (
             [OutputName.DRAFT_TOKENS] if spec.drafter_kind == DrafterKind.DFLASH2 else [])
+        drafter = [
+            _inject_function(spec.block_size, spec.drafter_hidden_size),
+            _ids_function(FunctionName.DRAFT, FunctionRole.DRAFT, "draft", spec.block_size,
+                          draft_outputs),
+        ]
         # In the target's package: the borrowed embedding and lm_head are stored once.
         assets.append(AssetPlan(
             AssetRole.DFLASH_DRAFTER, AssetKind.DFLASH_DRAFTER, "drafter", DRAFTER_STATES,
-            FunctionName.DRAFT, [
-                _inject_function(spec.block_size, spec.drafter_hidden_size),
-                _ids_function(FunctionName.DRAFT, FunctionRole.DRAFT, "draft", spec.block_size,
-                              draft_outputs),
-            ], path=AssetRole.TARGET.package))
+            FunctionName.DRAFT,
+            [f.in_bucket(b) for b in drafter_buckets for f in drafter] + drafter,
+            path=AssetRole.TARGET.package, buckets=drafter_buckets))
     elif options.with_drafter:
         assets.append(AssetPlan(
             AssetRole.RING_DRAFTER, AssetKind.RING_DRAFTER, "drafter", RING_DRAFTER_STATES,

@@ -267,6 +267,10 @@ class DFlashDrafter(nn.Module):
 
     entry_points = ("draft", "inject_kv", "decode")
     layer_class: type[nn.Module] = DFlashDecoderLayer
+    # A view's context bucket (docs/buckets.md): a full-attention drafter's ring holds position
+    # p in slot p, so `inject_kv` and `draft` can attend to and write its first `span` slots
+    # only, as the target's bucket functions do; None: the whole ring.
+    span: int | None = None
     # The ring caches' buffer names, which are the Core ML state names: the block drafter's
     # share a package with the target's caches (docs/metadata.md), so they are named apart.
     cache_names = (StateName.DRAFTER_KEY_CACHE.value, StateName.DRAFTER_VALUE_CACHE.value)
@@ -343,12 +347,29 @@ class DFlashDrafter(nn.Module):
         """(key cache, value cache) [layers, kv_heads, capacity, head_dim]."""
         return getattr(self, self.cache_names[0]), getattr(self, self.cache_names[1])
 
-    def with_entry_point(self, name: str) -> DFlashDrafter:
+    @property
+    def full_attention(self) -> bool:
+        """The ring is as long as the context and never wraps: it can be bucketed."""
+        return self.config.sliding_window is None
+
+    def with_entry_point(self, name: str, span: int | None = None) -> DFlashDrafter:
+        """A view whose forward is entry point `name`, attending to (and writing) the ring's
+        first `span` slots only (None: all); only a full-attention drafter's ring has a span."""
         if name not in self.entry_points:
             raise ValueError(f"unknown entry point {name!r}; choose from {self.entry_points}")
+        if span is not None and span != self.ring_capacity and (
+                not self.full_attention or not 0 < span < self.ring_capacity):
+            raise ValueError(f"span {span}: only a full-attention drafter's ring of "
+                             f"{self.ring_capacity} slots can be bucketed, inside it")
         view = copy.copy(self)
         view.entry_point = name
+        view.span = None if span == self.ring_capacity else span
         return view
+
+    @property
+    def attended_slots(self) -> int:
+        """Slots of the ring this view's calls attend to: its span or the whole ring."""
+        return self.span or self.ring_capacity
 
     def _check_length(self, length: int) -> None:
         if length > self.max_query_len:
@@ -361,7 +382,8 @@ class DFlashDrafter(nn.Module):
         caches = self.caches
         rope = self.rotary(positions, self.config.rope_theta, features.dtype)
         for layer_id, layer in enumerate(self.layers):
-            layer.self_attn.write_kv(features, rope, LayerCache(*caches, layer_id, slots))
+            layer.self_attn.write_kv(features, rope,
+                                     LayerCache(*caches, layer_id, slots, span=self.span))
         return positions[-1:]
 
     def _hidden(self, input_ids: torch.Tensor, positions: torch.Tensor,
@@ -374,7 +396,7 @@ class DFlashDrafter(nn.Module):
             x = x * self.residual_scale
         rope = self.rotary(positions, self.config.rope_theta, x.dtype)
         for layer_id, layer in enumerate(self.layers):
-            x = layer(x, rope, mask, LayerCache(*caches, layer_id, slots))
+            x = layer(x, rope, mask, LayerCache(*caches, layer_id, slots, span=self.span))
         return self.norm(x)
 
     def output_weight(self, vocabulary: torch.Tensor | None = None) -> torch.Tensor:
@@ -392,7 +414,7 @@ class DFlashDrafter(nn.Module):
         positions = positions.reshape(-1)
         self._check_length(positions.shape[0])
         window_mask = query_window_mask if self.config.window_per_query else block_window_mask
-        mask = window_mask(positions, self.ring_capacity, self.window)
+        mask = window_mask(positions, self.attended_slots, self.window)
         return self._hidden(input_ids, positions, mask)
 
     def draft(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

@@ -128,11 +128,15 @@ public struct ExportMetadata: Codable, Equatable, Sendable {
             return rows
         }
 
+        /// Slots of the asset's largest states: the target's global caches, a full-attention
+        /// drafter's ring (as long as the context). What a context bucket slices.
+        public var contextCapacity: Int? { states.map(\.capacity).max() }
+
         /// The function `name` of the smallest bucket holding `lastPosition` (a call's last
         /// position), or the one over the whole capacity; nil when the asset has no such
-        /// function or the position is past its global caches.
+        /// function, or has buckets and the position is past its context-sized caches.
         public func pick(_ name: FunctionName, lastPosition: Int) -> FunctionEntry? {
-            if let capacity = capacity(.globalKV), lastPosition >= capacity { return nil }
+            if buckets?.isEmpty == false, let capacity = contextCapacity, lastPosition >= capacity { return nil }
             return functionTable.first { $0.function == name && ($0.context.map { lastPosition < $0 } ?? true) }
         }
 
@@ -143,10 +147,10 @@ public struct ExportMetadata: Codable, Equatable, Sendable {
             guard contexts == Array(Set(contexts)).sorted() else {
                 return "bucket contexts \(contexts) are not strictly ascending"
             }
-            let capacity = capacity(.globalKV)
+            let capacity = contextCapacity
             for bucket in buckets ?? [] {
                 guard let capacity, bucket.context > 0, bucket.context < capacity else {
-                    return "the bucket of \(bucket.context) slots is not inside the global caches' capacity (\(capacity.map(String.init) ?? "none"))"
+                    return "the bucket of \(bucket.context) slots is not inside the context-sized caches' capacity (\(capacity.map(String.init) ?? "none"))"
                 }
                 for (name, spec) in bucket.functions where functions[name] != spec {
                     return "the bucket of \(bucket.context) slots has a function \(name.rawValue) that differs from (or is missing among) the asset's own"

@@ -139,8 +139,10 @@ public final class SpeculativeDecoder {
     /// context bucket holds a call (`pick`), and its functions by Core ML name.
     private let targetAsset: ExportMetadata.Asset
     private let targetFunctions: [String: any BackendFunction]
-    private let injectKV: (any BackendFunction)?
-    private let draft: (any BackendFunction)?
+    /// The DFlash drafter asset (nil without one) and its functions by Core ML name: a
+    /// full-attention drafter's `inject_kv` and `draft` have context buckets too.
+    private let drafterAsset: ExportMetadata.Asset?
+    private let drafterFunctions: [String: any BackendFunction]
     private let targetState: any BackendState
     private let drafterState: (any BackendState)?
     private let fusedTarget: Bool
@@ -201,12 +203,15 @@ public final class SpeculativeDecoder {
         targetState = try backend.makeState(for: target.functionTable.compactMap { loaded[$0.name] })
         if let speculative = metadata.speculativeDecoding, speculative.drafterKind != .ring,
            let drafter = metadata.assets[.dflashDrafter], fusedTarget {
+            if let problem = drafter.bucketProblem { throw RuntimeError.badMetadata(reason: "dflash_drafter: \(problem)") }
             let drafterURL = try bundle.modelURL(of: .dflashDrafter)
-            let inject = try Self.load(backend, ExportMetadata.FunctionName.injectKV.rawValue, drafterURL, bundle)
-            let drafting = try Self.load(backend, ExportMetadata.FunctionName.draft.rawValue, drafterURL, bundle)
-            injectKV = inject
-            draft = drafting
-            drafterState = try backend.makeState(for: [inject, drafting])
+            var loaded: [String: any BackendFunction] = [:]
+            for row in drafter.functionTable where [.injectKV, .draft].contains(row.function) {
+                loaded[row.name] = try Self.load(backend, row.name, drafterURL, bundle)
+            }
+            drafterAsset = drafter
+            drafterFunctions = loaded
+            drafterState = try backend.makeState(for: drafter.functionTable.compactMap { loaded[$0.name] })
             blockSize = try queryLength(drafter, .draft)
             guard try queryLength(drafter, .injectKV) == blockSize else {
                 throw RuntimeError.badMetadata(reason: "inject_kv and draft take different query lengths")
@@ -218,8 +223,8 @@ public final class SpeculativeDecoder {
             defaultDraftTokens = speculative.numDraftTokens
             hasDrafter = true
         } else {
-            injectKV = nil
-            draft = nil
+            drafterAsset = nil
+            drafterFunctions = [:]
             drafterState = nil
             blockSize = verifyLength
             maskTokenID = 0
@@ -478,10 +483,19 @@ public final class SpeculativeDecoder {
                 rows += row
             }
             let width = rows.count / block
-            _ = try call(decoder.injectKV!, [
+            _ = try call(try drafterFunction(.injectKV, lastPosition: first + block - 1), [
                 "features": ShapedArray(float: rows, shape: [1, block, width]),
                 "position_ids": ShapedArray(int32: (0..<block).map { Int32(first + $0) }, shape: [block]),
-            ], first: first, length: block)
+            ], first: first, length: block, traced: ExportMetadata.FunctionName.injectKV.rawValue)
+        }
+
+        /// The drafter's `name` in the smallest context bucket holding `lastPosition`.
+        func drafterFunction(_ name: ExportMetadata.FunctionName, lastPosition: Int) throws -> any BackendFunction {
+            guard let row = decoder.drafterAsset?.pick(name, lastPosition: lastPosition),
+                  let function = decoder.drafterFunctions[row.name] else {
+                throw RuntimeError.badOption(reason: "position \(lastPosition) is past the \(decoder.contextLength) slots of the drafter's ring; re-export with a larger --max-context-length, or start a new conversation")
+            }
+            return function
         }
 
         /// Whether a block of `length` positions from `first` fits the context; if not,
@@ -506,10 +520,10 @@ public final class SpeculativeDecoder {
         mutating func draftStep(anchor: Int32, at anchorPosition: Int, proposals: Int) throws -> ([Int32], [[Double]]) {
             let block = decoder.blockSize
             let vocab = decoder.vocabSize
-            let drafted = try call(decoder.draft!, [
+            let drafted = try call(try drafterFunction(.draft, lastPosition: anchorPosition + block - 1), [
                 "input_ids": ShapedArray(int32: [anchor] + [Int32](repeating: decoder.maskTokenID, count: block - 1), shape: [1, block]),
                 "position_ids": ShapedArray(int32: (0..<block).map { Int32(anchorPosition + $0) }, shape: [block]),
-            ], first: anchorPosition, length: block)
+            ], first: anchorPosition, length: block, traced: ExportMetadata.FunctionName.draft.rawValue)
             var guesses: [Int32]
             if let selected = drafted["draft_tokens"] {
                 guesses = selected.int32s
