@@ -8,6 +8,7 @@ check-contract binary and asserts on the exact property (or input error) it repo
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -394,3 +395,146 @@ def test_a_fold_the_graph_does_not_write_fails_norm_form(bundle):
     line = next(line for line in result.stdout.splitlines()
                 if line.startswith("FAIL target.norm_form"))
     assert "folded_norms lists 1" in line and "in 0" in line
+
+
+# --- Context buckets: main_<c> and prefill_<c> read the global caches' first c slots ----------
+# (python/museflash/bundle.py ContextBucket). //tests/runtime:demo_bundle has buckets of 64 and
+# 128 slots below its capacity of 256; the tests read the numbers from its metadata.json.
+
+BUCKETED = Path(os.environ.get("MUSEFLASH_BUCKETED_EXPORT_DIR", "tests/runtime/demo_bundle"))
+
+
+@pytest.fixture
+def bucketed(tmp_path):
+    return interface_copy(BUCKETED, tmp_path / "bucketed")
+
+
+def target_asset(bundle):
+    return json.loads((bundle / "metadata.json").read_text())["assets"]["target"]
+
+
+def global_capacity(asset):
+    return next(state["capacity"] for state in asset["states"] if state["kind"] == "global_kv")
+
+
+def failure(result, name):
+    """The detail of property `name`'s FAIL line."""
+    return next(line for line in result.stdout.splitlines() if line.startswith(f"FAIL {name}:"))
+
+
+def rename_functions(package, renames, description=True):
+    """Renames functions of the ML program (and, with `description`, of the interface)."""
+    def rename(spec):
+        if description:
+            for entry in spec.description.functions:
+                entry.name = renames.get(entry.name, entry.name)
+        program = spec.mlProgram.functions
+        bodies = {old: program[old].SerializeToString() for old in renames}
+        for old in renames:
+            del program[old]
+        for old, new in renames.items():
+            program[new].ParseFromString(bodies[old])
+
+    edit_spec(package, rename)
+
+
+def test_the_bucketed_bundle_satisfies_every_property(bucketed):
+    passed = every_property_holds(bucketed)
+    assert {"target.buckets", "package.functions", "target.function_map", "target.states",
+            "target.inputs"} <= passed
+    buckets = target_asset(bucketed)["buckets"]
+    assert len(buckets) >= 2
+    result, _, _ = check(bucketed)
+    assert "listed by no asset" not in result.stdout
+    for bucket in buckets:
+        for name in bucket["functions"]:
+            assert f"  function {name}_{bucket['context']}\n" in result.stdout
+
+
+def test_a_bucket_its_graph_does_not_read_fails_buckets(bucketed):
+    """The first bucket's functions renamed, in the package and in metadata.json alike, to a
+    context between it and the next: the names agree, the graph still reads the old slots."""
+    asset = target_asset(bucketed)
+    buckets = asset["buckets"]
+    first = buckets[0]["context"]
+    claimed = (first + (buckets[1]["context"] if len(buckets) > 1 else global_capacity(asset))) // 2
+    rename_functions(bucketed / "target.mlpackage",
+                     {f"{name}_{first}": f"{name}_{claimed}" for name in buckets[0]["functions"]})
+    rewrite_metadata(bucketed, lambda metadata: (
+        metadata["assets"]["target"]["buckets"][0].update(context=claimed)))
+    result, failed, _ = check(bucketed)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert failed == {"target.buckets"}, result.stdout
+    line = failure(result, "target.buckets")
+    # Each renamed function is named with the slots its graph reads.
+    for name in ("main", "prefill"):
+        assert re.search(rf"{name}_{claimed} [^;]*\[0, {first}\)", line), line
+    assert "re-export" in line
+
+
+def test_a_whole_capacity_function_reading_a_bucket_fails_buckets(bucketed):
+    """main's program and the first bucket's main_<c> swapped, the interfaces kept."""
+    first = target_asset(bucketed)["buckets"][0]["context"]
+    rename_functions(bucketed / "target.mlpackage",
+                     {"main": f"main_{first}", f"main_{first}": "main"}, description=False)
+    result, failed, _ = check(bucketed)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert failed == {"target.buckets"}, result.stdout
+    line = failure(result, "target.buckets")
+    assert f"main runs over the whole capacity but reads only slots [0, {first})" in line
+    assert f"main_{first} reads no [0, {first}) slice of globalKeyCache layer 0" in line
+
+
+def test_a_bucket_the_package_lacks_fails(bucketed):
+    """metadata.json lists one more bucket, between the last and the capacity."""
+    asset = target_asset(bucketed)
+    last = asset["buckets"][-1]
+    extra = (last["context"] + global_capacity(asset)) // 2
+    rewrite_metadata(bucketed, lambda metadata: metadata["assets"]["target"]["buckets"].append(
+        {"context": extra, "functions": last["functions"]}))
+    result, failed, _ = check(bucketed)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert failed == {"package.functions", "target.function_map", "target.buckets"}, result.stdout
+    assert (f"the package has no program for main_{extra}, prefill_{extra}, which metadata.json's "
+            "buckets list") in failure(result, "target.buckets")
+    for name in ("main", "prefill"):
+        assert f"{name}_{extra}" in failure(result, "package.functions")
+
+
+@pytest.mark.parametrize("edit", [
+    lambda buckets: buckets.reverse(),
+    lambda buckets: buckets[0]["functions"]["prefill"].update(
+        query_length=buckets[0]["functions"]["prefill"]["query_length"] + 1),
+    lambda buckets: buckets[-1].update(context=256 * 1024),
+], ids=["descending", "prefill_differs", "beyond_capacity"])
+def test_buckets_metadata_json_describes_wrongly_fail_buckets(bucketed, edit):
+    rewrite_metadata(bucketed, lambda metadata: edit(metadata["assets"]["target"]["buckets"]))
+    result, failed, _ = check(bucketed)
+    assert result.returncode == 1, result.stdout + result.stderr
+    line = failure(result, "target.buckets")
+    assert line.startswith("FAIL target.buckets: metadata.json: ") and "--context-buckets" in line
+    # A context changed names functions the package lacks; the other edits fail nothing else.
+    others = {"package.functions", "target.function_map"}
+    assert failed - others == {"target.buckets"}, result.stdout
+
+
+def test_bucket_functions_no_asset_lists_fail_package_functions(bucketed):
+    """Without `buckets` in metadata.json, the bucket functions are nobody's."""
+    rewrite_metadata(bucketed, lambda metadata: metadata["assets"]["target"].pop("buckets"))
+    result, failed, passed = check(bucketed)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert failed == {"package.functions"}, result.stdout
+    assert "no asset stored in it lists" in failure(result, "package.functions")
+    assert "target.buckets" in passed
+
+
+def test_bucket_functions_are_held_to_kv_write_too(bucketed):
+    """The bucket functions write the global caches as main and prefill do (the blend here)."""
+    first = target_asset(bucketed)["buckets"][0]["context"]
+    rewrite_metadata(bucketed, lambda metadata: metadata.update(kv_write="slice"))
+    result, failed, _ = check(bucketed)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert failed == {"target.kv_write"}, result.stdout
+    line = failure(result, "target.kv_write")
+    for name in (f"main_{first}", f"prefill_{first}", "main", "prefill"):
+        assert f"but {name} has 0 position-indexed slice_update" in line

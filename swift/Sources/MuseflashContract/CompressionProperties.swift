@@ -255,11 +255,12 @@ extension LoadedBundle {
     func compressionFunctionsAgree(_ role: AssetRole, _ analysis: Result<CompressionAnalysis, Error>) -> PropertyResult {
         evaluate("\(role).compression.functions_agree") {
             let analysis = try analysis.get()
-            // Function name -> the asset listing it (nil: a package of its own, or no asset).
+            // Function name -> the asset listing it, bucket functions included (nil: a package of
+            // its own, or no asset).
             var assetOf: [String: AssetRole] = [:]
             if let file = packageFile(of: role), file.isShared {
                 for member in file.roles {
-                    for name in metadata.assets[member]?.functions.keys.map(\.rawValue) ?? [] { assetOf[name] = member }
+                    for name in metadata.functionNames(of: member) { assetOf[name] = member }
                 }
             }
             var problems = Problems()

@@ -19,6 +19,10 @@ import MLPackage
 /// (`<role>.embedded_metadata`, `<role>.compression.*`) run once per package, named by its
 /// owner's role; properties of an asset (`<role>.states`, `<role>.function_map`, the target's
 /// and drafters' signatures) look only at that asset's functions of the package.
+///
+/// An asset's functions are its function table (`ExportMetadata.Asset.functionTable`): with
+/// context buckets, each bucket's (`main_64`, `prefill_64`) beside the whole-capacity ones, each
+/// checked like its whole-capacity twin; `target.buckets` holds the buckets to the graph.
 public struct ContractChecker {
     public typealias InterfaceLoader = (URL) throws -> PackageInterface
 
@@ -175,9 +179,29 @@ struct LoadedBundle {
         return function
     }
 
+    /// Function `name` of `role` and each of its context buckets' copies (`main_64`) that the
+    /// package has, buckets first, so that each is checked like the whole-capacity one. That one
+    /// must exist (`function(_:of:)` throws); a bucket function the package lacks is
+    /// package.functions' and function_map's to report.
+    func functionAndBuckets(_ name: FunctionName, of role: AssetRole) throws -> [FunctionDescription] {
+        let whole = try function(name, of: role)
+        let package = try package(role)
+        let buckets = (metadata.assets[role]?.functionTable ?? []).filter { $0.function == name && $0.context != nil }
+        return buckets.compactMap { package.function(named: $0.name) } + [whole]
+    }
+
     /// The functions of `role`'s package that are `role`'s (`ExportMetadata.functions(of:in:)`).
     func functions(of role: AssetRole) throws -> [FunctionDescription] {
         metadata.functions(of: role, in: try package(role))
+    }
+
+    /// The target's `main` and `prefill` over its graph: each context bucket's (`main_64`,
+    /// `prefill_64`, in function-table order), then the whole-capacity ones, which the graph
+    /// properties (`target.kv_write`, `target.norm_form`) judge alike.
+    var targetGraphFunctions: [String] {
+        let buckets = (metadata.assets[.target]?.functionTable ?? [])
+            .filter { $0.context != nil && [FunctionName.main, .prefill].contains($0.function) }
+        return buckets.map(\.name) + [FunctionName.main, .prefill].map(\.rawValue)
     }
 
     func speculativeDecoding() throws -> ExportMetadata.SpeculativeDecoding {
@@ -198,6 +222,7 @@ struct LoadedBundle {
         results += targetProperties()
         results += kvWriteProperties()
         results += normFormProperties()
+        results += bucketProperties()
         if metadata.assets[.dflashDrafter] != nil {
             results += dflashDrafterProperties()
         }
@@ -221,22 +246,27 @@ extension ExportMetadata {
         AssetRole.allCases.filter { assets[$0] != nil }
     }
 
+    /// The Core ML names of every function `role`'s asset lists: its function table
+    /// (`Asset.functionTable`), each context bucket's (`main_64`) and the whole-capacity ones;
+    /// without buckets, the keys of its `functions`. Empty when there is no such asset.
+    func functionNames(of role: AssetRole) -> [String] {
+        assets[role]?.functionTable.map(\.name) ?? []
+    }
+
     /// The functions of `package` (the package of `role`) that are `role`'s, in package order.
     /// For a package of its own that is every function (as before schema version 3); in a
-    /// shared package those its asset lists, so the target's properties never judge the
-    /// drafter's functions nor the other way round. A function no asset of a shared package
-    /// lists is nobody's (`package.functions` fails for it).
+    /// shared package those its asset lists (bucket functions included), so the target's
+    /// properties never judge the drafter's functions nor the other way round. A function no
+    /// asset of a shared package lists is nobody's (`package.functions` fails for it).
     func functions(of role: AssetRole, in package: PackageInterface) -> [FunctionDescription] {
         guard let file = self.package(of: role), file.isShared else { return package.functions }
-        let own = Set((assets[role]?.functions.keys).map { $0.map(\.rawValue) } ?? [])
+        let own = Set(functionNames(of: role))
         return package.functions.filter { own.contains($0.name) }
     }
 
     /// The functions of a shared `package` that none of its assets lists.
     func unlistedFunctions(of file: Package, in package: PackageInterface) -> [FunctionDescription] {
-        let listed = file.roles.reduce(into: Set<String>()) { names, role in
-            names.formUnion((assets[role]?.functions.keys).map { $0.map(\.rawValue) } ?? [])
-        }
+        let listed = Set(file.roles.flatMap(functionNames(of:)))
         return package.functions.filter { !listed.contains($0.name) }
     }
 }

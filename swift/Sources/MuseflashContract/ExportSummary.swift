@@ -62,6 +62,10 @@ extension ContractReport {
             lines.append("")
             lines.append("Asset \(role) (\(asset.kind)): \(asset.path)"
                          + (owner == role ? "" : " (shared with \(owner), which owns it)"))
+            if let buckets = asset.buckets {
+                let contexts = buckets.map { String($0.context) }.joined(separator: ", ")
+                lines.append("  context buckets: \(buckets.isEmpty ? "none" : contexts)")
+            }
             guard let package = packages[role] else {
                 lines.append("  not read (missing)")
                 continue
@@ -69,8 +73,8 @@ extension ContractReport {
             if owner == role {
                 lines.append("  default function: \(package.defaultFunctionName)")
             }
-            // A shared package's functions, each under the asset it belongs to; those no asset
-            // lists under the owner.
+            // A shared package's functions, each under the asset it belongs to (bucket functions
+            // under the asset whose function table lists them); those no asset lists under the owner.
             var functions = metadata.functions(of: role, in: package).map { ($0, "") }
             if let file = file, file.isShared, owner == role {
                 functions += metadata.unlistedFunctions(of: file, in: package).map { ($0, " (listed by no asset)") }

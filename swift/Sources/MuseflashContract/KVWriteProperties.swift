@@ -1,8 +1,9 @@
 import ExportMetadata
 import MLPackage
 
-/// `target.kv_write`: the target's `main` and `prefill` write their global KV caches the way
-/// metadata.json's `kv_write` says (docs/kv-write.md), judged from the ML program itself.
+/// `target.kv_write`: the target's `main` and `prefill` (and each context bucket's, `main_64`)
+/// write their global KV caches the way metadata.json's `kv_write` says (docs/kv-write.md),
+/// judged from the ML program itself.
 ///
 /// A position-indexed write is a `slice_update` whose `begin` is computed at run time (bound to
 /// a value no `const` op produces) and whose `x` has a global cache's shape. `slice` writes each
@@ -27,9 +28,9 @@ extension LoadedBundle {
             let expected = strategy == .slice ? 2 * globalLayers : 0
             var problems = Problems()
             var counts: [String] = []
-            for name in [FunctionName.main, .prefill] {
+            for name in targetGraphFunctions {
                 // A function the package lacks is package.functions' and function_map's to report.
-                guard let function = program.functions.first(where: { $0.name == name.rawValue }),
+                guard let function = program.functions.first(where: { $0.name == name }),
                       let block = function.block else { continue }
                 let found = Self.positionIndexedWrites(in: block, into: globalShapes)
                 counts.append("\(name) \(found)")

@@ -1,9 +1,9 @@
 import ExportMetadata
 import MLPackage
 
-/// `target.norm_form`: the target's `main` and `prefill` write their RMSNorms in the form
-/// metadata.json's `fp16_range.norm` records (docs/fp16.md), judged from the ML program itself,
-/// as //:verify judges it (python/museflash/checks/norm_form.py).
+/// `target.norm_form`: the target's `main` and `prefill` (and each context bucket's, `main_64`)
+/// write their RMSNorms in the form metadata.json's `fp16_range.norm` records (docs/fp16.md),
+/// judged from the ML program itself, as //:verify judges it (python/museflash/checks/norm_form.py).
 ///
 /// Every norm ends in `rsqrt(mean(y * y) + eps)` (the square a `mul` or a `pow`). In the
 /// `max_abs` form `y` is `real_div(x, maximum(reduce_max(abs(x)), 1))`; in the `plain` form `y`
@@ -43,9 +43,9 @@ extension LoadedBundle {
             }
             var problems = Problems()
             var found: [String] = []
-            for name in [FunctionName.main, .prefill] {
+            for name in targetGraphFunctions {
                 // A function the package lacks is package.functions' and function_map's to report.
-                guard let function = program.functions.first(where: { $0.name == name.rawValue }),
+                guard let function = program.functions.first(where: { $0.name == name }),
                       let block = function.block else { continue }
                 let forms = Self.normForms(in: block)
                 let form = Self.singleForm(forms)

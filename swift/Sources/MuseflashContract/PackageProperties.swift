@@ -129,10 +129,11 @@ extension LoadedBundle {
         }
     }
 
-    /// The functions the asset lists are in its package with the listed inputs and outputs; its
-    /// `default_function` is one of them, and when the asset owns its package (every asset
-    /// before schema version 3; of a shared package the first role in pipeline order) it is the
-    /// package's default function.
+    /// The functions the asset lists (its function table: each context bucket's, `main_64`, and
+    /// the whole-capacity ones) are in its package with the listed inputs and outputs; its
+    /// `default_function` is one of its whole-capacity functions, and when the asset owns its
+    /// package (every asset before schema version 3; of a shared package the first role in
+    /// pipeline order) it is the package's default function.
     func functionMap(_ role: AssetRole) -> PropertyResult {
         evaluate("\(role).function_map") {
             let package = try package(role)
@@ -146,8 +147,9 @@ extension LoadedBundle {
                                  "default function is \"\(package.defaultFunctionName)\" but metadata says \"\(asset.defaultFunction)\""
                                  + (file.isShared ? " (the \(role) owns the package \(file.path), so its default is the package's)" : ""))
             }
-            for (name, expected) in asset.functions.sorted(by: { $0.key.rawValue < $1.key.rawValue }) {
-                guard let function = package.function(named: name.rawValue) else {
+            let table = asset.functionTable.sorted { $0.name < $1.name }
+            for (name, expected) in table.map({ ($0.name, $0.spec) }) {
+                guard let function = package.function(named: name) else {
                     problems.add("metadata lists function \(name) but the package has \(package.functionNames)")
                     continue
                 }
@@ -158,15 +160,16 @@ extension LoadedBundle {
                 problems.require(outputs.sorted() == expected.outputs.map(\.rawValue).sorted(),
                                  "\(name) outputs are \(outputs) but metadata says \(expected.outputs)")
             }
-            return try problems.verdict(asset.functions.keys.map(\.rawValue).sorted().joined(separator: ", "))
+            return try problems.verdict(table.map(\.name).joined(separator: ", "))
         }
     }
 
     /// `package.functions`: every package has exactly the functions its assets list, the union of
-    /// the `functions` of the assets whose `path` names it (before schema version 3 one asset's;
-    /// from 3 the fused target's `main`, `prefill` and the DFlash drafter's `inject_kv`, `draft`
-    /// in their shared package), and no two of those assets list the same function. One property
-    /// for all packages; which package default function is right is `<owner>.function_map`.
+    /// the function tables of the assets whose `path` names it (before schema version 3 one
+    /// asset's; from 3 the fused target's `main`, `prefill` (and with context buckets `main_64`,
+    /// `prefill_64`, ...) and the DFlash drafter's `inject_kv`, `draft` in their shared package),
+    /// and no two of those assets list the same function. One property for all packages; which
+    /// package default function is right is `<owner>.function_map`.
     func packageFunctions() -> PropertyResult {
         evaluate("package.functions") {
             var problems = Problems()
@@ -183,11 +186,11 @@ extension LoadedBundle {
                 }
                 var listedBy: [String: AssetRole] = [:]
                 for role in file.roles {
-                    for name in (metadata.assets[role]?.functions.keys).map(Array.init) ?? [] {
-                        if let other = listedBy[name.rawValue] {
+                    for name in metadata.functionNames(of: role) {
+                        if let other = listedBy[name] {
                             problems.add("\(label): function \(name) is listed by both \(other) and \(role)")
                         } else {
-                            listedBy[name.rawValue] = role
+                            listedBy[name] = role
                         }
                     }
                 }

@@ -19,37 +19,42 @@ extension LoadedBundle {
 
     func targetInputs() -> PropertyResult {
         evaluate("\(targetRole).inputs") {
-            let main = try function(.main, of: targetRole)
+            // Each bucket's main (`main_64`) like the whole-capacity one.
+            let mains = try functionAndBuckets(.main, of: targetRole)
+            let table = metadata.assets[targetRole]?.functionTable ?? []
             var problems = Problems()
             let required = [InputName.inputIDs, .positionIDs]
-            for name in required {
-                problems.require(main.input(name) != nil,
-                                 "\(FunctionName.main) has no input \(name) (inputs: \(main.inputs.map(\.name)))")
-            }
-            // One main call verifies one drafted block: its query length is the block
-            // (--num-draft-tokens + 1), in the package and in metadata.json.
             var verifies = ""
-            if metadata.assets[.dflashDrafter] != nil, let settings = metadata.speculativeDecoding {
+            for main in mains {
+                for name in required {
+                    problems.require(main.input(name) != nil,
+                                     "\(main.name) has no input \(name) (inputs: \(main.inputs.map(\.name)))")
+                }
+                // One main call verifies one drafted block: its query length is the block
+                // (--num-draft-tokens + 1), in the package and in metadata.json.
+                guard metadata.assets[.dflashDrafter] != nil, let settings = metadata.speculativeDecoding else { continue }
                 let block = Int64(settings.blockSize)
                 if let ids = main.input(.inputIDs) {
                     let admits = ids.type.multiArray.map { $0.admits(size: block, atAxis: -1) } ?? false
-                    problems.require(admits, "\(FunctionName.main) \(InputName.inputIDs) is \(describe(ids.type)); "
+                    problems.require(admits, "\(main.name) \(InputName.inputIDs) is \(describe(ids.type)); "
                                      + "one call verifies one block, so it must admit block_size = \(block) tokens")
                 }
-                let declared = metadata.assets[targetRole]?.functions[.main]?.queryLength
+                let declared = table.first { $0.name == main.name }?.spec.queryLength
                 problems.require(declared == settings.blockSize,
-                                 "metadata.json gives \(FunctionName.main) query_length \(declared.map(String.init) ?? "none") "
+                                 "metadata.json gives \(main.name) query_length \(declared.map(String.init) ?? "none") "
                                  + "but speculative_decoding.block_size \(settings.blockSize); re-export")
-                verifies = ", verifies blocks of \(block)"
+                verifies = ", verif\(mains.count == 1 ? "ies" : "y") blocks of \(block)"
             }
-            return try problems.verdict("\(FunctionName.main) takes \(required.map(\.rawValue).joined(separator: " and "))" + verifies)
+            return try problems.verdict(mains.map(\.name).joined(separator: ", ")
+                                        + " take\(mains.count == 1 ? "s" : "") "
+                                        + required.map(\.rawValue).joined(separator: " and ") + verifies)
         }
     }
 
     func targetOutputs() -> PropertyResult {
         evaluate("\(targetRole).outputs") {
             let asset = metadata.assets[targetRole]
-            let main = try function(.main, of: targetRole)
+            let mains = try functionAndBuckets(.main, of: targetRole)
             var problems = Problems()
             var expected = [(OutputName.logits, "vocab_size", Int64(metadata.vocabSize))]
             switch asset?.kind {
@@ -67,13 +72,15 @@ extension LoadedBundle {
                 problems.add("asset kind \(kind.map(\.rawValue) ?? "?") is neither \(AssetKind.fusedTarget) "
                              + "nor \(AssetKind.target)")
             }
-            for (name, key, size) in expected {
-                problems.require(main.output(name) != nil,
-                                 "\(FunctionName.main) has no output \(name) (outputs: \(main.outputs.map(\.name)))")
-                if let output = main.output(name) {
-                    problems.require(lastDimension(of: output) == size,
-                                     "\(FunctionName.main) output \(name) is \(describe(output.type)); "
-                                     + "last dim must be \(key) = \(size)")
+            for main in mains {
+                for (name, key, size) in expected {
+                    problems.require(main.output(name) != nil,
+                                     "\(main.name) has no output \(name) (outputs: \(main.outputs.map(\.name)))")
+                    if let output = main.output(name) {
+                        problems.require(lastDimension(of: output) == size,
+                                         "\(main.name) output \(name) is \(describe(output.type)); "
+                                         + "last dim must be \(key) = \(size)")
+                    }
                 }
             }
             return try problems.verdict(expected.map { "\($0.0)[..., \($0.2)]" }.joined(separator: ", "))
