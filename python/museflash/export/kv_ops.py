@@ -1,4 +1,5 @@
-"""How coremltools converts the models' custom KV op (models/base.py `write_cache_rows`).
+"""How coremltools converts the models' custom KV ops (models/base.py `write_cache_rows`, and
+`read_cache_rows` below).
 
 `museflash::write_cache_rows(cache, layer, start, values)` becomes one `slice_update` of the
 whole state tensor, begin [layer, 0, start, 0] and end [layer + 1, kv_heads, start + T,
@@ -19,6 +20,7 @@ from coremltools.converters.mil.frontend.torch.torch_op_registry import register
 from coremltools.converters.mil.mil import types
 
 OP_NAME = "museflash::write_cache_rows"
+READ_OP_NAME = "museflash::read_cache_rows"
 
 
 def first_slot(start, capacity: int, length: int):
@@ -54,3 +56,17 @@ def convert_write_cache_rows(context, node) -> None:
     else:
         first = first_slot(start, cache.shape[2], values.shape[1])
     context.add(write_rows(cache, int(layer.val), first, values, node.name))
+
+
+@register_torch_op(torch_alias=[READ_OP_NAME])
+def convert_read_cache_rows(context, node) -> None:
+    """`museflash::read_cache_rows(cache, layer, length)`: one slice_by_index of the state,
+    begin [layer, 0, 0, 0], end [layer + 1, kv_heads, length, head_dim], the layer axis
+    squeezed (models/base.py, a context bucket's read of a layer)."""
+    cache, layer, length = _get_inputs(context, node, expected=3)
+    _, kv_heads, _, head_dim = cache.shape
+    layer, length = int(layer.val), int(length.val)
+    context.add(mb.slice_by_index(
+        x=cache, begin=np.array([layer, 0, 0, 0], np.int32),
+        end=np.array([layer + 1, kv_heads, length, head_dim], np.int32),
+        squeeze_mask=[True, False, False, False], name=node.name))

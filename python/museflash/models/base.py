@@ -224,7 +224,8 @@ def write_cache_slots(
     else:
         # One slice_update of the state at a constant offset (write_cache_rows from slot 0),
         # rather than a copy of the whole layer with the bucket's slots replaced.
-        blended = torch.where(written, scattered.to(cache.dtype), cache[layer, :, :span])
+        blended = torch.where(written, scattered.to(cache.dtype),
+                              read_cache_rows(cache, layer, span))
         first = torch.zeros(1, dtype=torch.int32)
         cache.copy_(write_cache_rows(cache, layer, first, blended))
 
@@ -253,6 +254,21 @@ def _write_cache_rows_shape(cache, layer, start, values):
     return torch.empty_like(cache)
 
 
+@torch.library.custom_op("museflash::read_cache_rows", mutates_args=())
+def read_cache_rows(cache: torch.Tensor, layer: int, length: int) -> torch.Tensor:
+    """cache[layer][:, :length], a copy: a context bucket's slots of one layer.
+
+    A custom op so that the exporter converts it to ONE `slice_by_index` of the state
+    (export/kv_ops.py). Indexing gives two, the layer and then its first slots, and a reader
+    that copies each slice would copy the whole layer, O(capacity), on every call."""
+    return cache[layer, :, :length].clone()
+
+
+@read_cache_rows.register_fake
+def _read_cache_rows_shape(cache, layer, length):
+    return cache.new_empty((cache.shape[1], length, cache.shape[3]))
+
+
 def write_cache(cache: torch.Tensor, layer: int, slots: torch.Tensor, values: torch.Tensor,
                 strategy: KVWrite = KVWrite.BLEND, span: int | None = None) -> None:
     """cache[layer][:, slots[t]] = values[:, t], in place, written as `strategy` says: the
@@ -274,7 +290,7 @@ def read_cache(cache: torch.Tensor, layer: int, dtype: torch.dtype,
     cast, the attention output reaches o_proj as fp32 and the converter promotes that layer's
     weight to a materialised fp32 copy: 2x its bytes per layer, held through half the pass
     pipeline. The fp16 -> fp32 -> fp16 round trip is exact, and the converter folds it away."""
-    layer_values = cache[layer] if span is None else cache[layer, :, :span]
+    layer_values = cache[layer] if span is None else read_cache_rows(cache, layer, span)
     if layer_values.dtype == dtype:
         return layer_values.to(torch.float32).to(dtype)
     return layer_values.to(dtype)
