@@ -91,6 +91,21 @@ def test_the_plan_gives_each_bucket_a_main_and_a_prefill_smallest_first(tmp_path
         "inject_kv", "draft"]
 
 
+@pytest.mark.parametrize("pair, context, buckets", [
+    ("tiny-qwen3", 4096, (512, 1024, 2048)),  # its own 4096 positions
+    ("tiny-llama", 8192, (512, 1024, 2048, 4096)),  # 131,072 trained: capped at 8192
+])
+def test_the_default_capacity_is_the_models_own_up_to_8192(tmp_path, pair, context, buckets):
+    options = ExportOptions(output_dir=tmp_path, builtin=pair, fused_target=True,
+                            dflash_drafter=True)
+    with builtin_checkpoints(pair) as (target_dir, drafter_dir):
+        plan = plan_export(options, target_dir, drafter_dir)
+    assert plan.context_length == context
+    assert plan.asset(AssetRole.TARGET).buckets == buckets
+    # Their z-lab-shaped drafters attend to the whole context: the same buckets.
+    assert plan.asset(AssetRole.DFLASH_DRAFTER).buckets == buckets
+
+
 # --- The function table ----------------------------------------------------------------------
 
 

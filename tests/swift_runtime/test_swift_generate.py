@@ -61,6 +61,20 @@ def test_each_target_call_runs_in_the_smallest_context_bucket_holding_it():
     assert ran["prefill_64"] + ran["main_64"] == calls["prefill"] + calls["main"]
 
 
+@pytest.mark.parametrize("edit, keyword", [
+    # A bucket metadata.json lists whose functions the package lacks.
+    (lambda buckets: buckets.append(dict(buckets[0], context=96)), "no function main_96"),
+    # Buckets out of order: a reader cannot pick the smallest that holds a call.
+    (lambda buckets: buckets.reverse(), "not strictly ascending"),
+])
+def test_a_bundle_whose_buckets_break_the_contract_is_refused(bundle, edit, keyword):
+    metadata = json.loads((bundle / "metadata.json").read_text())
+    edit(metadata["assets"]["target"]["buckets"])
+    (bundle / "metadata.json").write_text(json.dumps(metadata))
+    assert_one_line_error(run("--export-dir", bundle, "--prompt-ids", "1,2,3",
+                              "--max-new-tokens", "4"), keyword)
+
+
 def test_profile_ops_splits_each_functions_time_by_op_type():
     report = json.loads(run("--export-dir", BUNDLE, "--prompt-ids", "1,40,41,42,43,44,45",
                             "--max-new-tokens", "8", "--format", "json", "--profile-ops").stdout)

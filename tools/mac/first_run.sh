@@ -48,7 +48,9 @@ generate="${repo}/swift/.build/release/swift-generate"
 if [[ -z "${export_dir}" ]]; then
   export_dir="${work}/exported"
   log "exporting the demo pair into ${export_dir}"
-  "${repo}/bazelw" run //:export -- --fused-target --dflash-drafter --output-dir "${export_dir}" >&2 \
+  # With context buckets of 64 and 128 slots: the prompt and its 64 new tokens cross both, so
+  # functions of three buckets read what the others wrote into the one state (docs/buckets.md).
+  "${repo}/bazelw" run //:export -- --fused-target --dflash-drafter --context-buckets 64,128 --output-dir "${export_dir}" >&2 \
     || fail "the demo export failed; export on Linux (./bazelw run //:export -- --fused-target --dflash-drafter) and pass --export-dir DIR"
   if [[ -z "${slice_dir}" ]]; then
     slice_dir="${work}/exported-slice"

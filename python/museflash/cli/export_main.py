@@ -53,8 +53,9 @@ flags.DEFINE_integer("num-draft-tokens", None,
                      f"{DEFAULT_NUM_DRAFT_TOKENS}, measured fastest on the demo pairs, or the "
                      "drafter's block_size - 1 when smaller).")
 flags.DEFINE_integer("max-context-length", None,
-                     "Capacity of the global KV caches (default: 512, or the model's "
-                     "max_position_embeddings when smaller).")
+                     "Capacity of the global KV caches (default: the model's own, "
+                     "max_position_embeddings, up to 8192; a larger one must be asked for: "
+                     "the export prints what the states take in memory).")
 flags.DEFINE_string("context-buckets", None,
                     "Comma-separated context buckets, ascending multiples of 32 up to the "
                     "capacity, e.g. 512,2048,8192: each gets its own main and prefill, which "

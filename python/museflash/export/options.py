@@ -12,6 +12,11 @@ from pathlib import Path
 from museflash.bundle import BUILTIN_PAIRS, KVWrite
 from museflash.compression import PRESETS
 
+# The capacity without --max-context-length: the model's own context (its config's
+# max_position_embeddings) up to MAX_DEFAULT_CONTEXT_LENGTH, so a chat gets all of SmolLM2's 8192
+# while Llama 3.1's 131,072 (17 GB of fp16 state at 8B) must be asked for; DEFAULT_CONTEXT_LENGTH
+# when the config does not say. The context buckets keep a call's cost to what it fills.
+MAX_DEFAULT_CONTEXT_LENGTH = 8192
 DEFAULT_CONTEXT_LENGTH = 512
 # Default context buckets (docs/buckets.md): at most DEFAULT_BUCKETS contexts, the capacity
 # among them, from SMALLEST_DEFAULT_BUCKET up; each bucket adds a main and a prefill.
@@ -42,8 +47,8 @@ class ExportOptions:
     dflash_drafter: bool = False
     with_drafter: bool = False
     num_draft_tokens: int | None = None
-    # Capacity of the global KV caches; None: DEFAULT_CONTEXT_LENGTH, or the model's
-    # max_position_embeddings when that is smaller (plan.context_length).
+    # Capacity of the global KV caches; None: the model's max_position_embeddings up to
+    # MAX_DEFAULT_CONTEXT_LENGTH (plan.context_length).
     max_context_length: int | None = None
     prefill_length: int = 32
     decode_length: int | None = None

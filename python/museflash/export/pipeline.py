@@ -24,6 +24,7 @@ describe  metadata.json, embedded in every package, and the checkpoint's tokeniz
 
 from __future__ import annotations
 
+import math
 import shutil
 from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
@@ -32,7 +33,15 @@ from pathlib import Path
 
 import torch
 
-from museflash.bundle import METADATA_FILE, AssetRole, Fp16Range, NormForm, Source, builtin_source
+from museflash.bundle import (
+    METADATA_FILE,
+    AssetRole,
+    Fp16Range,
+    Metadata,
+    NormForm,
+    Source,
+    builtin_source,
+)
 from museflash.checkpoint.configs import read_config
 from museflash.checkpoint.gguf import is_gguf, staged_checkpoint
 from museflash.checkpoint.tensor_files import WeightLocation
@@ -89,8 +98,19 @@ def export_bundle(options: ExportOptions, progress: Progress | None = None) -> P
                 shutil.rmtree(each.parts_dir)
                 describe(each)
         for directory in options.output_dirs:
-            progress.say(f"[export] wrote {directory} ({human_bytes(tree_bytes(directory))})")
+            progress.say(f"[export] wrote {directory} ({human_bytes(tree_bytes(directory))}); "
+                         + memory_summary(Metadata.read(directory)))
     return Path(options.output_dir)
+
+
+def memory_summary(metadata: Metadata) -> str:
+    """What the bundle's states take in memory beside its weights: the KV caches are allocated
+    at full capacity whatever a conversation fills (docs/buckets.md)."""
+    states = sum(math.prod(state.shape) * 2  # fp16
+                 for asset in metadata.assets.values() for state in asset.states)
+    buckets = metadata.context_buckets()
+    return (f"its KV states take {human_bytes(states)} of memory at {metadata.context_length} "
+            f"positions; context buckets {', '.join(map(str, buckets))}")
 
 
 @dataclass

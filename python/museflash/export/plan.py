@@ -37,6 +37,7 @@ from museflash.export.fp16_range import GraphNumerics
 from museflash.export.options import (
     DEFAULT_CONTEXT_LENGTH,
     DEFAULT_NUM_DRAFT_TOKENS,
+    MAX_DEFAULT_CONTEXT_LENGTH,
     ExportError,
     ExportOptions,
     check_context_buckets,
@@ -219,8 +220,9 @@ def context_buckets(options: ExportOptions, context: int, max_query: int,
 
 
 def context_length(options: ExportOptions, target_dir: Path) -> int:
-    """--max-context-length, or by default DEFAULT_CONTEXT_LENGTH capped at the positions the
-    model was trained for (`max_position_embeddings`, rounded down to a multiple of 32); an
+    """--max-context-length, or by default the positions the model was trained for
+    (`max_position_embeddings`, rounded down to a multiple of 32) up to
+    MAX_DEFAULT_CONTEXT_LENGTH, or DEFAULT_CONTEXT_LENGTH when the config does not say; an
     explicit length beyond them is refused (RoPE would be asked for angles it never saw)."""
     raw = read_config(target_dir)
     trained = (raw.get("text_config") or {}).get("max_position_embeddings",
@@ -228,8 +230,8 @@ def context_length(options: ExportOptions, target_dir: Path) -> int:
     trained = trained if isinstance(trained, int) and trained > 0 else None
     if options.max_context_length is None:
         context = DEFAULT_CONTEXT_LENGTH
-        if trained is not None and trained < context:
-            context = max(32, trained // 32 * 32)
+        if trained is not None:
+            context = max(32, min(trained, MAX_DEFAULT_CONTEXT_LENGTH) // 32 * 32)
     else:
         context = options.max_context_length
         if trained is not None and context > trained:

@@ -35,7 +35,13 @@ public final class InterpreterBackend: InferenceBackend {
         guard package.pathExtension != "mlmodelc" else {
             throw RuntimeError.backend(function: function, reason: "\(package.path) is a compiled Core ML model, which the interpreter cannot read; use the Core ML backend, or ship the bundle's .mlpackage")
         }
-        let compiled = try program(of: package).function(named: function)
+        let compiled: CompiledFunction
+        do {
+            compiled = try program(of: package).function(named: function)
+        } catch InterpreterError.noSuchFunction(let name, let available) {
+            // metadata.json lists it (a context bucket's, say) but this package lacks it.
+            throw RuntimeError.functionMissing(package: package.lastPathComponent, function: name, available: available)
+        }
         if profileOps {
             compiled.profiling = true
             if !loaded.contains(where: { $0 === compiled }) { loaded.append(compiled) }

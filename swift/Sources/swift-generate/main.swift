@@ -24,7 +24,7 @@ import MuseflashRuntime
 // Text: the continuation streamed as it is accepted (decoded text for a text prompt, ids for
 // --prompt-ids), then the figures, and the drafter's speed-up against the target alone, timed in
 // the same run (--no-compare skips that run; --compare adds it to JSON). JSON: one object. Bad input: one line on stderr and
-// exit status 1. --memory-probe loads the target's and the drafter's functions one at a time and
+// exit status 1. --memory-probe loads the target's and the drafter's functions (every context bucket's) one at a time and
 // prints the resident memory after each as JSON (do per-function models share weights?
 // coremltools#2351; tools/mac/first_run.sh reads it). --profile-ops (interpreter, JSON, one
 // generation) adds op_ms_per_call: per function, the milliseconds per call spent in each op type. Relative paths resolve against $BUILD_WORKING_DIRECTORY (bazel run), else the
@@ -241,9 +241,12 @@ func memoryProbe(bundle: MuseflashBundle, backend: any InferenceBackend) throws 
     var loaded: [any BackendFunction] = []
     var after: [[String: Any]] = []
     let before = residentBytes()
-    var packages = [(try bundle.modelURL(of: .target), ["prefill", "main"])]
+    // Every function of each asset's table: with context buckets, each bucket's (main_512, ...)
+    // too, smallest first (coremltools#2351: memory may grow with each function loaded).
+    let assets = bundle.metadata.assets
+    var packages = [(try bundle.modelURL(of: .target), (assets[.target]?.functionTable ?? []).map(\.name))]
     if bundle.metadata.speculativeDecoding != nil, let drafter = try? bundle.modelURL(of: .dflashDrafter) {
-        packages.append((drafter, ["inject_kv", "draft"]))
+        packages.append((drafter, (assets[.dflashDrafter]?.functionTable ?? []).map(\.name)))
     }
     for (url, functions) in packages {
         for function in functions {
