@@ -135,16 +135,11 @@ public final class SpeculativeDecoder {
     public let contextLength: Int
     public let hasDrafter: Bool
 
-    /// The target asset, whose function table (`functionTable`) says which function of which
-    /// context bucket holds a call (`pick`), and its functions by Core ML name.
-    private let targetAsset: ExportMetadata.Asset
-    private let targetFunctions: [String: any BackendFunction]
-    /// The DFlash drafter asset (nil without one) and its functions by Core ML name: a
-    /// full-attention drafter's `inject_kv` and `draft` have context buckets too.
-    private let drafterAsset: ExportMetadata.Asset?
-    private let drafterFunctions: [String: any BackendFunction]
-    private let targetState: any BackendState
-    private let drafterState: (any BackendState)?
+    /// The target's `prefill` and `main` of every context bucket, on one state; the DFlash
+    /// drafter's `inject_kv` and `draft` on another (nil without one; a full-attention
+    /// drafter's have buckets too).
+    private let targetFunctions: AssetFunctions
+    private let drafterFunctions: AssetFunctions?
     private let fusedTarget: Bool
     private let maskTokenID: Int32
     private let defaultDraftTokens: Int
@@ -190,28 +185,10 @@ public final class SpeculativeDecoder {
         vocabSize = metadata.vocabSize
         contextLength = metadata.contextLength
         fusedTarget = target.kind == .fusedTarget
-        if let problem = target.bucketProblem { throw RuntimeError.badMetadata(reason: "target: \(problem)") }
-        targetAsset = target
-        let targetURL = try bundle.modelURL(of: .target)
-        // Every bucket's functions share the one state (an assumption Core ML does not
-        // document: CoreMLBackend, docs/mac.md), so all are loaded before it is made.
-        var loaded: [String: any BackendFunction] = [:]
-        for row in target.functionTable where [.prefill, .main].contains(row.function) {
-            loaded[row.name] = try Self.load(backend, row.name, targetURL, bundle)
-        }
-        targetFunctions = loaded
-        targetState = try backend.makeState(for: target.functionTable.compactMap { loaded[$0.name] })
+        targetFunctions = try AssetFunctions(.target, target, [.prefill, .main], backend: backend, bundle: bundle)
         if let speculative = metadata.speculativeDecoding, speculative.drafterKind != .ring,
            let drafter = metadata.assets[.dflashDrafter], fusedTarget {
-            if let problem = drafter.bucketProblem { throw RuntimeError.badMetadata(reason: "dflash_drafter: \(problem)") }
-            let drafterURL = try bundle.modelURL(of: .dflashDrafter)
-            var loaded: [String: any BackendFunction] = [:]
-            for row in drafter.functionTable where [.injectKV, .draft].contains(row.function) {
-                loaded[row.name] = try Self.load(backend, row.name, drafterURL, bundle)
-            }
-            drafterAsset = drafter
-            drafterFunctions = loaded
-            drafterState = try backend.makeState(for: drafter.functionTable.compactMap { loaded[$0.name] })
+            drafterFunctions = try AssetFunctions(.dflashDrafter, drafter, [.injectKV, .draft], backend: backend, bundle: bundle)
             blockSize = try queryLength(drafter, .draft)
             guard try queryLength(drafter, .injectKV) == blockSize else {
                 throw RuntimeError.badMetadata(reason: "inject_kv and draft take different query lengths")
@@ -223,9 +200,7 @@ public final class SpeculativeDecoder {
             defaultDraftTokens = speculative.numDraftTokens
             hasDrafter = true
         } else {
-            drafterAsset = nil
-            drafterFunctions = [:]
-            drafterState = nil
+            drafterFunctions = nil
             blockSize = verifyLength
             maskTokenID = 0
             defaultDraftTokens = 0
@@ -250,10 +225,42 @@ public final class SpeculativeDecoder {
 
     /// Forget every cache entry: the next call decodes from scratch.
     public func resetCaches() throws {
-        try targetState.reset()
-        try drafterState?.reset()
+        try targetFunctions.state.reset()
+        try drafterFunctions?.state.reset()
         heldIDs = []
         writtenTo = -1
+    }
+
+    /// One asset's functions by Core ML name, every context bucket's, and the state they all
+    /// share (an assumption Core ML does not document: CoreMLBackend, docs/mac.md), made once
+    /// every one is loaded. `function(_:lastPosition:)` gives the one a call runs in.
+    struct AssetFunctions {
+        let role: ExportMetadata.AssetRole
+        let asset: ExportMetadata.Asset
+        let functions: [String: any BackendFunction]
+        let state: any BackendState
+
+        init(_ role: ExportMetadata.AssetRole, _ asset: ExportMetadata.Asset, _ names: Set<ExportMetadata.FunctionName>,
+             backend: any InferenceBackend, bundle: MuseflashBundle) throws {
+            if let problem = asset.bucketProblem { throw RuntimeError.badMetadata(reason: "\(role.rawValue): \(problem)") }
+            let url = try bundle.modelURL(of: role)
+            var loaded: [String: any BackendFunction] = [:]
+            for row in asset.functionTable where names.contains(row.function) {
+                loaded[row.name] = try SpeculativeDecoder.load(backend, row.name, url, bundle)
+            }
+            self.role = role
+            self.asset = asset
+            functions = loaded
+            state = try backend.makeState(for: asset.functionTable.compactMap { loaded[$0.name] })
+        }
+
+        /// `name` in the smallest context bucket holding `lastPosition` (Asset.pick).
+        func function(_ name: ExportMetadata.FunctionName, lastPosition: Int) throws -> any BackendFunction {
+            guard let row = asset.pick(name, lastPosition: lastPosition), let function = functions[row.name] else {
+                throw RuntimeError.badOption(reason: "position \(lastPosition) is past the \(asset.contextCapacity ?? 0) slots of the \(role.rawValue)'s caches; re-export with a larger --max-context-length, or start a new conversation")
+            }
+            return function
+        }
     }
 
     private static func load(_ backend: any InferenceBackend, _ function: String, _ url: URL,
@@ -393,25 +400,25 @@ public final class SpeculativeDecoder {
             if !new.isEmpty { onTokens?(new) }
         }
 
-        /// Runs `function` on the target's state (`target`) or the drafter's, counted and traced
-        /// under `traced` (its own name by default; a context bucket's under its function's).
-        mutating func call(_ function: any BackendFunction, _ inputs: [String: ShapedArray], first: Int, length: Int,
-                           traced: String? = nil, target: Bool = false) throws -> [String: ShapedArray] {
+        /// Runs `name` of `asset` in the smallest context bucket holding the call's last position,
+        /// on the asset's state, counted and traced under `name` (a bucket's `main_512` as `main`).
+        mutating func call(_ name: ExportMetadata.FunctionName, of asset: AssetFunctions, _ inputs: [String: ShapedArray],
+                           first: Int, length: Int) throws -> [String: ShapedArray] {
+            let function = try asset.function(name, lastPosition: first + length - 1)
             let clock = ContinuousClock()
             let start = clock.now
             let outputs: [String: ShapedArray]
             do {
-                outputs = try function.predict(inputs, state: target ? decoder.targetState : decoder.drafterState!)
+                outputs = try function.predict(inputs, state: asset.state)
             } catch let error as RuntimeError {
                 throw error
             } catch {
                 throw RuntimeError.backend(function: function.name, reason: "\(error)")
             }
-            let name = traced ?? function.name
-            result.functions[name, default: FunctionStats()].calls += 1
-            result.functions[name, default: FunctionStats()].seconds += (clock.now - start).seconds
+            result.functions[name.rawValue, default: FunctionStats()].calls += 1
+            result.functions[name.rawValue, default: FunctionStats()].seconds += (clock.now - start).seconds
             result.ranFunctions[function.name, default: 0] += 1
-            result.trace.append(FunctionCall(function: name, firstPosition: first, length: length))
+            result.trace.append(FunctionCall(function: name.rawValue, firstPosition: first, length: length))
             writtenTo = max(writtenTo, first + length - 1)
             return outputs
         }
@@ -421,22 +428,18 @@ public final class SpeculativeDecoder {
         /// drafter features (nil from a plain target).
         mutating func target(_ name: ExportMetadata.FunctionName, ids: [Int32], first: Int) throws -> (logits: [Float], rows: Int, features: [Float]?, width: Int) {
             let count = ids.count
-            let last = first + count - 1
-            guard let row = decoder.targetAsset.pick(name, lastPosition: last), let function = decoder.targetFunctions[row.name] else {
-                throw RuntimeError.badOption(reason: "position \(last) is past the \(decoder.contextLength) slots of the target's caches; re-export with a larger --max-context-length, or start a new conversation")
-            }
-            let outputs = try call(function, [
+            let outputs = try call(name, of: decoder.targetFunctions, [
                 "input_ids": ShapedArray(int32: ids, shape: [1, count]),
                 "position_ids": ShapedArray(int32: (0..<count).map { Int32(first + $0) }, shape: [count]),
-            ], first: first, length: count, traced: name.rawValue, target: true)
+            ], first: first, length: count)
             guard let logits = outputs["logits"], logits.count % decoder.vocabSize == 0, logits.count > 0 else {
-                throw RuntimeError.badOutput(function: function.name, reason: "no logits of \(decoder.vocabSize) columns")
+                throw RuntimeError.badOutput(function: name.rawValue, reason: "no logits of \(decoder.vocabSize) columns")
             }
             var features: [Float]?
             var width = 0
             if decoder.fusedTarget {
                 guard let value = outputs["drafter_features"], value.count % count == 0, value.count > 0 else {
-                    throw RuntimeError.badOutput(function: function.name, reason: "no drafter_features of \(count) rows")
+                    throw RuntimeError.badOutput(function: name.rawValue, reason: "no drafter_features of \(count) rows")
                 }
                 features = value.floats
                 width = value.count / count
@@ -483,19 +486,10 @@ public final class SpeculativeDecoder {
                 rows += row
             }
             let width = rows.count / block
-            _ = try call(try drafterFunction(.injectKV, lastPosition: first + block - 1), [
+            _ = try call(.injectKV, of: decoder.drafterFunctions!, [
                 "features": ShapedArray(float: rows, shape: [1, block, width]),
                 "position_ids": ShapedArray(int32: (0..<block).map { Int32(first + $0) }, shape: [block]),
-            ], first: first, length: block, traced: ExportMetadata.FunctionName.injectKV.rawValue)
-        }
-
-        /// The drafter's `name` in the smallest context bucket holding `lastPosition`.
-        func drafterFunction(_ name: ExportMetadata.FunctionName, lastPosition: Int) throws -> any BackendFunction {
-            guard let row = decoder.drafterAsset?.pick(name, lastPosition: lastPosition),
-                  let function = decoder.drafterFunctions[row.name] else {
-                throw RuntimeError.badOption(reason: "position \(lastPosition) is past the \(decoder.contextLength) slots of the drafter's ring; re-export with a larger --max-context-length, or start a new conversation")
-            }
-            return function
+            ], first: first, length: block)
         }
 
         /// Whether a block of `length` positions from `first` fits the context; if not,
@@ -520,10 +514,10 @@ public final class SpeculativeDecoder {
         mutating func draftStep(anchor: Int32, at anchorPosition: Int, proposals: Int) throws -> ([Int32], [[Double]]) {
             let block = decoder.blockSize
             let vocab = decoder.vocabSize
-            let drafted = try call(try drafterFunction(.draft, lastPosition: anchorPosition + block - 1), [
+            let drafted = try call(.draft, of: decoder.drafterFunctions!, [
                 "input_ids": ShapedArray(int32: [anchor] + [Int32](repeating: decoder.maskTokenID, count: block - 1), shape: [1, block]),
                 "position_ids": ShapedArray(int32: (0..<block).map { Int32(anchorPosition + $0) }, shape: [block]),
-            ], first: anchorPosition, length: block, traced: ExportMetadata.FunctionName.draft.rawValue)
+            ], first: anchorPosition, length: block)
             var guesses: [Int32]
             if let selected = drafted["draft_tokens"] {
                 guesses = selected.int32s
