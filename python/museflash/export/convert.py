@@ -143,8 +143,7 @@ def convert_function(module: torch.nn.Module, asset: AssetPlan, function: Functi
                      part: Path, progress: Progress, where: str = "") -> None:
     """Traces and converts one entry point into the single-function package `part`."""
     label = f"{asset.role}.{function.name}" + (f", {where}" if where else "")
-    view = (module.with_entry_point(function.entry_point) if function.bucket is None
-            else module.with_entry_point(function.entry_point, span=function.bucket))
+    view = module.with_entry_point(function.entry_point, span=function.bucket)
     with progress.stage("trace", label):
         program = trace(view, function.example_args)
         check_no_data_dependent_scalars(program)

@@ -24,7 +24,12 @@ READ_OP_NAME = "museflash::read_cache_rows"
 
 
 def first_slot(start, capacity: int, length: int):
-    """[1] int32: the position input's first value, clamped so T rows fit the cache."""
+    """[1] int32: the position input's first value, clamped so T rows fit the cache. A constant
+    start (a context bucket's blend, written from slot 0: models/base.py write_cache_slots)
+    gives a constant, so the slice_update's begin is constant: not runtime-indexed."""
+    if start.val is not None:
+        first = int(np.asarray(start.val).reshape(-1)[0])
+        return np.array([min(max(first, 0), capacity - length)], np.int32)
     first = mb.reshape(x=start, shape=[1])
     return mb.maximum(x=mb.minimum(x=first, y=np.int32(capacity - length)), y=np.int32(0))
 
@@ -48,13 +53,7 @@ def write_rows(cache, layer: int, first, values, name: str):
 @register_torch_op(torch_alias=[OP_NAME])
 def convert_write_cache_rows(context, node) -> None:
     cache, layer, start, values = _get_inputs(context, node, expected=4)
-    if start.val is not None:
-        # A constant start (a context bucket's blend, written from slot 0: models/base.py
-        # write_cache_slots) gives a constant begin: no runtime-indexed slice_update.
-        first = np.array([min(max(int(np.asarray(start.val).reshape(-1)[0]), 0),
-                              cache.shape[2] - values.shape[1])], np.int32)
-    else:
-        first = first_slot(start, cache.shape[2], values.shape[1])
+    first = first_slot(start, cache.shape[2], values.shape[1])
     context.add(write_rows(cache, int(layer.val), first, values, node.name))
 
 

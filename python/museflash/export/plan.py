@@ -107,10 +107,6 @@ class AssetPlan:
     def function(self, name: str) -> FunctionPlan:
         return next(f for f in self.functions if f.name == name)
 
-    def whole(self) -> list[FunctionPlan]:
-        """The functions over the whole capacity (bundle.Asset.functions)."""
-        return [f for f in self.functions if f.bucket is None]
-
 
 @dataclass(frozen=True)
 class CompressionPlan:
