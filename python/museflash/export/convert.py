@@ -12,10 +12,10 @@ import torch
 
 from museflash.bundle import INT32_OUTPUTS, OutputName
 from museflash.export.coreml_patches import (
-    block_text_skipped_in_reduce_transposes,
     constexpr_tracking_skipped_without_constexpr,
     placeholders_handled_by_row,
     placeholders_written_compactly,
+    program_text_skipped_in_pipelines,
     validated_once_per_pipeline,
 )
 from museflash.export.options import ExportError
@@ -42,14 +42,41 @@ def _cast_bf16_outputs(_module, _inputs, output):
 
 
 def trace(module: torch.nn.Module, example_args: tuple) -> torch.export.ExportedProgram:
+    """The module's ATen-dialect program, as coremltools reads it: what
+    `torch.export.export(...).run_decompositions({})` gives, traced in one pass instead of two
+    (`_one_pass_export`)."""
     # A forward hook, not a wrapper module: a wrapper would rename the buffers ("m.x") and
     # with them the Core ML state names.
     handle = module.register_forward_hook(_cast_bf16_outputs)
     try:
         with torch.no_grad():
-            return torch.export.export(module, example_args).run_decompositions({})
+            return _one_pass_export(module, example_args)
     finally:
         handle.remove()
+
+
+def _one_pass_export(module: torch.nn.Module, example_args: tuple) -> torch.export.ExportedProgram:
+    """`torch.export.export` traces a training-dialect program that `run_decompositions({})`
+    traces again into the ATen dialect: two passes over every op, 12.4-12.9 s of a SmolLM2
+    function's 22 s. Torch's private `_export(pre_dispatch=False)` traces the ATen dialect in
+    one pass (5.9-6.9 s); inside the override `run_decompositions({})` itself uses, it keeps
+    the same composite ops whole (linear, softmax, matmul), so the converted program is the
+    two-pass one op for op. What differs: the two-pass graph holds no-op
+    `_assert_tensor_metadata` checks, which use up coremltools' counter of constant names, so
+    a few consts are numbered differently (measured on the demo's 11 functions and SmolLM2's
+    `main_512`, 2026-12-07). Private names of the pinned torch (requirements_lock.txt): when
+    they are gone, the public two passes."""
+    try:
+        from torch.export._trace import _export
+        from torch.export.exported_program import (
+            _override_composite_implicit_decomp,
+            _split_decomp_table_to_cia_and_python_decomp,
+        )
+    except ImportError:
+        return torch.export.export(module, example_args).run_decompositions({})
+    kept, _ = _split_decomp_table_to_cia_and_python_decomp({})
+    with _override_composite_implicit_decomp(kept):
+        return _export(module, example_args, strict=False, pre_dispatch=False)
 
 
 def check_no_data_dependent_scalars(program: torch.export.ExportedProgram) -> None:
@@ -98,7 +125,7 @@ def convert(
         if not plain_passes:
             patches.enter_context(validated_once_per_pipeline())
             patches.enter_context(constexpr_tracking_skipped_without_constexpr())
-            patches.enter_context(block_text_skipped_in_reduce_transposes())
+            patches.enter_context(program_text_skipped_in_pipelines())
         if compact_placeholders:
             patches.enter_context(placeholders_written_compactly(module))
             patches.enter_context(placeholders_handled_by_row())

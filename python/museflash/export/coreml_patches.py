@@ -18,12 +18,12 @@ re-run those tests and the benchmark's comparison before trusting them.
 - `validated_once_per_pipeline` replaces `PassPipelineManager.apply_pipeline` (and, inside it,
   `Program.validate`): the program is validated once after each pass pipeline instead of after
   every one of its ~110 passes.
-- `constexpr_tracking_skipped_without_constexpr` replaces `Block._propagate_nonreplaceable_vars`:
-  the walk that re-derives each var's constexpr ancestors whenever a block context closes is
-  skipped in a program that has no constexpr op (this exporter compresses after converting).
-- `block_text_skipped_in_reduce_transposes` replaces `Block.__str__` while the
-  `common::reduce_transposes` pass runs: the pass prints the whole block into a debug message
-  twice per function, logged or not.
+- `constexpr_tracking_skipped_without_constexpr` replaces `Block._propagate_nonreplaceable_vars`
+  (and wraps `Var._is_nonreplaceable_var`): the walk that re-derives each var's constexpr
+  ancestors whenever a block context closes is skipped until a constexpr var has been seen
+  (this exporter compresses after converting).
+- `program_text_skipped_in_pipelines` replaces the `__str__` of programs, functions and blocks
+  while a pass pipeline runs: passes format whole programs into debug messages, logged or not.
 
 `flat_prefix` and `all_close` are the row-reading hash prefix and comparison that the
 deduplication uses here and that export/merge.py shares.
@@ -202,69 +202,75 @@ def validated_once_per_pipeline() -> Iterator[None]:
 def constexpr_tracking_skipped_without_constexpr() -> Iterator[None]:
     """Each time a block context closes (about 38 times per function and pipeline), coremltools
     walks the whole block and sets every var's `nonreplaceable_vars_upstream`: the constexpr_*
-    vars upstream of it, which a pass may not replace away. In a program with no constexpr op
-    and no var holding such a set, that walk sets every set to the empty set it already is. Inside
-    this block the walk first looks for either (a cheap read of each op) and is skipped when
-    there is none. This exporter writes compressed weights as constexpr ops after conversion
-    (export/weights.py), so its conversions never hold one. Measured on the tiny fused pair:
-    the pass pipelines took 12.9 s against 16.7 s, the bundle the same bytes."""
+    vars upstream of it, which a pass may not replace away. Until a var has been found to be
+    such a constexpr var (`Var._is_nonreplaceable_var`, which every op's type inference asks
+    of its inputs), every set is the empty set it already is. Inside this block the walk is
+    skipped until then, and runs as coremltools runs it from then on. This exporter writes
+    compressed weights as constexpr ops after conversion (export/weights.py), so its
+    conversions never hold one. The first form of this shortcut scanned every op for a
+    constexpr at each close instead: about 1 s of a SmolLM2 function's 9 s conversion (a
+    helper's profile, 2026-12-07); the bundle is the same bytes."""
     from coremltools.converters.mil.mil import Block
+    from coremltools.converters.mil.mil.var import Var
 
-    original = Block._propagate_nonreplaceable_vars
+    original_is = Var._is_nonreplaceable_var
+    original_propagate = Block._propagate_nonreplaceable_vars
+    seen = False
 
-    def propagate_if_any_constexpr(self):
-        top = self
-        while top.outer_op is not None:
-            top = top.outer_op.enclosing_block
-        if any(op.op_type.startswith("constexpr_")
-               or any(var.nonreplaceable_vars_upstream for var in op.outputs or ())
-               for op in _operations(top)):
-            original(self)
+    def is_nonreplaceable(var):
+        nonlocal seen
+        found = original_is(var)
+        seen = seen or bool(found)
+        return found
 
-    Block._propagate_nonreplaceable_vars = propagate_if_any_constexpr
+    def propagate_once_any_was_seen(self):
+        if seen:
+            original_propagate(self)
+
+    Var._is_nonreplaceable_var = staticmethod(is_nonreplaceable)
+    Block._propagate_nonreplaceable_vars = propagate_once_any_was_seen
     try:
         yield
     finally:
-        Block._propagate_nonreplaceable_vars = original
-
-
-def _operations(block) -> Iterator:
-    """Every op of `block` and of the blocks nested in its ops."""
-    for op in block.operations:
-        yield op
-        for inner in op.blocks:
-            yield from _operations(inner)
+        Var._is_nonreplaceable_var = staticmethod(original_is)
+        Block._propagate_nonreplaceable_vars = original_propagate
 
 
 @contextmanager
-def block_text_skipped_in_reduce_transposes() -> Iterator[None]:
-    """coremltools' `common::reduce_transposes` formats the whole block into a debug message
-    before and after its transform, whether or not debug logging is on, and the text re-runs
-    type inference on every op (in a profile, most of the pass's time). While that pass runs
-    inside this block, a block prints as its name alone, unless coremltools' logger shows debug
-    messages. No pass reads the text. With the shortcut above, side by side in one process, the
-    tiny fused pair exported in 47.1 s against 54.9 s, tiny-dflash2 in 51.9 against 61.3 and
-    tiny-qwen3 in 4 bits in 31.3 against 40.2, every file the same."""
+def program_text_skipped_in_pipelines() -> Iterator[None]:
+    """coremltools formats whole programs into debug messages whether or not debug logging is
+    on: `apply_pipeline` the program twice per pipeline, `common::reduce_transposes` (three
+    times per function) and `fuse_layernorm_or_instancenorm` the function, and the text re-runs
+    type inference on every op. While a pass pipeline runs inside this block, a program, a
+    function and a block print as their names alone, unless coremltools' logger shows debug
+    messages. No pass reads the text. (The first form patched `Block.__str__` inside
+    reduce_transposes only, and missed the function, whose `__str__` is its own.) Side by side
+    in one process, with the shortcut above: the tiny fused pair exported in 47.1 s against
+    54.9 s, every file the same."""
     import logging
 
     from coremltools import _logger
-    from coremltools.converters.mil.mil import Block
-    from coremltools.converters.mil.mil.passes.defs.optimize_repeat_ops import reduce_transposes
+    from coremltools.converters.mil.mil import Block, Function
+    from coremltools.converters.mil.mil.passes import pass_pipeline
+    from coremltools.converters.mil.mil.program import Program
 
-    original_apply = reduce_transposes.apply
+    manager = pass_pipeline.PassPipelineManager
+    original_apply = manager.apply_pipeline
+    originals = (Program.__str__, Function.__str__, Block.__str__)
 
-    def apply_without_block_text(self, prog):
+    def apply_without_program_text(prog, pipeline):
         if _logger.isEnabledFor(logging.DEBUG):
-            return original_apply(self, prog)
-        original_str = Block.__str__
+            return original_apply(prog, pipeline)
+        Program.__str__ = lambda program: "program"
+        Function.__str__ = lambda function: f"function {function.name}"
         Block.__str__ = lambda block: f"block {block.name}"
         try:
-            return original_apply(self, prog)
+            return original_apply(prog, pipeline)
         finally:
-            Block.__str__ = original_str
+            Program.__str__, Function.__str__, Block.__str__ = originals
 
-    reduce_transposes.apply = apply_without_block_text
+    manager.apply_pipeline = staticmethod(apply_without_program_text)
     try:
         yield
     finally:
-        reduce_transposes.apply = original_apply
+        manager.apply_pipeline = staticmethod(original_apply)

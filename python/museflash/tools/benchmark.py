@@ -215,8 +215,8 @@ def naive_export(checkpoints: Path, output: Path, context: int | None = None) ->
             for function in asset.functions:
                 program = torch.export.export(module.with_entry_point(function.entry_point),
                                               function.example_args)
-                model = convert(program.run_decompositions({}), function.inputs,
-                                function.outputs, module, asset.states,
+                model = convert(_without_metadata_asserts(program.run_decompositions({})),
+                                function.inputs, function.outputs, module, asset.states,
                                 plain_passes=True, compact_placeholders=False)
                 part = output / f"{function.name}.part.mlpackage"
                 model.save(str(part))
@@ -227,6 +227,19 @@ def naive_export(checkpoints: Path, output: Path, context: int | None = None) ->
         for asset in assets:
             for function in asset.functions:
                 shutil.rmtree(output / f"{function.name}.part.mlpackage")
+
+
+def _without_metadata_asserts(program: torch.export.ExportedProgram):
+    """The program without the no-op `_assert_tensor_metadata` checks that the second of the
+    public two passes leaves in. The export's one-pass trace (convert._one_pass_export) never
+    makes them; converted, they only use up coremltools' counter of constant names, so the two
+    programs would differ in a few names and in nothing else."""
+    graph = program.graph
+    for node in list(graph.nodes):
+        if node.op == "call_function" and "_assert_tensor_metadata" in str(node.target):
+            graph.erase_node(node)
+    program.graph_module.recompile()
+    return program
 
 
 def streaming_export(checkpoints: Path, output: Path, compression: str | None = None,
