@@ -120,10 +120,13 @@ class FunctionName(Name):
     PREFILL = "prefill"
     INJECT_KV = "inject_kv"
     DRAFT = "draft"
+    # The target's one-token copy of a multi-token `main`; listed under `Asset.decode`, never
+    # under `functions`, so that readers which predate it ignore it (docs/buckets.md).
+    DECODE = "decode"
 
 
 class FunctionRole(Name):
-    DECODE = "decode"  # target main (one step or a verify block), ring drafter main
+    DECODE = "decode"  # target main and decode (one step or a verify block), ring drafter main
     PREFILL = "prefill"  # writes caches for a prompt chunk, logits of its last position only
     INJECT_KV = "inject_kv"  # DFlash: target features -> drafter cache
     DRAFT = "draft"  # DFlash: [anchor, mask x (K-1)] -> logits (DFlash2: and draft_tokens)
@@ -306,8 +309,23 @@ class Asset:
         default=None, metadata={"doc": "smaller context buckets, ascending, each with its own "
                                        "copies of some functions; absent (not null) when the "
                                        "asset has none", "omit_null": True})
+    decode: Function | None = field(
+        default=None, metadata={"doc": "the target's one-token copy of a multi-token `main`, "
+                                       "for steps that decode with the target alone: the Core "
+                                       "ML function `decode` (and `decode_<context>` in each "
+                                       "bucket listing it); absent when there is none",
+                                "omit_null": True})
 
     def __post_init__(self) -> None:
+        if FunctionName.DECODE in self.functions:
+            raise BundleError(f"the {self.kind} asset lists `decode` among its functions; it "
+                              "belongs under the asset's `decode` key, which older readers "
+                              "ignore")
+        main = self.functions.get(FunctionName.MAIN)
+        if self.decode is not None and (main is None or self.decode != dataclasses.replace(
+                main, query_length=1)):
+            raise BundleError(f"the {self.kind} asset's decode is not a one-token copy of its "
+                              f"main: {self.decode} against {main}")
         contexts = [b.context for b in self.buckets or ()]
         if contexts != sorted(set(contexts)):
             raise BundleError(f"the {self.kind} asset's bucket contexts {contexts} are not "
@@ -318,16 +336,22 @@ class Asset:
                 raise BundleError(f"the {self.kind} asset's bucket of {bucket.context} slots is "
                                   f"not inside its context-sized caches' capacity ({capacity})")
             for name, function in bucket.functions.items():
-                if self.functions.get(name) != function:
+                if self.own_functions.get(name) != function:
                     raise BundleError(
                         f"the {self.kind} asset's bucket of {bucket.context} slots has a "
                         f"function {name!s} that differs from (or is missing among) its own")
 
+    @property
+    def own_functions(self) -> dict[FunctionName, Function]:
+        """The functions over the whole capacity: `functions`, and `decode` when there is one."""
+        return self.functions | ({FunctionName.DECODE: self.decode} if self.decode else {})
+
     def function(self, name: FunctionName) -> Function:
-        if name not in self.functions:
+        functions = self.own_functions
+        if name not in functions:
             raise BundleError(f"the {self.kind} package has no function {name!s} "
-                              f"(functions: {sorted(str(f) for f in self.functions)})")
-        return self.functions[name]
+                              f"(functions: {sorted(str(f) for f in functions)})")
+        return functions[name]
 
     def capacity(self, kind: StateKind) -> int | None:
         """Slots of this package's states of `kind` (None when it has none)."""
@@ -347,7 +371,7 @@ class Asset:
                               function)
                 for bucket in self.buckets or () for name, function in bucket.functions.items()]
         return rows + [FunctionEntry(str(name), name, None, function)
-                       for name, function in self.functions.items()]
+                       for name, function in self.own_functions.items()]
 
     def pick(self, name: FunctionName, last_position: int) -> FunctionEntry:
         """The function `name` of the smallest bucket that holds `last_position` (the call's

@@ -9,6 +9,7 @@ the same tokens, accepted drafts and call trace."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from pathlib import Path
@@ -76,7 +77,7 @@ def test_a_bucket_list_that_is_not_integers_is_refused():
         parse_context_buckets("64,big")
 
 
-def test_the_plan_gives_each_bucket_a_main_and_a_prefill_smallest_first(tmp_path):
+def test_the_plan_gives_each_bucket_a_main_a_prefill_and_a_decode_smallest_first(tmp_path):
     options = ExportOptions(output_dir=tmp_path, builtin="tiny", fused_target=True,
                             dflash_drafter=True, max_context_length=256, prefill_length=8,
                             context_buckets=(64, 128, 256))
@@ -85,8 +86,10 @@ def test_the_plan_gives_each_bucket_a_main_and_a_prefill_smallest_first(tmp_path
     target = plan.asset(AssetRole.TARGET)
     assert target.buckets == (64, 128)  # the capacity is the whole-capacity functions'
     assert [(f.name, f.bucket) for f in target.functions] == [
-        ("main_64", 64), ("prefill_64", 64), ("main_128", 128), ("prefill_128", 128),
-        ("main", None), ("prefill", None)]
+        ("main_64", 64), ("prefill_64", 64), ("decode_64", 64),
+        ("main_128", 128), ("prefill_128", 128), ("decode_128", 128),
+        ("main", None), ("prefill", None), ("decode", None)]
+    assert {f.query_length for f in target.functions if f.function == FunctionName.DECODE} == {1}
     assert [f.name for f in plan.asset(AssetRole.DFLASH_DRAFTER).functions] == [
         "inject_kv", "draft"]
 
@@ -114,13 +117,15 @@ def _function(role: FunctionRole, length: int) -> Function:
                     [OutputName.LOGITS])
 
 
-def _asset(buckets: list[ContextBucket] | None, capacity: int = 256) -> Asset:
+def _asset(buckets: list[ContextBucket] | None, capacity: int = 256,
+           decode: Function | None = None) -> Asset:
     main, prefill = _function(FunctionRole.DECODE, 8), _function(FunctionRole.PREFILL, 32)
     states = [State(name, StateKind.GLOBAL_KV, name.role, [2, 1, capacity, 16], "float16", 2,
                     1, capacity, 16)
               for name in (StateName.GLOBAL_KEY_CACHE, StateName.GLOBAL_VALUE_CACHE)]
     return Asset("target.mlpackage", AssetKind.TARGET, FunctionName.MAIN,
-                 {FunctionName.MAIN: main, FunctionName.PREFILL: prefill}, states, buckets)
+                 {FunctionName.MAIN: main, FunctionName.PREFILL: prefill}, states, buckets,
+                 decode)
 
 
 def _bucket(context: int) -> ContextBucket:
@@ -151,6 +156,24 @@ def test_each_call_runs_in_the_smallest_bucket_holding_its_last_position():
 def test_metadata_whose_buckets_break_the_contract_is_refused(buckets, problem):
     with pytest.raises(BundleError, match=problem):
         _asset(buckets)
+
+
+def test_a_decode_runs_in_every_bucket_listing_it_and_is_kept_out_of_functions():
+    decode = _function(FunctionRole.DECODE, 1)
+    bucket = ContextBucket(64, {FunctionName.MAIN: _function(FunctionRole.DECODE, 8),
+                                FunctionName.DECODE: decode})
+    asset = _asset([bucket], decode=decode)
+    assert [row.name for row in asset.function_table()] == [
+        "main_64", "decode_64", "main", "prefill", "decode"]
+    assert [asset.pick(FunctionName.DECODE, last).name for last in (63, 64)] == [
+        "decode_64", "decode"]
+    # Older readers drive `functions` and refuse names they do not know: decode stays out.
+    with pytest.raises(BundleError, match="belongs under the asset's `decode` key"):
+        dataclasses.replace(asset, functions=asset.functions | {FunctionName.DECODE: decode})
+    with pytest.raises(BundleError, match="not a one-token copy of its main"):
+        dataclasses.replace(asset, decode=_function(FunctionRole.DECODE, 2))
+    with pytest.raises(BundleError, match="function decode that differs"):
+        _asset([bucket])  # a bucket's decode needs the asset's own
 
 
 def test_an_asset_without_buckets_has_only_its_own_functions():
@@ -280,8 +303,8 @@ def test_bucketed_and_unbucketed_bundles_decode_the_same_across_every_boundary(t
     assert got_calls == want_calls  # the same functions at the same positions, in order
     assert got[1][2] > 0, "the second turn kept the first turn's caches"
     # Which bucket each target call ran in: the smallest holding its last position.
-    trace = [row for turn in got_calls for row in turn
-             if row["function"] in (FunctionName.MAIN, FunctionName.PREFILL)]
+    target_functions = (FunctionName.MAIN, FunctionName.PREFILL, FunctionName.DECODE)
+    trace = [row for turn in got_calls for row in turn if row["function"] in target_functions]
     ran = _ran(bucketed)
     assert len(ran) == len(trace)
     capacity = bucketed[2].context_length
@@ -290,7 +313,7 @@ def test_bucketed_and_unbucketed_bundles_decode_the_same_across_every_boundary(t
         bucket = _bucket_of(name) or capacity
         smaller = [b for b in (64, 128, capacity) if b < bucket]
         assert last < bucket and all(last >= b for b in smaller), (row, name)
-    assert set(_ran(plain)) <= {"main", "prefill"}
+    assert set(_ran(plain)) <= {"main", "prefill", "decode"}
 
     def straddles(row, boundary):
         return row["first_position"] < boundary <= row["first_position"] + row["length"] - 1
@@ -299,13 +322,20 @@ def test_bucketed_and_unbucketed_bundles_decode_the_same_across_every_boundary(t
     prefills = [(row, name) for row, name in rows if row["function"] == "prefill"]
     assert any(straddles(row, 64) and name == "prefill_128" for row, name in prefills)
     mains = [(row, name) for row, name in rows if row["function"] == "main"]
-    assert any(straddles(row, 128) and name == "main" for row, name in mains)
-    # A rollback across a boundary: a call wrote past 128, the next one starts below it.
-    assert any(a["first_position"] + a["length"] > 128 > b["first_position"]
-               for (a, _), (b, _) in zip(mains, mains[1:], strict=False))
+    decodes = [(row, name) for row, name in rows if row["function"] == "decode"]
+    if drafter:
+        assert not decodes
+        assert any(straddles(row, 128) and name == "main" for row, name in mains)
+        # A rollback across a boundary: a call wrote past 128, the next one starts below it.
+        assert any(a["first_position"] + a["length"] > 128 > b["first_position"]
+                   for (a, _), (b, _) in zip(mains, mains[1:], strict=False))
+    else:
+        # The target alone steps one token at a time through decode, up across 128.
+        assert not mains and all(row["length"] == 1 for row, _ in decodes)
+        assert {"decode_128", "decode"} <= {name for _, name in decodes}
     # The session moved up: the first turn's last call ran in a smaller bucket than the
     # whole capacity the second turn's calls run in.
-    first_turn = sum(1 for row in got_calls[0] if row["function"] in ("main", "prefill"))
+    first_turn = sum(1 for row in got_calls[0] if row["function"] in target_functions)
     assert _bucket_of(ran[0]) == 64 and _bucket_of(ran[first_turn]) is None
 
 
@@ -315,3 +345,24 @@ def test_the_bucketed_package_stores_each_weight_once():
     bucketed, plain = [(_bundle(v) / "target.mlpackage" / PACKAGE_WEIGHT_FILE).stat().st_size
                        for v in (DFLASH2_BUNDLE, DFLASH2_SLICE_BUNDLE)]
     assert plain <= bucketed <= 1.01 * plain
+
+
+def test_decode_steps_the_target_alone_as_main_does(twins):
+    """Target-alone decoding through the one-token decode gives the tokens of decoding
+    through main with pad rows, which is what a bundle without decode does."""
+    target, _, metadata = twins[0]
+    assert target.step_function == FunctionName.DECODE and target.step_length == 1
+    prompt = [int(t) for t in np.random.default_rng(3).integers(3, metadata.vocab_size, 70)]
+    with_decode = DecodeSession(target, None, context_length=metadata.context_length)
+    with_decode.reset()
+    got = with_decode.generate(prompt, 70)
+    target.step_function, target.step_length = FunctionName.MAIN, target.verify_length
+    try:
+        with_main = DecodeSession(target, None, context_length=metadata.context_length)
+        with_main.reset()
+        want = with_main.generate(prompt, 70)
+    finally:
+        target.step_function, target.step_length = FunctionName.DECODE, 1
+    assert got.tokens == want.tokens
+    assert (got.decode_calls, got.verify_calls) == (69, 0)
+    assert (want.decode_calls, want.verify_calls) == (0, 69)

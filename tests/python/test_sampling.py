@@ -32,6 +32,7 @@ import math
 import numpy as np
 import pytest
 
+from museflash.bundle import FunctionName
 from museflash.runtime import speculative
 from museflash.runtime.sampling import Sampling, accept_drafts, probabilities, sample
 from museflash.runtime.speculative import (
@@ -56,6 +57,8 @@ BIAS = 0.01
 class MarkovTarget:
     prefill_length = BLOCK
     verify_length = BLOCK
+    step_length = BLOCK  # no one-token decode: target-alone steps go through main
+    step_function = FunctionName.MAIN
 
     def __init__(self, logits: np.ndarray):
         self.logits = logits  # [previous token, vocab]
@@ -65,6 +68,8 @@ class MarkovTarget:
 
     def verify(self, ids, positions):
         return self.logits[ids], np.zeros((len(ids), 1))
+
+    step = verify
 
     def reset(self) -> None:
         pass

@@ -103,7 +103,8 @@ def test_speculative_equals_target_only_greedy(bundle, pair):
         speculative, plain = _run(pair, prompt)
         assert speculative.tokens == plain.tokens, (len(prompt), speculative.tokens, plain.tokens)
         assert len(speculative.tokens) == NEW_TOKENS
-        assert speculative.verify_calls < plain.verify_calls
+        # The target alone steps one token a call through decode.
+        assert speculative.verify_calls < plain.decode_calls and plain.verify_calls <= 1
         accepted.extend(speculative.accepted)
         eager = eager_greedy_generate(eager_target, prompt, NEW_TOKENS)
         same = sum(a == b for a, b in zip(eager, plain.tokens, strict=True))

@@ -39,15 +39,17 @@ def test_json_report_has_the_generation_and_its_figures():
     assert report["peak_rss_bytes"] > report["weight_bytes"] > 0
 
 
-def test_no_draft_gives_the_same_greedy_tokens_with_one_main_call_per_token():
+def test_no_draft_gives_the_same_greedy_tokens_with_one_decode_call_per_token():
     common = ["--export-dir", BUNDLE, "--prompt-ids", "1,40,41,42,43,44,45", "--max-new-tokens",
               "12", "--format", "json"]
     drafted = json.loads(run(*common).stdout)
     alone = json.loads(run(*common, "--no-draft").stdout)
     assert alone["tokens"] == drafted["tokens"]
-    # The first token comes from prefill's logits (plus the short prompt's one main call).
-    assert alone["calls"]["main"] == len(alone["tokens"]) - 1 + 1
-    assert "draft" not in alone["calls"]
+    # The first token comes from prefill's logits (plus the short prompt's one main call);
+    # each later one from a one-token decode, not a padded verify block.
+    assert alone["calls"]["decode"] == len(alone["tokens"]) - 1
+    assert alone["calls"]["main"] == 1
+    assert "draft" not in alone["calls"] and "decode" not in drafted["calls"]
 
 
 def test_each_target_call_runs_in_the_smallest_context_bucket_holding_it():
@@ -59,6 +61,9 @@ def test_each_target_call_runs_in_the_smallest_context_bucket_holding_it():
     assert {"prefill_64", "main_64"} <= set(ran) <= {"prefill_64", "main_64", "inject_kv", "draft"}
     calls = report["calls"]
     assert ran["prefill_64"] + ran["main_64"] == calls["prefill"] + calls["main"]
+    # A bucket's functions load on first use: the 128 bucket's never did.
+    whole = {"main", "prefill", "inject_kv", "draft"}  # decode too, once a step decodes alone
+    assert set(report["loaded_functions"]) == whole | {"prefill_64", "main_64"}
 
 
 @pytest.mark.parametrize("edit, keyword", [

@@ -64,13 +64,15 @@ def asset(plan: AssetPlan, module: torch.nn.Module) -> Asset:
                                      inputs=f.input_names, outputs=list(f.outputs))
                 for f in plan.functions if f.bucket == context}
 
+    whole = entries(None)
     return Asset(
         path=plan.path,
         kind=plan.kind,
         default_function=plan.default_function,
-        functions=entries(None),
+        functions={name: f for name, f in whole.items() if name != FunctionName.DECODE},
         states=state_entries(module, plan.states),
         buckets=[ContextBucket(b, entries(b)) for b in plan.buckets] or None,
+        decode=whole.get(FunctionName.DECODE),
     )
 
 

@@ -375,6 +375,10 @@ def _asset_plans(options: ExportOptions, spec: SpeculativeDecoding | None,
         _ids_function(FunctionName.PREFILL, FunctionRole.PREFILL, "prefill",
                       options.prefill_length, target_outputs),
     ]
+    if decode_length > 1:
+        # Target-alone steps (--no-draft) in one token's cost, not a verify block's.
+        whole.append(_ids_function(FunctionName.DECODE, FunctionRole.DECODE, "forward", 1,
+                                   target_outputs))
     # Smallest bucket first, as bundle.Asset.function_table lists them.
     assets = [AssetPlan(
         AssetRole.TARGET, AssetKind.FUSED_TARGET if fused else AssetKind.TARGET, "target",

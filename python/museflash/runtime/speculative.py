@@ -61,6 +61,11 @@ from museflash.runtime.sampling import Sampling, accept_drafts, probabilities, s
 class Target(Protocol):
     prefill_length: int
     verify_length: int
+    step_length: int  # tokens per target-alone step: 1 with a `decode` function, else main's
+    step_function: FunctionName  # what a target-alone step calls: `decode`, else `main`
+
+    def step(self, ids: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """A target-alone step of `step_length` tokens: -> (logits [T, vocab], features)."""
 
     def prefill(self, ids: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """-> (logits of the chunk's last position [vocab], features [T, width])."""
@@ -142,6 +147,9 @@ class ExportedTarget:
         self.package = _Package(export_dir, asset, interpreters)
         self.prefill_length = self.package.query_length[FunctionName.PREFILL]
         self.verify_length = self.package.query_length[FunctionName.MAIN]
+        # Target-alone steps run `decode` (one token) where the export has it, else main.
+        self.step_function = FunctionName.DECODE if asset.decode else FunctionName.MAIN
+        self.step_length = asset.function(self.step_function).query_length
 
     def _call(self, function: FunctionName, ids: np.ndarray, positions: np.ndarray):
         out = self.package.run(function, {
@@ -157,6 +165,9 @@ class ExportedTarget:
 
     def verify(self, ids, positions):
         return self._call(FunctionName.MAIN, ids, positions)
+
+    def step(self, ids, positions):
+        return self._call(self.step_function, ids, positions)
 
     def reset(self) -> None:
         self.package.reset()
@@ -195,10 +206,14 @@ class ExportedDrafter:
 class EagerTarget:
     """A fused torch target (e.g. from checkpoint.load.load_target with a drafter dir)."""
 
-    def __init__(self, model: torch.nn.Module, prefill_length: int, verify_length: int):
+    def __init__(self, model: torch.nn.Module, prefill_length: int, verify_length: int,
+                 step_length: int | None = None):
         self.model = model
         self.prefill_length = prefill_length
         self.verify_length = verify_length
+        self.step_length = step_length or verify_length
+        self.step_function = (FunctionName.DECODE if self.step_length < verify_length
+                              else FunctionName.MAIN)
 
     def _call(self, ids, positions):
         with torch.no_grad():
@@ -213,6 +228,9 @@ class EagerTarget:
         return logits[-1], features
 
     def verify(self, ids, positions):
+        return self._call(ids, positions)
+
+    def step(self, ids, positions):
         return self._call(ids, positions)
 
     def reset(self) -> None:
@@ -299,7 +317,8 @@ class DecodeResult:
     tokens: list[int]
     target_calls: int = 0
     prefill_calls: int = 0
-    verify_calls: int = 0
+    verify_calls: int = 0  # `main` calls
+    decode_calls: int = 0  # target-alone steps through the one-token `decode`
     drafter_calls: int = 0
     inject_calls: int = 0
     draft_calls: int = 0
@@ -348,7 +367,8 @@ class DecodeResult:
 
     def summary(self) -> str:
         return (f"{len(self.tokens)} tokens, {self.target_calls} target calls "
-                f"({self.prefill_calls} prefill + {self.verify_calls} main), "
+                f"({self.prefill_calls} prefill + {self.verify_calls} main"
+                + (f" + {self.decode_calls} decode" if self.decode_calls else "") + "), "
                 f"{self.drafter_calls} drafter calls ({self.inject_calls} inject_kv + "
                 f"{self.draft_calls} draft), mean accepted length "
                 f"{self.mean_accepted_length:.2f}/{self.num_draft_tokens} "
@@ -572,7 +592,7 @@ class DecodeSession:
         else:
             self._speculative(prompt, keep, max_new_tokens, result, on_tokens, stops)
         result.drafter_calls = result.inject_calls + result.draft_calls
-        result.target_calls = result.prefill_calls + result.verify_calls
+        result.target_calls = result.prefill_calls + result.verify_calls + result.decode_calls
         self.held = list(prompt) + result.tokens[:-1]
         return result
 
@@ -584,7 +604,8 @@ class DecodeSession:
         return min(keep, max(0, len(prompt) - self.block))
 
     def _target_only(self, prompt, keep, max_new_tokens, result, on_tokens, stops) -> None:
-        target, block, sampling, rng = self.target, self.block, self.sampling, self.rng
+        target, sampling, rng = self.target, self.sampling, self.rng
+        block = target.step_length
         logits, _, written = _prefill(target, prompt, result, self.pad_token_id, keep)
         self.written_to = max(self.written_to, written)
         token = _next_token(logits, sampling, rng)
@@ -592,9 +613,11 @@ class DecodeSession:
         position = len(prompt)
         while not _done(result, max_new_tokens):
             ids = np.array([token] + [self.pad_token_id] * (block - 1), np.int32)
-            logits, _ = target.verify(ids, np.arange(position, position + block,
-                                                     dtype=np.int32))
-            result.verify_calls += 1
+            logits, _ = target.step(ids, np.arange(position, position + block, dtype=np.int32))
+            if target.step_function == FunctionName.DECODE:
+                result.decode_calls += 1
+            else:
+                result.verify_calls += 1
             self.written_to = max(self.written_to, position + block - 1)
             token = _next_token(logits[0], sampling, rng)
             _emit(result, [token], max_new_tokens, on_tokens, stops)

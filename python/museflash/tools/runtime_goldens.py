@@ -314,10 +314,13 @@ def lookup_examples(count: int = 120) -> list[dict[str, Any]]:
 
 
 def _calls(result: DecodeResult) -> dict[str, int]:
-    return {str(FunctionName.PREFILL): result.prefill_calls,
-            str(FunctionName.MAIN): result.verify_calls,
-            str(FunctionName.INJECT_KV): result.inject_calls,
-            str(FunctionName.DRAFT): result.draft_calls}
+    calls = {str(FunctionName.PREFILL): result.prefill_calls,
+             str(FunctionName.MAIN): result.verify_calls,
+             str(FunctionName.INJECT_KV): result.inject_calls,
+             str(FunctionName.DRAFT): result.draft_calls}
+    if result.decode_calls:  # target-alone steps of a bundle with a one-token decode
+        calls[str(FunctionName.DECODE)] = result.decode_calls
+    return calls
 
 
 def select_calls(calls: list[Call], steps: list[int]) -> list[tuple[int, int, Call]]:

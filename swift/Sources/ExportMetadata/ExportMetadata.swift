@@ -98,11 +98,23 @@ public struct ExportMetadata: Codable, Equatable, Sendable {
         /// Smaller context buckets, ascending, each with its own copies of some `functions`
         /// (docs/buckets.md); nil (absent) when the asset has none.
         public var buckets: [ContextBucket]?
+        /// The target's one-token copy of a multi-token `main`, for steps that decode with the
+        /// target alone: the Core ML function `decode` (and `decode_<context>` in each bucket
+        /// listing it); nil (absent) when there is none. Kept out of `functions` so that readers
+        /// which predate it ignore it.
+        public var decode: Function?
 
         enum CodingKeys: String, CodingKey {
             case path, kind
             case defaultFunction = "default_function"
-            case functions, states, buckets
+            case functions, states, buckets, decode
+        }
+
+        /// The functions over the whole capacity: `functions`, and `decode` when there is one.
+        public var ownFunctions: [FunctionName: Function] {
+            var own = functions
+            if let decode { own[.decode] = decode }
+            return own
         }
 
         /// Slots of this asset's states of `kind` (nil when it has none).
@@ -122,7 +134,8 @@ public struct ExportMetadata: Codable, Equatable, Sendable {
                                               function: name, context: bucket.context, spec: spec))
                 } }
             }
-            for name in ordered { if let spec = functions[name] {
+            let own = ownFunctions
+            for name in ordered { if let spec = own[name] {
                 rows.append(FunctionEntry(name: name.rawValue, function: name, context: nil, spec: spec))
             } }
             return rows
@@ -140,9 +153,18 @@ public struct ExportMetadata: Codable, Equatable, Sendable {
             return functionTable.first { $0.function == name && ($0.context.map { lastPosition < $0 } ?? true) }
         }
 
-        /// Why the buckets break the contract (not ascending, outside the capacity, a function
-        /// that differs from the asset's own); nil when they keep it.
+        /// Why the function table breaks the contract (buckets not ascending or outside the
+        /// capacity, a bucket function that differs from the asset's own, a `decode` that is
+        /// not a one-token copy of `main` or is listed among `functions`); nil when it keeps it.
         public var bucketProblem: String? {
+            if functions[.decode] != nil {
+                return "`decode` is listed among the functions; it belongs under the asset's `decode` key, which older readers ignore"
+            }
+            if let decode {
+                guard let main = functions[.main], decode == Function(role: main.role, queryLength: 1, inputs: main.inputs, outputs: main.outputs) else {
+                    return "decode is not a one-token copy of main"
+                }
+            }
             let contexts = (buckets ?? []).map(\.context)
             guard contexts == Array(Set(contexts)).sorted() else {
                 return "bucket contexts \(contexts) are not strictly ascending"
@@ -152,7 +174,7 @@ public struct ExportMetadata: Codable, Equatable, Sendable {
                 guard let capacity, bucket.context > 0, bucket.context < capacity else {
                     return "the bucket of \(bucket.context) slots is not inside the context-sized caches' capacity (\(capacity.map(String.init) ?? "none"))"
                 }
-                for (name, spec) in bucket.functions where functions[name] != spec {
+                for (name, spec) in bucket.functions where ownFunctions[name] != spec {
                     return "the bucket of \(bucket.context) slots has a function \(name.rawValue) that differs from (or is missing among) the asset's own"
                 }
             }
@@ -571,6 +593,7 @@ extension ExportMetadata {
         case prefill
         case injectKV = "inject_kv"
         case draft
+        case decode
         public static let meaning = "function name"
     }
 
@@ -804,6 +827,7 @@ extension ExportMetadata.Asset {
                                                forKey: .functions)
         states = try container.decode([ExportMetadata.State].self, forKey: .states)
         buckets = try container.decodeIfPresent([ExportMetadata.ContextBucket].self, forKey: .buckets)
+        decode = try container.decodeIfPresent(ExportMetadata.Function.self, forKey: .decode)
     }
 
     public func encode(to encoder: Encoder) throws {
@@ -814,6 +838,7 @@ extension ExportMetadata.Asset {
         try container.encodeObject(functions, forKey: .functions)
         try container.encode(states, forKey: .states)
         try container.encodeIfPresent(buckets, forKey: .buckets)
+        try container.encodeIfPresent(decode, forKey: .decode)
     }
 }
 

@@ -45,16 +45,30 @@ extension LoadedBundle {
                                  + "but speculative_decoding.block_size \(settings.blockSize); re-export")
                 verifies = ", verif\(mains.count == 1 ? "ies" : "y") blocks of \(block)"
             }
+            // The one-token decode (and each bucket's) takes the same inputs, one token a call.
+            let decodes = try targetDecodes()
+            for decode in decodes {
+                for name in required {
+                    problems.require(decode.input(name) != nil,
+                                     "\(decode.name) has no input \(name) (inputs: \(decode.inputs.map(\.name)))")
+                }
+                if let ids = decode.input(.inputIDs) {
+                    let admits = ids.type.multiArray.map { $0.admits(size: 1, atAxis: -1) } ?? false
+                    problems.require(admits, "\(decode.name) \(InputName.inputIDs) is \(describe(ids.type)); "
+                                     + "a decode call takes one token")
+                }
+            }
+            let decoding = decodes.isEmpty ? "" : "; \(decodes.map(\.name).joined(separator: ", ")) one token a call"
             return try problems.verdict(mains.map(\.name).joined(separator: ", ")
                                         + " take\(mains.count == 1 ? "s" : "") "
-                                        + required.map(\.rawValue).joined(separator: " and ") + verifies)
+                                        + required.map(\.rawValue).joined(separator: " and ") + verifies + decoding)
         }
     }
 
     func targetOutputs() -> PropertyResult {
         evaluate("\(targetRole).outputs") {
             let asset = metadata.assets[targetRole]
-            let mains = try functionAndBuckets(.main, of: targetRole)
+            let mains = try functionAndBuckets(.main, of: targetRole) + targetDecodes()
             var problems = Problems()
             var expected = [(OutputName.logits, "vocab_size", Int64(metadata.vocabSize))]
             switch asset?.kind {
@@ -85,6 +99,11 @@ extension LoadedBundle {
             }
             return try problems.verdict(expected.map { "\($0.0)[..., \($0.2)]" }.joined(separator: ", "))
         }
+    }
+
+    /// The target's one-token `decode` and each bucket's, when metadata.json lists one.
+    private func targetDecodes() throws -> [FunctionDescription] {
+        metadata.assets[targetRole]?.decode == nil ? [] : try functionAndBuckets(.decode, of: targetRole)
     }
 
     func drafterVocabularyAgrees(_ drafterRole: AssetRole) -> PropertyResult {

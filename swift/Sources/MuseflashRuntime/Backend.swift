@@ -12,6 +12,12 @@ public protocol InferenceBackend: AnyObject {
     /// One state for every function in `functions`; they must declare the same states. The
     /// engine makes one for the target's functions and one for the drafter's.
     func makeState(for functions: [any BackendFunction]) throws -> any BackendState
+    /// Throws unless `functions` declare the same states (what `makeState(for:)` checks): a
+    /// function loaded after its state was made may then use it.
+    func checkSameStates(_ functions: [any BackendFunction]) throws
+    /// The functions `package` holds, when the backend can tell without loading them (nil
+    /// when it cannot: Core ML has no synchronous call for it).
+    func functionNames(of package: URL) throws -> [String]?
 }
 
 public protocol BackendFunction: AnyObject {

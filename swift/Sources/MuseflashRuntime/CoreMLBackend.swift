@@ -120,15 +120,28 @@ public final class CoreMLBackend: InferenceBackend {
     /// One state for `functions`, made by the first one's model, after checking that every
     /// function declares the same states with the same shapes and types.
     public func makeState(for functions: [any BackendFunction]) throws -> any BackendState {
-        let models = try functions.map { function -> CoreMLFunction in
+        let models = try coreMLFunctions(functions)
+        guard let first = models.first else { throw RuntimeError.backend(function: "-", reason: "a state for no functions") }
+        if !faults.skipStateCheck { try Self.checkSameStates(models) }
+        return CoreMLState(model: first.model)
+    }
+
+    public func checkSameStates(_ functions: [any BackendFunction]) throws {
+        let models = try coreMLFunctions(functions)
+        if !faults.skipStateCheck, !models.isEmpty { try Self.checkSameStates(models) }
+    }
+
+    /// nil: Core ML lists a package's functions only asynchronously (`MLModelAsset.functionNames`),
+    /// so a function metadata.json lists but the package lacks is refused when first loaded.
+    public func functionNames(of package: URL) throws -> [String]? { nil }
+
+    private func coreMLFunctions(_ functions: [any BackendFunction]) throws -> [CoreMLFunction] {
+        try functions.map { function -> CoreMLFunction in
             guard let model = function as? CoreMLFunction else {
                 throw RuntimeError.backend(function: function.name, reason: "not a Core ML function")
             }
             return model
         }
-        guard let first = models.first else { throw RuntimeError.backend(function: "-", reason: "a state for no functions") }
-        if !faults.skipStateCheck { try Self.checkSameStates(models) }
-        return CoreMLState(model: first.model)
     }
 
     static func checkSameStates(_ models: [CoreMLFunction]) throws {

@@ -50,6 +50,18 @@ public final class InterpreterBackend: InferenceBackend {
     }
 
     public func makeState(for functions: [any BackendFunction]) throws -> any BackendState {
+        InterpreterState(StateStore(specs: try stateSpecs(functions).values.sorted { $0.name < $1.name }))
+    }
+
+    public func checkSameStates(_ functions: [any BackendFunction]) throws {
+        _ = try stateSpecs(functions)
+    }
+
+    public func functionNames(of package: URL) throws -> [String]? {
+        package.pathExtension == "mlmodelc" ? nil : try program(of: package).functionNames
+    }
+
+    private func stateSpecs(_ functions: [any BackendFunction]) throws -> [String: ValueSpec] {
         var specs: [String: ValueSpec] = [:]
         for case let function as InterpretedFunction in functions {
             for spec in function.compiled.states {
@@ -59,7 +71,7 @@ public final class InterpreterBackend: InferenceBackend {
                 specs[spec.name] = spec
             }
         }
-        return InterpreterState(StateStore(specs: specs.values.sorted { $0.name < $1.name }))
+        return specs
     }
 
     /// Bytes of weight files mapped by every program opened so far.

@@ -91,7 +91,7 @@ public struct GenerationResult: Sendable {
     /// calls; the call computed the other promptIDs.count - reusedTokens.
     public var reusedTokens = 0
 
-    public var targetCalls: Int { (functions["prefill"]?.calls ?? 0) + (functions["main"]?.calls ?? 0) }
+    public var targetCalls: Int { ["prefill", "main", "decode"].reduce(0) { $0 + (functions[$1]?.calls ?? 0) } }
     public var tokensPerTargetCall: Double { targetCalls == 0 ? 0 : Double(tokens.count) / Double(targetCalls) }
     public var meanAcceptedLength: Double { accepted.isEmpty ? 0 : Double(accepted.reduce(0, +)) / Double(accepted.count) }
     /// Mean fraction of the judged drafts that were accepted.
@@ -131,6 +131,8 @@ public final class SpeculativeDecoder {
     public let blockSize: Int
     public let prefillLength: Int
     public let verifyLength: Int
+    /// What a target-alone step calls: `decode` (one token) when the bundle has it, else `main`.
+    public let stepFunction: ExportMetadata.FunctionName
     public let vocabSize: Int
     public let contextLength: Int
     public let hasDrafter: Bool
@@ -185,7 +187,9 @@ public final class SpeculativeDecoder {
         vocabSize = metadata.vocabSize
         contextLength = metadata.contextLength
         fusedTarget = target.kind == .fusedTarget
-        targetFunctions = try AssetFunctions(.target, target, [.prefill, .main], backend: backend, bundle: bundle)
+        // Target-alone steps run the one-token `decode` where the export has one, else main.
+        stepFunction = target.decode == nil ? .main : .decode
+        targetFunctions = try AssetFunctions(.target, target, [.prefill, .main, stepFunction], backend: backend, bundle: bundle)
         if let speculative = metadata.speculativeDecoding, speculative.drafterKind != .ring,
            let drafter = metadata.assets[.dflashDrafter], fusedTarget {
             drafterFunctions = try AssetFunctions(.dflashDrafter, drafter, [.injectKV, .draft], backend: backend, bundle: bundle)
@@ -223,6 +227,12 @@ public final class SpeculativeDecoder {
         return keep
     }
 
+    /// The Core ML functions loaded so far, sorted: the whole-capacity ones from the start,
+    /// `decode` and a context bucket's once a call has run in it.
+    public var loadedFunctions: [String] {
+        ((targetFunctions.loaded.keys.map { $0 }) + (drafterFunctions?.loaded.keys.map { $0 } ?? [])).sorted()
+    }
+
     /// Forget every cache entry: the next call decodes from scratch.
     public func resetCaches() throws {
         try targetFunctions.state.reset()
@@ -232,33 +242,57 @@ public final class SpeculativeDecoder {
     }
 
     /// One asset's functions by Core ML name, every context bucket's, and the state they all
-    /// share (an assumption Core ML does not document: CoreMLBackend, docs/mac.md), made once
-    /// every one is loaded. `function(_:lastPosition:)` gives the one a call runs in.
-    struct AssetFunctions {
+    /// share (an assumption Core ML does not document: CoreMLBackend, docs/mac.md).
+    /// `function(_:lastPosition:)` gives the one a call runs in. The asset's whole-capacity
+    /// `functions` load up front and make the state; `decode` and a context bucket's functions
+    /// load on first use, checked to declare the same states (coremltools#2351: each function
+    /// loaded costs memory, so a short conversation never loads the large buckets).
+    final class AssetFunctions {
         let role: ExportMetadata.AssetRole
         let asset: ExportMetadata.Asset
-        let functions: [String: any BackendFunction]
         let state: any BackendState
+        private let url: URL
+        private let backend: any InferenceBackend
+        private let bundle: MuseflashBundle
+        private let whole: [any BackendFunction]
+        /// The functions loaded so far, by Core ML name.
+        private(set) var loaded: [String: any BackendFunction]
 
         init(_ role: ExportMetadata.AssetRole, _ asset: ExportMetadata.Asset, _ names: Set<ExportMetadata.FunctionName>,
              backend: any InferenceBackend, bundle: MuseflashBundle) throws {
             if let problem = asset.bucketProblem { throw RuntimeError.badMetadata(reason: "\(role.rawValue): \(problem)") }
             let url = try bundle.modelURL(of: role)
+            let rows = asset.functionTable.filter { names.contains($0.function) }
+            if let present = try backend.functionNames(of: url) {
+                // A missing bucket function is refused now, not when a conversation reaches it.
+                for row in rows where !present.contains(row.name) {
+                    throw RuntimeError.functionMissing(package: url.lastPathComponent, function: row.name, available: present)
+                }
+            }
             var loaded: [String: any BackendFunction] = [:]
-            for row in asset.functionTable where names.contains(row.function) {
+            for row in rows where row.context == nil && asset.functions[row.function] != nil {
                 loaded[row.name] = try SpeculativeDecoder.load(backend, row.name, url, bundle)
             }
             self.role = role
             self.asset = asset
-            functions = loaded
-            state = try backend.makeState(for: asset.functionTable.compactMap { loaded[$0.name] })
+            self.url = url
+            self.backend = backend
+            self.bundle = bundle
+            self.loaded = loaded
+            whole = rows.compactMap { loaded[$0.name] }
+            state = try backend.makeState(for: whole)
         }
 
-        /// `name` in the smallest context bucket holding `lastPosition` (Asset.pick).
+        /// `name` in the smallest context bucket holding `lastPosition` (Asset.pick), loaded on
+        /// its first use.
         func function(_ name: ExportMetadata.FunctionName, lastPosition: Int) throws -> any BackendFunction {
-            guard let row = asset.pick(name, lastPosition: lastPosition), let function = functions[row.name] else {
+            guard let row = asset.pick(name, lastPosition: lastPosition) else {
                 throw RuntimeError.badOption(reason: "position \(lastPosition) is past the \(asset.contextCapacity ?? 0) slots of the \(role.rawValue)'s caches; re-export with a larger --max-context-length, or start a new conversation")
             }
+            if let function = loaded[row.name] { return function }
+            let function = try SpeculativeDecoder.load(backend, row.name, url, bundle)
+            try backend.checkSameStates(whole + [function])
+            loaded[row.name] = function
             return function
         }
     }
@@ -607,7 +641,8 @@ public final class SpeculativeDecoder {
         }
 
         mutating func targetOnly() throws {
-            let block = decoder.verifyLength
+            let step = decoder.stepFunction
+            let block = step == .decode ? 1 : decoder.verifyLength
             let vocab = decoder.vocabSize
             let logits = try prefillPrompt(first: keep)
             features = [:]
@@ -615,7 +650,7 @@ public final class SpeculativeDecoder {
             emit([token])
             var position = prompt.count
             while !done, roomFor(first: position, length: block) {
-                let out = try target(.main, ids: [token] + [Int32](repeating: pad, count: block - 1), first: position)
+                let out = try target(step, ids: [token] + [Int32](repeating: pad, count: block - 1), first: position)
                 token = next(out.logits[0..<vocab])
                 emit([token])
                 position += 1

@@ -332,7 +332,7 @@ func summary(_ result: GenerationResult, options: Options, backend: String, alon
     } else {
         lines.append(String(format: "%.2f tokens per target call (%d calls), target alone", result.tokensPerTargetCall, result.targetCalls))
     }
-    let timing = ["prefill", "main", "inject_kv", "draft"].compactMap { name -> String? in
+    let timing = ["prefill", "main", "decode", "inject_kv", "draft"].compactMap { name -> String? in
         guard let stats = result.functions[name] else { return nil }
         return String(format: "%@ %d x %.2f ms", name, stats.calls, 1000 * stats.seconds / Double(max(stats.calls, 1)))
     }
@@ -469,6 +469,8 @@ do {
         var body = report(result, options: options, backend: backend.name, bundle: bundle,
                           text: text?.decode(result.tokens), alone: alone)
         body["open_seconds"] = openSeconds
+        // Loaded on first use: the whole-capacity functions, and the buckets calls ran in.
+        body["loaded_functions"] = decoder.loadedFunctions
         if let interpreter = backend as? InterpreterBackend, options.profileOps {
             // A context bucket's function (`main_64`) counts as its function, as the calls do.
             var own: [String: String] = [:]

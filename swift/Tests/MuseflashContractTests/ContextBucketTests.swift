@@ -40,10 +40,40 @@ final class ContextBucketTests: XCTestCase {
         return export
     }
 
+    /// `export` with the target's one-token `decode` (metadata.json `assets.target.decode`, and
+    /// in each bucket) and the package's `decode` and `decode_<c>`: copies of `main` and
+    /// `main_<c>` taking one token.
+    private static func withDecode(_ base: SyntheticExport = bucketed()) -> SyntheticExport {
+        var export = base
+        let target = (export.metadata["assets"] as? [String: Any])?["target"] as? [String: Any]
+        var decode = (target?["functions"] as? [String: Any])?["main"] as? [String: Any] ?? [:]
+        decode["query_length"] = 1
+        export.setMetadata(["assets", "target", "decode"], to: decode)
+        if var buckets = target?["buckets"] as? [[String: Any]] {
+            for index in buckets.indices {
+                var functions = buckets[index]["functions"] as? [String: Any] ?? [:]
+                functions["decode"] = decode
+                buckets[index]["functions"] = functions
+            }
+            export.setMetadata(["assets", "target", "buckets"], to: buckets)
+        }
+        let key = export.packageKey(role: "target")
+        var package = export.packages[key]!
+        package.functions += package.functions.filter { $0.name == "main" || $0.name.hasPrefix("main_") }.map { main in
+            var copy = main
+            copy.name = "decode" + main.name.dropFirst("main".count)
+            copy.inputs = main.inputs.map { var input = $0; input.shape[input.shape.count - 1] = 1; return input }
+            copy.outputs = main.outputs.map { var output = $0; output.shape[1] = 1; return output }
+            return copy
+        }
+        export.packages[key] = package
+        return export
+    }
+
     /// The caches a bucket slices, by the functions that read them: the target's global caches
     /// (one layer of 32 slots), the DFlash drafter's (two layers of 16).
     private static let caches: [(functions: [String], states: [(name: String, layers: Int64, capacity: Int64)])] = [
-        (["main", "prefill"], ["globalKeyCache", "globalValueCache"].map { ($0, Size.globalLayers, Size.contextLength) }),
+        (["main", "prefill", "decode"], ["globalKeyCache", "globalValueCache"].map { ($0, Size.globalLayers, Size.contextLength) }),
         (["inject_kv", "draft"], ["drafterKeyCache", "drafterValueCache"].map { ($0, Size.drafterLayers, Size.ringCapacity) }),
     ]
 
@@ -151,6 +181,40 @@ final class ContextBucketTests: XCTestCase {
         ContractAssertions.assertFailing([], in: report)
         XCTAssertEqual(detail("target.buckets", report), "no buckets: main and prefill read all 32 slots of the global caches")
         XCTAssertFalse(report.summaryLines.contains { $0.contains("context buckets") })
+    }
+
+    // MARK: The one-token decode
+
+    func testBucketedBundleWithDecodePassesEveryProperty() throws {
+        let report = try Self.check(Self.withDecode())
+        ContractAssertions.assertFailing([], in: report)
+        assertDetail("target.inputs", report, contains: ["decode_8, decode_16, decode one token a call"])
+    }
+
+    func testDecodeThatTakesABlockFailsTargetInputs() throws {
+        var export = Self.withDecode()
+        export.editFunction(role: "target", "decode_16") { $0.inputs[0].shape = [1, Size.blockSize] }
+        let report = try Self.check(export)
+        ContractAssertions.assertFailing(["target.inputs"], in: report)
+        assertDetail("target.inputs", report, contains: ["decode_16 input_ids is int32 [1, 4]", "one token"])
+    }
+
+    func testDecodeThePackageLacksFailsPackageFunctions() throws {
+        var export = Self.withDecode()
+        export.packages["target"]?.functions.removeAll { $0.name == "decode" }
+        let report = try Self.check(export)
+        XCTAssertTrue(report.failures.map(\.name).contains("package.functions"), "\(report.failures.map(\.name))")
+        assertDetail("package.functions", report, contains: ["has no function decode, which the target lists"])
+    }
+
+    /// Older readers drive `functions`, whose names are closed: decode is kept out of it.
+    func testDecodeListedAmongTheFunctionsFailsBuckets() throws {
+        var export = Self.withDecode()
+        let decode = try XCTUnwrap(((export.metadata["assets"] as? [String: Any])?["target"] as? [String: Any])?["decode"])
+        export.setMetadata(["assets", "target", "functions", "decode"], to: decode)
+        let report = try Self.check(export)
+        XCTAssertTrue(report.failures.map(\.name).contains("target.buckets"), "\(report.failures.map(\.name))")
+        assertDetail("target.buckets", report, contains: ["`decode` is listed among the functions"])
     }
 
     // MARK: metadata.json describes the buckets wrongly

@@ -114,7 +114,7 @@ final class ExportMetadataDecodingTests: XCTestCase {
     func testUnknownNameIsRejectedNamingItsPath() throws {
         let cases: [(keyPath: [String], value: Any, reported: String)] = [
             (["assets", "target", "kind"], "fused", "assets.target.kind"),
-            (["assets", "target", "default_function"], "decode", "assets.target.default_function"),
+            (["assets", "target", "default_function"], "generate", "assets.target.default_function"),
             (["assets", "target", "functions", "main", "role"], "verify", "assets.target.functions.main.role"),
             (["assets", "target", "functions", "main", "inputs"], ["input_ids", "token_ids"],
              "assets.target.functions.main.inputs[1]"),

@@ -85,6 +85,8 @@ final class MarkovBackend: InferenceBackend {
     }
 
     func makeState(for functions: [any BackendFunction]) throws -> any BackendState { NoState() }
+    func checkSameStates(_ functions: [any BackendFunction]) throws {}
+    func functionNames(of package: URL) throws -> [String]? { nil }
 }
 
 final class NoState: BackendState {
