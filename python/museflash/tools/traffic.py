@@ -255,8 +255,9 @@ def function_traffic(function: Any, package: str = "", name: str = "") -> Functi
 
 
 def bundle_functions(export_dir: Path) -> list[tuple[str, str]]:
-    """(package path, function) of every function the bundle's metadata lists, the target's
-    first, then the drafter's."""
+    """(package path, function) of every Core ML function the bundle's metadata lists (each
+    asset's function table: every context bucket's too, and the one-token decode), the
+    target's first, then the drafter's."""
     from museflash.bundle import BundleError
 
     try:
@@ -266,8 +267,8 @@ def bundle_functions(export_dir: Path) -> list[tuple[str, str]]:
     found: list[tuple[str, str]] = []
     for role in sorted(metadata.assets, key=lambda r: r != "target"):
         asset = metadata.assets[role]
-        found += [(asset.path, name) for name in map(str, asset.functions)
-                  if (asset.path, name) not in found]
+        found += [(asset.path, row.name) for row in asset.function_table()
+                  if (asset.path, row.name) not in found]
     return found
 
 
