@@ -366,3 +366,26 @@ def test_decode_steps_the_target_alone_as_main_does(twins):
     assert got.tokens == want.tokens
     assert (got.decode_calls, got.verify_calls) == (69, 0)
     assert (want.decode_calls, want.verify_calls) == (0, 69)
+
+
+def test_verify_checks_the_smallest_buckets_functions_against_the_eager_view():
+    """//:verify parity-checks main, prefill and decode over the whole capacity and their
+    copies in the smallest bucket (the others differ only in the span), each at positions
+    below its bucket."""
+    from museflash.bundle import Metadata
+    from museflash.checks import verify
+
+    bundle = _bundle(DFLASH2_BUNDLE)
+    metadata = Metadata.read(bundle)
+    checks = verify.target_checks(metadata)
+    assert [(str(function), bucket) for function, _, _, bucket in checks] == [
+        ("main", None), ("prefill", None), ("decode", None),
+        ("main", 64), ("prefill", 64), ("decode", 64)]
+    with builtin_checkpoints("tiny-dflash2") as dirs:
+        target, _ = verify.load_reference_models(metadata, *dirs)
+    for function, entry, seed, bucket in checks[3:]:
+        result = verify.check_target(bundle, metadata, target, function, entry, seed,
+                                     bucket=bucket)
+        assert result.ok and result.name == f"target.{function}_64", result.line()
+        last = int(re.search(r"positions \d+\.\.(\d+)", result.note).group(1))
+        assert last < 64, result.note

@@ -43,7 +43,8 @@ def test_builtin_demo_export_verifies(bundle):
     assert lines[-1].startswith("verify: OK")
     parity = [line for line in lines if line.startswith("parity ")]
     assert [line.split(":")[0] for line in parity] == [
-        "parity target.main", "parity target.prefill", "parity dflash_drafter.inject_kv+draft"]
+        "parity target.main", "parity target.prefill", "parity target.decode",
+        "parity dflash_drafter.inject_kv+draft"]
     assert all(line.count(" OK") == 1 and "wraps the ring" in line for line in parity)
     assert any(line.startswith("lossless: speculative == ") for line in lines)
 
@@ -58,7 +59,8 @@ def test_checkpoint_of_another_seed_is_a_mismatch(bundle, tmp_path):
     status, lines = _verify(copy, new_tokens=8)
     assert status == 1
     assert lines[-1].startswith("verify: FAILED target.main")
-    assert sum(" FAILED" in line for line in lines if line.startswith("parity ")) == 3
+    parity = [line for line in lines if line.startswith("parity ")]
+    assert len(parity) == 4 and all(" FAILED" in line for line in parity)
 
 
 def _reads_one_slot_past_the_window(base, context):
@@ -98,8 +100,11 @@ def test_a_ring_slot_read_or_written_wrong_is_a_mismatch(bundle, monkeypatch, da
         monkeypatch.setattr(muse_glimmer, name, replacement)
     with builtin_checkpoints("tiny") as dirs:
         target, _ = verify.load_reference_models(metadata, *dirs)
-    for function, entry, seed in verify.TARGET_CHECKS:
-        result = verify.check_target(bundle, metadata, target, function, entry, seed)
+    checks = verify.target_checks(metadata)
+    assert [c[0] for c in checks] == ["main", "prefill", "decode"]  # this bundle has no buckets
+    for function, entry, seed, bucket in checks:
+        result = verify.check_target(bundle, metadata, target, function, entry, seed,
+                                     bucket=bucket)
         assert not result.ok and "wraps the ring" in result.note, result.line()
 
 

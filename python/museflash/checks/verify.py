@@ -40,6 +40,7 @@ from museflash.bundle import (
     NormForm,
     OutputName,
     StateKind,
+    bucket_function_name,
 )
 from museflash.checkpoint.chat_template import read_chat_template, render_chat
 from museflash.checkpoint.configs import read_config
@@ -215,33 +216,54 @@ def _check_norm_form(name: str, metadata: Metadata, function) -> None:
 
 def check_target(export_dir: Path, metadata: Metadata, target, function: FunctionName,
                  entry: str, seed: int,
-                 interpreters: dict[str, Interpreter] | None = None) -> CheckResult:
-    """`interpreters`: the target's functions already loaded (load_roles), else loaded here."""
+                 interpreters: dict[str, Interpreter] | None = None,
+                 bucket: int | None = None) -> CheckResult:
+    """`interpreters`: the target's functions already loaded (load_roles), else loaded here.
+    `bucket`: check the copy of `function` in that context bucket (`main_64`), against the
+    eager view over the same slots, at positions below it."""
     asset = metadata.asset(AssetRole.TARGET)
-    interpreter = (interpreters[function] if interpreters is not None else
-                   Interpreter(load_program(export_dir / asset.path, function), function))
-    _check_geometry(f"target.{function}", target, interpreter)
-    _check_norm_form(f"target.{function}", metadata, interpreter.function)
+    name = bucket_function_name(function, bucket) if bucket else str(function)
+    interpreter = (interpreters[name] if interpreters is not None else
+                   Interpreter(load_program(export_dir / asset.path, name), name))
+    _check_geometry(f"target.{name}", target, interpreter)
+    _check_norm_form(f"target.{name}", metadata, interpreter.function)
     length = asset.function(function).query_length
     states = _random_states(interpreter, seed)
     sync_states(target, states)
-    result = CheckResult(f"target.{function}")
+    result = CheckResult(f"target.{name}")
     rng = np.random.default_rng(seed + 1)
     ring = asset.capacity(StateKind.SLIDING_KV) or 0
-    starts = _wrapping_starts(ring, length, metadata.context_length)
+    starts = _wrapping_starts(ring, length, bucket or metadata.context_length)
     if starts:
         _write_prefix(target, metadata, states, starts[0], length)
+    view = target.with_entry_point(entry, span=bucket)
     for start in starts:
         inputs = {InputName.INPUT_IDS: with_peak_tokens(
                       metadata, rng.integers(0, metadata.vocab_size, (1, length))),
                   InputName.POSITION_IDS: np.arange(start, start + length, dtype=np.int32)}
-        result.add(parity_step(interpreter, target.with_entry_point(entry), inputs, states))
+        result.add(parity_step(interpreter, view, inputs, states))
     result.note = _span_note(starts, length, ring)
     return result
 
 
 # The target functions parity checks: (function, the eager model's entry point, seed).
-TARGET_CHECKS = ((FunctionName.MAIN, "forward", 1), (FunctionName.PREFILL, "prefill", 3))
+TARGET_CHECKS = ((FunctionName.MAIN, "forward", 1), (FunctionName.PREFILL, "prefill", 3),
+                 (FunctionName.DECODE, "forward", 9))
+
+
+def target_checks(metadata: Metadata) -> list[tuple[FunctionName, str, int, int | None]]:
+    """(function, entry point, seed, bucket) of each target function verify checks: the
+    whole-capacity main, prefill and one-token decode (where the bundle has one), and their
+    copies in the smallest context bucket (the others differ from it only in the span)."""
+    asset = metadata.asset(AssetRole.TARGET)
+    own = asset.own_functions
+    checks = [(function, entry, seed, None) for function, entry, seed in TARGET_CHECKS
+              if function in own]
+    if asset.buckets:
+        smallest = asset.buckets[0]
+        checks += [(function, entry, seed + 10, smallest.context)
+                   for function, entry, seed in TARGET_CHECKS if function in smallest.functions]
+    return checks
 
 
 def _write_prefix(target, metadata: Metadata, states: dict[str, np.ndarray], end: int,
@@ -656,8 +678,8 @@ def run_verify(options: VerifyOptions) -> int:
             loaded = load_role_interpreters(export_dir, metadata, [AssetRole.TARGET] + (
                 [AssetRole.DFLASH_DRAFTER] if dflash else []))
             checks = [check_target(export_dir, metadata, target, function, entry, seed,
-                                   loaded[AssetRole.TARGET])
-                      for function, entry, seed in TARGET_CHECKS]
+                                   loaded[AssetRole.TARGET], bucket)
+                      for function, entry, seed, bucket in target_checks(metadata)]
             if dflash:
                 checks.append(check_dflash_drafter(export_dir, metadata,
                                                    drafters[AssetRole.DFLASH_DRAFTER], target,
