@@ -58,10 +58,11 @@ flags.DEFINE_integer("max-context-length", None,
                      "the export prints what the states take in memory).")
 flags.DEFINE_string("context-buckets", None,
                     "Comma-separated context buckets, ascending multiples of 32 up to the "
-                    "capacity, e.g. 512,2048,8192: each gets its own main and prefill, which "
-                    "attend to (and write) only that many slots of the shared caches, and the "
-                    "engines call the smallest holding the call (default: 5 contexts doubling "
-                    "from 512 up to the capacity, none below 1024; docs/buckets.md).")
+                    "capacity, e.g. 512,2048,8192: each gets its own main and prefill (and "
+                    "decode), which attend to (and write) only that many slots of the shared "
+                    "caches, and the engines call the smallest holding the call (default: 5 "
+                    "contexts doubling from 512 up to the capacity, none below 1024; "
+                    "docs/buckets.md).")
 flags.DEFINE_integer("prefill-length", 32, "Query length of the target's prefill function.")
 flags.DEFINE_integer("decode-length", None,
                      "Query length of the target's main function (default: the block, "

@@ -19,7 +19,8 @@ from museflash.compression import PRESETS
 MAX_DEFAULT_CONTEXT_LENGTH = 8192
 DEFAULT_CONTEXT_LENGTH = 512
 # Default context buckets (docs/buckets.md): at most DEFAULT_BUCKETS contexts, the capacity
-# among them, from SMALLEST_DEFAULT_BUCKET up; each bucket adds a main and a prefill.
+# among them, from SMALLEST_DEFAULT_BUCKET up; each bucket adds a main, a prefill and (when
+# main verifies a block) a decode.
 DEFAULT_BUCKETS = 5
 SMALLEST_DEFAULT_BUCKET = 512
 # Tokens drafted per step when --num-draft-tokens is not given (capped by the drafter's

@@ -230,7 +230,9 @@ public final class SpeculativeDecoder {
     /// The Core ML functions loaded so far, sorted: the whole-capacity ones from the start,
     /// `decode` and a context bucket's once a call has run in it.
     public var loadedFunctions: [String] {
-        ((targetFunctions.loaded.keys.map { $0 }) + (drafterFunctions?.loaded.keys.map { $0 } ?? [])).sorted()
+        var names = Array(targetFunctions.loaded.keys)
+        if let drafter = drafterFunctions { names += drafter.loaded.keys }
+        return names.sorted()
     }
 
     /// Forget every cache entry: the next call decodes from scratch.
