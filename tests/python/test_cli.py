@@ -37,6 +37,7 @@ COMMANDS = {
     "train_demo_main": "--kv-heads:",
     "train_smollm2_drafter_main": "--corpus-cache:",
     "traffic_main": "--geometry-context:",
+    "tree_figures_main": "--budgets:",
     "verify_main": "--export-dir:",
 }
 

@@ -457,7 +457,7 @@ def _prefill(target: Target, prompt: list[int], result: DecodeResult, pad_token_
     return logits, features, written
 
 
-def _inject_starts(length: int, block: int, first: int = 0) -> list[int]:
+def inject_starts(length: int, block: int, first: int = 0) -> list[int]:
     """Blocks that hand the prompt's features from `first` on to the drafter; a prompt shorter
     than a block is injected as one block from position 0 (its tail rows are placeholders, see
     _prefill)."""
@@ -631,7 +631,7 @@ class DecodeSession:
         self.written_to = max(self.written_to, written)
         anchor = _next_token(logits, sampling, rng)
         _emit(result, [anchor], max_new_tokens, on_tokens, stops)
-        for start in _inject_starts(len(prompt), block, keep):
+        for start in inject_starts(len(prompt), block, keep):
             positions = np.arange(start, start + block, dtype=np.int32)
             drafter.inject(np.stack([features[p] for p in positions.tolist()]), positions)
             result.inject_calls += 1

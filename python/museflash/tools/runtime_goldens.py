@@ -21,6 +21,10 @@ interpreter) and writes ONE JSON file:
   defaults   {"lookup_min_match": the loop's default}, which the Swift engine's must equal
   lookups    lookup_proposal over seeded contexts: context, count, min_match, proposal (null:
              no match), for the Swift engine's copy of the rule
+  trees      runtime/tree.py's build_tree over seeded sources: anchor, budget, max_depth,
+             draft_logits (fp16 values), the recycled table's rows (tokens and their logits
+             rows, given to RecycledTable.update), lookup, and the tree (tokens, parents,
+             sources), for the Swift engine's copy of the builder
   parity     single function calls captured from the speculative decoding of the ring-wrapping
              case: inputs, every state of the package before and after, and every output, so
              an interpreter can be checked one function at a time; `ran` names the Core ML
@@ -82,6 +86,7 @@ from museflash.runtime.speculative import (  # noqa: E402
     speculative_generate,
     target_only_generate,
 )
+from museflash.runtime.tree import RecycledTable, build_tree  # noqa: E402
 
 FORMAT = 1
 DEFAULT_PROMPT_LENGTHS = "1,7,31,33,200"
@@ -313,6 +318,40 @@ def lookup_examples(count: int = 120) -> list[dict[str, Any]]:
     return examples
 
 
+def tree_examples(count: int = 60) -> list[dict[str, Any]]:
+    """Seeded trees: each from the drafter's rows, a recycled table, a lookup chain, or a mix,
+    over small vocabularies (so the sources propose the same edges often), at budgets from 1 to
+    40, with build_tree's answer for each."""
+    rng = np.random.default_rng(11)
+    examples = []
+    for index in range(count):
+        vocab = int(rng.choice([6, 16, 40]))
+        depth = int(rng.integers(1, 8))
+        anchor = int(rng.integers(0, vocab))
+        kind = index % 4  # 0 drafter, 1 recycled, 2 lookup, 3 all
+        draft = (rng.normal(0, 2.5, (depth, vocab)).astype(np.float16)
+                 if kind in (0, 3) else None)
+        table_tokens, table_logits, table = [], [], None
+        if kind in (1, 3):
+            table_tokens = [anchor] + rng.integers(0, vocab, int(rng.integers(1, 12))).tolist()
+            table_logits = rng.normal(0, 2.5, (len(table_tokens), vocab)).astype(np.float16)
+            table = RecycledTable()
+            table.update(table_tokens, table_logits.astype(np.float32))
+        lookup = (rng.integers(0, vocab, int(rng.integers(1, depth + 3))).tolist()
+                  if kind in (2, 3) else None)
+        budget = int(rng.integers(1, 41))
+        tree = build_tree(anchor, budget, draft_logits=(None if draft is None
+                                                        else draft.astype(np.float32)),
+                          recycled=table, lookup=lookup, max_depth=depth)
+        examples.append({"anchor": anchor, "budget": budget, "max_depth": depth,
+                         "draft_logits": None if draft is None else draft.astype(float).tolist(),
+                         "recycled_tokens": table_tokens,
+                         "recycled_logits": [row.astype(float).tolist() for row in table_logits],
+                         "lookup": lookup, "tokens": tree.tokens.tolist(),
+                         "parents": tree.parents.tolist(), "sources": tree.sources.tolist()})
+    return examples
+
+
 def _calls(result: DecodeResult) -> dict[str, int]:
     calls = {str(FunctionName.PREFILL): result.prefill_calls,
              str(FunctionName.MAIN): result.verify_calls,
@@ -425,4 +464,5 @@ def build_goldens(export_dir: Path, prompt_lengths: list[int], max_new_tokens: i
             "cases": cases,
             "defaults": {"lookup_min_match": DEFAULT_LOOKUP_MIN_MATCH},
             "lookups": lookup_examples(),
+            "trees": tree_examples(),
             "parity": parity}

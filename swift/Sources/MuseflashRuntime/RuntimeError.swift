@@ -15,6 +15,8 @@ public enum RuntimeError: Error, Sendable, Equatable, CustomStringConvertible {
     case badOption(reason: String)
     case backend(function: String, reason: String)
     case badOutput(function: String, reason: String)
+    /// A token tree or ancestor mask a tree call cannot take (TokenTree).
+    case badTree(reason: String)
 
     public var description: String {
         switch self {
@@ -46,6 +48,8 @@ public enum RuntimeError: Error, Sendable, Equatable, CustomStringConvertible {
             return "\(function): \(reason)"
         case .badOutput(let function, let reason):
             return "\(function) returned \(reason); the bundle does not match metadata.json, re-export it"
+        case .badTree(let reason):
+            return reason
         }
     }
 }

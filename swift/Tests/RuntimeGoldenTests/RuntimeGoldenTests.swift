@@ -92,6 +92,33 @@ final class RuntimeGoldenTests: XCTestCase {
         }
     }
 
+    /// The engine's tree builder gives the Python builder's tree, node for node, on every seeded
+    /// example the goldens hold (drafter rows, recycled tables, lookup chains and mixes).
+    func testTreeBuilderFollowsThePythonBuilder() throws {
+        guard let examples = Self.goldens["trees"] as? [[String: Any]] else { throw XCTSkip("no golden file (MUSEFLASH_GOLDENS)") }
+        XCTAssertGreaterThan(examples.count, 20)
+        var mixed = 0
+        for (index, example) in examples.enumerated() {
+            let ints = { (key: String) in (example[key] as? [Int] ?? []) }
+            let rows = { (value: Any?) in (value as? [[Double]])?.map { $0.map(Float.init) } }
+            var table: TokenTree.RecycledTable?
+            let tableTokens = ints("recycled_tokens").map(Int32.init)
+            if !tableTokens.isEmpty {
+                table = TokenTree.RecycledTable()
+                table?.update(tokens: tableTokens, logits: rows(example["recycled_logits"]) ?? [])
+            }
+            let tree = try TokenTree.build(
+                anchor: Int32(example["anchor"] as? Int ?? -1), budget: example["budget"] as? Int ?? 0,
+                draftLogits: rows(example["draft_logits"]), recycled: table,
+                lookup: (example["lookup"] as? [Int])?.map(Int32.init), maxDepth: example["max_depth"] as? Int)
+            XCTAssertEqual(tree.tokens, ints("tokens").map(Int32.init), "tree example \(index): tokens")
+            XCTAssertEqual(tree.parents, ints("parents"), "tree example \(index): parents")
+            XCTAssertEqual(tree.sources.map { Int($0.rawValue) }, ints("sources"), "tree example \(index): sources")
+            if Set(ints("sources")).count > 2 { mixed += 1 }
+        }
+        XCTAssertGreaterThan(mixed, 5, "too few trees mixing sources to check the merge")
+    }
+
     /// The engine's copy of the lookup rule gives the Python rule's answer on every context the
     /// goldens hold, and its default is the Python loop's.
     func testContextLookupFollowsThePythonRule() throws {
