@@ -16,6 +16,7 @@ from museflash.export.coreml_patches import (
     placeholders_handled_by_row,
     placeholders_written_compactly,
     program_text_skipped_in_pipelines,
+    small_constants_deduplicated,
     validated_once_per_pipeline,
 )
 from museflash.export.options import ExportError
@@ -122,6 +123,7 @@ def convert(
         for n in state_names
     ]
     with ExitStack() as patches:
+        patches.enter_context(small_constants_deduplicated())
         if not plain_passes:
             patches.enter_context(validated_once_per_pipeline())
             patches.enter_context(constexpr_tracking_skipped_without_constexpr())
@@ -146,25 +148,17 @@ def convert(
 # Outputs computed from token ids as data (topk indices, ids gathered from them).
 TOKEN_ID_OUTPUTS = frozenset({OutputName.DRAFT_TOKENS})
 INT16_CAST_PASS = "common::add_int16_cast"
-CONST_DEDUPLICATION_PASS = "common::const_deduplication"
 
 
 def _pass_pipeline(outputs: list[str]):
-    """coremltools' default passes, with two changes.
-
-    Every repeated constant is stored once, however small: coremltools only merges constants
-    of 100 elements or more, so each function kept about 2,000 copies of the same few axes,
-    shapes and scalars, a third of its program (docs/buckets.md). The values are unchanged.
-
-    A function whose outputs are token ids goes without the 16-bit integer casts: that pass
-    gives `topk` uint16 indices whatever the axis length and casts int32 values fed to gathers
-    to 16 bits, so every id of a vocabulary above 65,535 (Muse Glimmer's is 202,048) would
-    wrap. Functions that only index with ids keep it (it leaves gathers over axes longer than
-    int16 alone)."""
+    """coremltools' default passes, without the 16-bit integer casts for a function whose
+    outputs are token ids: that pass gives `topk` uint16 indices whatever the axis length and
+    casts int32 values fed to gathers to 16 bits, so every id of a vocabulary above 65,535
+    (Muse Glimmer's is 202,048) would wrap. Functions that only index with ids keep it (it
+    leaves gathers over axes longer than int16 alone)."""
     import coremltools as ct
 
     pipeline = ct.PassPipeline.DEFAULT
-    pipeline.set_options(CONST_DEDUPLICATION_PASS, {"const_threshold": 1})
     if TOKEN_ID_OUTPUTS.intersection(outputs):
         pipeline.remove_passes([INT16_CAST_PASS])
     return pipeline

@@ -1,9 +1,10 @@
 """Every change this exporter makes to coremltools' internals, in one place.
 
 Each is a context manager that swaps one coremltools function for the length of a conversion
-and restores it on the way out, and none changes the converted program: the benchmark compares
-the export with a plain conversion spec for spec and weight for weight (docs/export-memory.md),
-and tests/python/test_coreml_conversion.py checks the deduplication against coremltools' own.
+and restores it on the way out, and none but the last below changes the converted program: the
+benchmark compares the export with a plain conversion spec for spec and weight for weight
+(docs/export-memory.md), and tests/python/test_coreml_conversion.py checks the deduplication
+against coremltools' own.
 They were written and measured against coremltools 9.0, the version requirements_lock.txt pins;
 each reaches into an internal that a later coremltools may move or change, so an upgrade must
 re-run those tests and the benchmark's comparison before trusting them.
@@ -24,6 +25,13 @@ re-run those tests and the benchmark's comparison before trusting them.
   (this exporter compresses after converting).
 - `program_text_skipped_in_pipelines` replaces the `__str__` of programs, functions and blocks
   while a pass pipeline runs: passes format whole programs into debug messages, logged or not.
+
+One patch does change the program, on purpose, and every conversion (the benchmark's plain one
+too) runs inside it:
+
+- `small_constants_deduplicated` replaces `const_deduplication.should_be_deduplicated`: the
+  small constants (axes, shapes, scalars: SMALL_CONSTANT_ELEMENTS elements or fewer) are merged
+  as the large ones are, the same values, stored once.
 
 `flat_prefix` and `all_close` are the row-reading hash prefix and comparison that the
 deduplication uses here and that export/merge.py shares.
@@ -167,6 +175,38 @@ def all_close(a: np.ndarray, b: np.ndarray, atol: float) -> bool:
     if _broadcast_row(a) and _broadcast_row(b) and a.shape == b.shape:
         return bool(np.allclose(a[0], b[0], rtol=0.0, atol=atol))
     return bool(np.allclose(a, b, rtol=0.0, atol=atol))
+
+
+# Constants of at most this many elements are merged too. The repeated ones are all axes,
+# shapes and scalars (in SmolLM2's main_512, 2,432 of its 2,539 immediate constants repeat one
+# of 107 values, none longer than 16 elements); a weight is longer, so which weights merge is
+# coremltools' rule still (100 elements or more), whether a weight is a placeholder or not.
+SMALL_CONSTANT_ELEMENTS = 16
+
+
+@contextmanager
+def small_constants_deduplicated() -> Iterator[None]:
+    """coremltools merges repeated constants of 100 elements or more; each function kept about
+    2,000 copies of the same few small ones, a third of its program (docs/buckets.md). Inside
+    this block a constant of SMALL_CONSTANT_ELEMENTS elements or fewer is merged as well. The
+    values are unchanged; SmolLM2's main_512 goes from 5,460 ops (806 KB) to 3,457 (550 KB)."""
+    from coremltools.converters.mil.mil.passes.defs.cleanup.const_deduplication import (
+        const_deduplication as dedup,
+    )
+
+    original = dedup.should_be_deduplicated
+
+    def small_or_large(val) -> bool:
+        if (isinstance(val, np.ndarray | np.generic) and val.dtype.kind in "biuf"
+                and 0 < np.size(val) <= SMALL_CONSTANT_ELEMENTS):
+            return True
+        return original(val)
+
+    dedup.should_be_deduplicated = staticmethod(small_or_large)
+    try:
+        yield
+    finally:
+        dedup.should_be_deduplicated = staticmethod(original)
 
 
 @contextmanager

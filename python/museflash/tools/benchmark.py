@@ -432,6 +432,14 @@ def compare_exports(naive: Path, streaming: Path) -> list[str]:
             # is a label (no input or output refers to it); compare everything else exactly,
             # and say so.
             specs = [_without_state_op_debug_names(spec) for spec in specs]
+        const_names = (_without_blob_offsets(specs[0]) != _without_blob_offsets(specs[1])
+                       and _immediate_const_names(specs[0]) != _immediate_const_names(specs[1]))
+        if const_names:
+            # Each small constant is stored once (export/coreml_patches.py), under the name of
+            # its first use; the one-pass trace numbers a few lifted constants differently
+            # (export/convert.py), so the name kept can differ. Names are labels: compare the
+            # rest exactly, with each such constant named by its place, and say so.
+            specs = [_with_immediate_consts_numbered(spec) for spec in specs]
         if _without_blob_offsets(specs[0]) != _without_blob_offsets(specs[1]):
             ops = [_op_counts(spec) for spec in specs]
             changed = {k: (ops[0].get(k, 0), ops[1].get(k, 0)) for k in set(ops[0]) | set(ops[1])
@@ -450,7 +458,48 @@ def compare_exports(naive: Path, streaming: Path) -> list[str]:
                             f"differ in value, e.g. {differing[:3]}")
         if debug_names:
             notes.append(f"{package}: state ops' debug names differ (labels only)")
+        if const_names:
+            notes.append(f"{package}: the names kept for merged small constants differ "
+                         "(labels only)")
     return problems, notes
+
+
+def _immediate_consts(spec):
+    for function, op in _all_ops(spec):
+        if op.type == "const" and "val" in op.attributes and \
+                op.attributes["val"].WhichOneof("value") == "immediateValue":
+            yield function, op
+
+
+def _immediate_const_names(spec) -> list[str]:
+    return [op.outputs[0].name for _, op in _immediate_consts(spec)]
+
+
+def _with_immediate_consts_numbered(spec):
+    """A copy with every immediate-valued const renamed by its place in its function, and
+    every reference to it."""
+    from coremltools.proto import Model_pb2
+
+    copy_ = Model_pb2.Model()
+    copy_.CopyFrom(spec)
+    renamed: dict[tuple[str, str], str] = {}
+    counts: dict[str, int] = {}
+    for function, op in _immediate_consts(copy_):
+        counts[function] = counts.get(function, -1) + 1
+        renamed[function, op.outputs[0].name] = f"immediate_const_{counts[function]}"
+    for function, op in _all_ops(copy_):
+        for binding in op.inputs.values():
+            for argument in binding.arguments:
+                if argument.HasField("name") and (function, argument.name) in renamed:
+                    argument.name = renamed[function, argument.name]
+        for output in op.outputs:
+            if (function, output.name) in renamed:
+                new = renamed[function, output.name]
+                output.name = new
+                if "name" in op.attributes:
+                    del op.attributes["name"].immediateValue.tensor.strings.values[:]
+                    op.attributes["name"].immediateValue.tensor.strings.values.append(new)
+    return copy_
 
 
 def _state_ops(spec):
