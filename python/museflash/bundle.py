@@ -123,6 +123,9 @@ class FunctionName(Name):
     # The target's one-token copy of a multi-token `main`; listed under `Asset.decode`, never
     # under `functions`, so that readers which predate it ignore it (docs/buckets.md).
     DECODE = "decode"
+    # The target's verify of a token tree; listed under `Asset.tree` (and a bucket's `tree`),
+    # likewise (docs/trees.md).
+    TREE = "tree"
 
 
 class FunctionRole(Name):
@@ -130,12 +133,16 @@ class FunctionRole(Name):
     PREFILL = "prefill"  # writes caches for a prompt chunk, logits of its last position only
     INJECT_KV = "inject_kv"  # DFlash: target features -> drafter cache
     DRAFT = "draft"  # DFlash: [anchor, mask x (K-1)] -> logits (DFlash2: and draft_tokens)
+    # target: N tree nodes, each attending to the cache and to its ancestors (tree_mask); node
+    # i is written at position_ids[0] + i, its RoPE position is position_ids[i]
+    TREE = "tree"
 
 
 class InputName(Name):
     INPUT_IDS = "input_ids"
     POSITION_IDS = "position_ids"
     FEATURES = "features"
+    TREE_MASK = "tree_mask"  # `tree`: [N, N] int32, 1 where node i sees node j (j = i or above)
 
 
 class OutputName(Name):
@@ -277,6 +284,15 @@ class ContextBucket:
     functions: dict[FunctionName, Function] = _doc(
         "a subset of the asset's own functions, with their query lengths; the Core ML function "
         "is named `<name>_<context>` (bucket_function_name)")
+    tree: Function | None = field(
+        default=None, metadata={"doc": "the asset's `tree` in this bucket (`tree_<context>`); "
+                                       "absent when the asset has none",
+                                "omit_null": True})
+
+    @property
+    def all_functions(self) -> dict[FunctionName, Function]:
+        """`functions`, and `tree` when there is one."""
+        return self.functions | ({FunctionName.TREE: self.tree} if self.tree else {})
 
 
 def bucket_function_name(function: FunctionName, context: int) -> str:
@@ -315,17 +331,32 @@ class Asset:
                                        "ML function `decode` (and `decode_<context>` in each "
                                        "bucket listing it); absent when there is none",
                                 "omit_null": True})
+    tree: Function | None = field(
+        default=None, metadata={"doc": "the target's verify of a token tree of `query_length` "
+                                       "nodes (docs/trees.md): main's inputs and `tree_mask`, "
+                                       "main's outputs; the Core ML function `tree` (and "
+                                       "`tree_<context>` in each bucket with a `tree`); absent "
+                                       "when there is none", "omit_null": True})
 
     def __post_init__(self) -> None:
-        if FunctionName.DECODE in self.functions:
-            raise BundleError(f"the {self.kind} asset lists `decode` among its functions; it "
-                              "belongs under the asset's `decode` key, which older readers "
-                              "ignore")
+        # A bucket lists `decode` among its functions (buckets came with it); `tree` came
+        # later, so a bucket's is under its own key too.
+        for name in (FunctionName.DECODE, FunctionName.TREE):
+            if name in self.functions or (name == FunctionName.TREE and any(
+                    name in b.functions for b in self.buckets or ())):
+                raise BundleError(f"the {self.kind} asset lists `{name}` among functions; it "
+                                  f"belongs under the `{name}` key, which older readers ignore")
         main = self.functions.get(FunctionName.MAIN)
         if self.decode is not None and (main is None or self.decode != dataclasses.replace(
                 main, query_length=1)):
             raise BundleError(f"the {self.kind} asset's decode is not a one-token copy of its "
                               f"main: {self.decode} against {main}")
+        if self.tree is not None and (main is None or self.tree != Function(
+                role=FunctionRole.TREE, query_length=self.tree.query_length,
+                inputs=main.inputs + [InputName.TREE_MASK], outputs=main.outputs)
+                or self.tree.query_length < 2):
+            raise BundleError(f"the {self.kind} asset's tree is not main's verify with a "
+                              f"tree_mask over 2 or more nodes: {self.tree} against {main}")
         contexts = [b.context for b in self.buckets or ()]
         if contexts != sorted(set(contexts)):
             raise BundleError(f"the {self.kind} asset's bucket contexts {contexts} are not "
@@ -335,7 +366,7 @@ class Asset:
             if capacity is None or not 0 < bucket.context < capacity:
                 raise BundleError(f"the {self.kind} asset's bucket of {bucket.context} slots is "
                                   f"not inside its context-sized caches' capacity ({capacity})")
-            for name, function in bucket.functions.items():
+            for name, function in bucket.all_functions.items():
                 if self.own_functions.get(name) != function:
                     raise BundleError(
                         f"the {self.kind} asset's bucket of {bucket.context} slots has a "
@@ -343,8 +374,10 @@ class Asset:
 
     @property
     def own_functions(self) -> dict[FunctionName, Function]:
-        """The functions over the whole capacity: `functions`, and `decode` when there is one."""
-        return self.functions | ({FunctionName.DECODE: self.decode} if self.decode else {})
+        """The functions over the whole capacity: `functions`, and `decode` and `tree` when
+        there are."""
+        return (self.functions | ({FunctionName.DECODE: self.decode} if self.decode else {})
+                | ({FunctionName.TREE: self.tree} if self.tree else {}))
 
     def function(self, name: FunctionName) -> Function:
         functions = self.own_functions
@@ -369,7 +402,8 @@ class Asset:
         and the tests read (docs/buckets.md)."""
         rows = [FunctionEntry(bucket_function_name(name, bucket.context), name, bucket.context,
                               function)
-                for bucket in self.buckets or () for name, function in bucket.functions.items()]
+                for bucket in self.buckets or ()
+                for name, function in bucket.all_functions.items()]
         return rows + [FunctionEntry(str(name), name, None, function)
                        for name, function in self.own_functions.items()]
 

@@ -86,9 +86,9 @@ def test_the_plan_gives_each_bucket_a_main_a_prefill_and_a_decode_smallest_first
     target = plan.asset(AssetRole.TARGET)
     assert target.buckets == (64, 128)  # the capacity is the whole-capacity functions'
     assert [(f.name, f.bucket) for f in target.functions] == [
-        ("main_64", 64), ("prefill_64", 64), ("decode_64", 64),
-        ("main_128", 128), ("prefill_128", 128), ("decode_128", 128),
-        ("main", None), ("prefill", None), ("decode", None)]
+        ("main_64", 64), ("prefill_64", 64), ("decode_64", 64), ("tree_64", 64),
+        ("main_128", 128), ("prefill_128", 128), ("decode_128", 128), ("tree_128", 128),
+        ("main", None), ("prefill", None), ("decode", None), ("tree", None)]
     assert {f.query_length for f in target.functions if f.function == FunctionName.DECODE} == {1}
     assert [f.name for f in plan.asset(AssetRole.DFLASH_DRAFTER).functions] == [
         "inject_kv", "draft"]
@@ -174,6 +174,27 @@ def test_a_decode_runs_in_every_bucket_listing_it_and_is_kept_out_of_functions()
         dataclasses.replace(asset, decode=_function(FunctionRole.DECODE, 2))
     with pytest.raises(BundleError, match="function decode that differs"):
         _asset([bucket])  # a bucket's decode needs the asset's own
+
+
+def test_a_tree_runs_in_every_bucket_with_one_and_is_kept_out_of_functions():
+    tree = Function(FunctionRole.TREE, 8, [InputName.INPUT_IDS, InputName.POSITION_IDS,
+                                           InputName.TREE_MASK], [OutputName.LOGITS])
+    bucket = dataclasses.replace(_bucket(64), tree=tree)
+    asset = dataclasses.replace(_asset(None), buckets=[bucket], tree=tree)
+    assert [row.name for row in asset.function_table()] == [
+        "main_64", "prefill_64", "tree_64", "main", "prefill", "tree"]
+    assert [asset.pick(FunctionName.TREE, last).name for last in (63, 64)] == ["tree_64", "tree"]
+    # Older readers refuse function names they do not know: a tree stays out of `functions`,
+    # a bucket's too (buckets predate it).
+    with pytest.raises(BundleError, match="belongs under the `tree` key"):
+        dataclasses.replace(asset, functions=asset.functions | {FunctionName.TREE: tree})
+    with pytest.raises(BundleError, match="belongs under the `tree` key"):
+        dataclasses.replace(asset, buckets=[ContextBucket(
+            64, bucket.functions | {FunctionName.TREE: tree})])
+    with pytest.raises(BundleError, match="not main's verify with a tree_mask"):
+        dataclasses.replace(asset, tree=dataclasses.replace(tree, inputs=tree.inputs[:2]))
+    with pytest.raises(BundleError, match="function tree that differs"):
+        dataclasses.replace(asset, tree=None)  # the bucket's tree needs the asset's own
 
 
 def test_an_asset_without_buckets_has_only_its_own_functions():

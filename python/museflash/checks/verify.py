@@ -69,6 +69,7 @@ from museflash.runtime.speculative import (
     load_role_interpreters,
     speculative_generate,
 )
+from museflash.runtime.tree import TokenTree
 
 # Relative to each tensor's largest magnitude (parity.Tolerance). The packages keep every
 # activation, weight and cache entry in fp16 (unit roundoff ~4.9e-4) while the reference
@@ -241,20 +242,33 @@ def check_target(export_dir: Path, metadata: Metadata, target, function: Functio
         inputs = {InputName.INPUT_IDS: with_peak_tokens(
                       metadata, rng.integers(0, metadata.vocab_size, (1, length))),
                   InputName.POSITION_IDS: np.arange(start, start + length, dtype=np.int32)}
+        if function == FunctionName.TREE:
+            inputs.update(_seeded_tree_inputs(rng, length, start))
         result.add(parity_step(interpreter, view, inputs, states))
     result.note = _span_note(starts, length, ring)
     return result
 
 
+def _seeded_tree_inputs(rng: np.random.Generator, nodes: int,
+                        start: int) -> dict[InputName, np.ndarray]:
+    """Positions and mask of a seeded random tree of `nodes` nodes rooted at `start` (each
+    node's parent drawn among the earlier ones): siblings share a position, so a mask or a
+    write slot that is wrong shows in the logits and the caches."""
+    parents = np.array([-1] + [int(rng.integers(0, i)) for i in range(1, nodes)], np.int32)
+    tree = TokenTree(np.zeros(nodes, np.int32), parents, np.zeros(nodes, np.int8))
+    return {InputName.POSITION_IDS: (start + tree.depths()).astype(np.int32),
+            InputName.TREE_MASK: tree.ancestor_mask().astype(np.int32)}
+
+
 # The target functions parity checks: (function, the eager model's entry point, seed).
 TARGET_CHECKS = ((FunctionName.MAIN, "forward", 1), (FunctionName.PREFILL, "prefill", 3),
-                 (FunctionName.DECODE, "forward", 9))
+                 (FunctionName.DECODE, "forward", 9), (FunctionName.TREE, "forward", 13))
 
 
 def target_checks(metadata: Metadata) -> list[tuple[FunctionName, str, int, int | None]]:
     """(function, entry point, seed, bucket) of each target function verify checks: the
-    whole-capacity main, prefill and one-token decode (where the bundle has one), and their
-    copies in the smallest context bucket (the others differ from it only in the span)."""
+    whole-capacity main, prefill, one-token decode and tree (where the bundle has them), and
+    their copies in the smallest context bucket (the others differ from it only in the span)."""
     asset = metadata.asset(AssetRole.TARGET)
     own = asset.own_functions
     checks = [(function, entry, seed, None) for function, entry, seed in TARGET_CHECKS
@@ -262,7 +276,8 @@ def target_checks(metadata: Metadata) -> list[tuple[FunctionName, str, int, int 
     if asset.buckets:
         smallest = asset.buckets[0]
         checks += [(function, entry, seed + 10, smallest.context)
-                   for function, entry, seed in TARGET_CHECKS if function in smallest.functions]
+                   for function, entry, seed in TARGET_CHECKS
+                   if function in smallest.all_functions]
     return checks
 
 
@@ -571,6 +586,19 @@ def check_decoding(export_dir: Path, metadata: Metadata, target_dir: Path, promp
         f"eager fp32 greedy (informational): first {agree}/{new_tokens} tokens agree with the "
         "export",
     ]
+    tree_lossless = True
+    if target.tree_length:
+        trees = speculative_generate(target, drafter, prompt, new_tokens,
+                                     mask_token_id=spec.mask_token_id,
+                                     num_draft_tokens=spec.num_draft_tokens,
+                                     context_length=context, tree_budget=target.tree_length)
+        tree_lossless = trees.tokens == plain.tokens
+        lines.append(
+            f"lossless with trees of {target.tree_length} nodes (docs/trees.md): "
+            f"{'==' if tree_lossless else '!='} target-only greedy "
+            f"({_common_prefix(trees.tokens, plain.tokens)}/{new_tokens} tokens agree; "
+            f"{trees.tokens_per_verify_call:.2f} tokens per tree call, "
+            f"{trees.moved_rows} cache rows moved into place)")
     chat = chat_prompt(export_dir)
     chat_lossless = True
     if chat is not None and len(chat) + new_tokens + spec.block_size <= context:
@@ -585,7 +613,7 @@ def check_decoding(export_dir: Path, metadata: Metadata, target_dir: Path, promp
             f"{'==' if chat_lossless else '!='} target-only greedy "
             f"({_common_prefix(chat_speculative.tokens, chat_plain.tokens)}/{new_tokens} "
             f"tokens agree; {chat_speculative.summary()})")
-    return DecodeCheck(lossless and copying_lossless and chat_lossless, lines,
+    return DecodeCheck(lossless and copying_lossless and tree_lossless and chat_lossless, lines,
                        speculative.acceptance_rate, speculative.tokens_per_target_call)
 
 

@@ -63,6 +63,11 @@ flags.DEFINE_string("context-buckets", None,
                     "caches, and the engines call the smallest holding the call (default: 5 "
                     "contexts doubling from 512 up to the capacity, none below 1024; "
                     "docs/buckets.md).")
+flags.DEFINE_integer("tree-nodes", None,
+                     "Nodes of the target's `tree` function, which verifies a tree of the "
+                     "drafter's candidates in one call (default: the block, --num-draft-tokens "
+                     "+ 1, with --dflash-drafter; 0: none). On a Mac a call of 16 or 32 rows "
+                     "costs about one row's: export 16 there. See docs/trees.md.")
 flags.DEFINE_integer("prefill-length", 32, "Query length of the target's prefill function.")
 flags.DEFINE_integer("decode-length", None,
                      "Query length of the target's main function (default: the block, "
@@ -126,6 +131,7 @@ def options_from_flags() -> ExportOptions:
         calibration_prompts=resolve_user_path(FLAGS["calibration-prompts"].value),
         kv_write=FLAGS["kv-write"].value,
         context_buckets=parse_context_buckets(FLAGS["context-buckets"].value),
+        tree_nodes=FLAGS["tree-nodes"].value,
         also_export=tuple((preset, resolve_user_path(str(directory)))
                           for preset, directory in also),
     )

@@ -2,7 +2,7 @@
 
   ./bazelw run //:generate -- --export-dir exported --prompt 'def fibonacci(n):'
       [--max-new-tokens N] [--temperature T] [--top-p P] [--no-draft] [--seed S]
-      [--backend export|eager] [--lookup-min-match N] [--format text|json]
+      [--backend export|eager] [--lookup-min-match N] [--tree-budget N] [--format text|json]
   ./bazelw run //:generate -- --export-dir exported (--messages FILE.json | --chat)
       [--system TEXT] [--on-context-full refuse|drop-oldest] [--format text|json] ...
 
@@ -50,6 +50,11 @@ flags.DEFINE_integer("lookup-min-match", DEFAULT_LOOKUP_MIN_MATCH,
                      "A step whose last N tokens occurred before proposes a copy of what "
                      "followed them instead of a draft; 0: draft every step.")
 
+flags.DEFINE_integer("tree-budget", 0,
+                     "Verify trees of up to N nodes of candidates (the drafter's, the target's "
+                     "recycled ones, lookup's) through the bundle's `tree` function instead of "
+                     "the drafter's chain; greedy only; 0: the chain (docs/trees.md).")
+
 flags.DEFINE_string("messages", None, "A conversation, a JSON list of {role, content}: "
                     "reply to each user message no assistant message follows.")
 flags.DEFINE_bool("chat", False, "Chat: one user message per line of standard input.")
@@ -95,6 +100,7 @@ def main(argv: list[str]) -> int:
         backend=FLAGS.backend,
         compare=FLAGS.compare,
         lookup_min_match=FLAGS["lookup-min-match"].value,
+        tree_budget=FLAGS["tree-budget"].value,
         system=FLAGS.system,
         on_context_full=FLAGS["on-context-full"].value,
     )

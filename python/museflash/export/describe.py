@@ -64,15 +64,22 @@ def asset(plan: AssetPlan, module: torch.nn.Module) -> Asset:
                                      inputs=f.input_names, outputs=list(f.outputs))
                 for f in plan.functions if f.bucket == context}
 
+    def bucket(context: int) -> ContextBucket:
+        functions = entries(context)
+        tree = functions.pop(FunctionName.TREE, None)
+        return ContextBucket(context, functions, tree=tree)
+
     whole = entries(None)
     return Asset(
         path=plan.path,
         kind=plan.kind,
         default_function=plan.default_function,
-        functions={name: f for name, f in whole.items() if name != FunctionName.DECODE},
+        functions={name: f for name, f in whole.items()
+                   if name not in (FunctionName.DECODE, FunctionName.TREE)},
         states=state_entries(module, plan.states),
-        buckets=[ContextBucket(b, entries(b)) for b in plan.buckets] or None,
+        buckets=[bucket(b) for b in plan.buckets] or None,
         decode=whole.get(FunctionName.DECODE),
+        tree=whole.get(FunctionName.TREE),
     )
 
 

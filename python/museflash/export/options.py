@@ -68,6 +68,9 @@ class ExportOptions:
     kv_write: str = KVWrite.BLEND.value
     # The target's context buckets (docs/buckets.md); None: plan.context_buckets' default.
     context_buckets: tuple[int, ...] | None = None
+    # Nodes of the target's `tree` function (docs/trees.md); None: the block of a DFlash
+    # export (none without one); 0: no tree function.
+    tree_nodes: int | None = None
     # More bundles from the same conversion: (compression preset, output directory) each. The
     # functions are traced and converted once; each bundle gets its own weights and merge.
     also_export: tuple[tuple[str, Path], ...] = ()
@@ -125,6 +128,13 @@ def check_flag_rules(options: ExportOptions) -> None:
     if options.conversion_processes is not None and options.conversion_processes < 1:
         raise ExportError(f"--conversion-processes {options.conversion_processes} must be at "
                           "least 1 (1 converts every function in this process)")
+    if options.tree_nodes is not None and options.tree_nodes != 0:
+        if options.tree_nodes < 2:
+            raise ExportError(f"--tree-nodes {options.tree_nodes} must be at least 2 (the root "
+                              "and one candidate), or 0 for no tree function")
+        if not options.dflash_drafter:
+            raise ExportError("--tree-nodes needs --dflash-drafter: a tree verifies the "
+                              "drafter's candidates (drop --tree-nodes, or add the drafter)")
     for name in ("max_context_length", "prefill_length"):
         if getattr(options, name) is not None and getattr(options, name) < 1:
             raise ExportError(f"--{name.replace('_', '-')} must be at least 1")

@@ -170,17 +170,29 @@ def plan_export(options: ExportOptions, target_dir: Path, drafter_dir: Path | No
     if decode_length > context:
         raise ExportError(f"decode length {decode_length} exceeds --max-context-length "
                           f"{context}")
-    max_query = max(options.prefill_length, decode_length, block)
+    tree_nodes = tree_node_count(options, block, context)
+    max_query = max(options.prefill_length, decode_length, block, tree_nodes)
     buckets = context_buckets(options, context, max_query, configs.target)
     return ExportPlan(Path(target_dir), Path(drafter_dir) if drafter_dir else None, configs,
                       spec, max_query,
                       _asset_plans(options, spec, decode_length, configs.target.layer_types,
-                                   buckets, drafter_buckets=(
+                                   buckets, tree_nodes, drafter_buckets=(
                                        buckets if options.dflash_drafter
                                        and configs.drafter.sliding_window is None else ())),
                       compression_plan(options, Path(target_dir),
                                        Path(drafter_dir) if drafter_dir else None),
                       context, kv_write_strategy(options, configs.target))
+
+
+def tree_node_count(options: ExportOptions, block: int, context: int) -> int:
+    """Nodes of the target's `tree` function: --tree-nodes, by default the block of a DFlash
+    export (a tree as wide as main costs what main costs); 0: none."""
+    if not options.dflash_drafter:
+        return 0
+    nodes = block if options.tree_nodes is None else options.tree_nodes
+    if nodes > context:
+        raise ExportError(f"--tree-nodes {nodes} exceeds --max-context-length {context}")
+    return nodes
 
 
 def kv_write_strategy(options: ExportOptions, target: TargetConfig) -> KVWrite:
@@ -348,6 +360,20 @@ def _ids_function(name: FunctionName, role: FunctionRole, entry_point: str, leng
         length)
 
 
+def _tree_function(nodes: int, outputs: list[OutputName]) -> FunctionPlan:
+    import numpy as np
+
+    chain = torch.tril(torch.ones(nodes, nodes, dtype=torch.int32))
+    return FunctionPlan(
+        FunctionName.TREE, FunctionRole.TREE, "forward",
+        [InputPlan(InputName.INPUT_IDS, (1, nodes), np.int32),
+         InputPlan(InputName.POSITION_IDS, (nodes,), np.int32),
+         InputPlan(InputName.TREE_MASK, (nodes, nodes), np.int32)],
+        outputs,
+        (torch.zeros(1, nodes, dtype=torch.int32), torch.arange(nodes, dtype=torch.int32), chain),
+        nodes)
+
+
 def _inject_function(block: int, width: int) -> FunctionPlan:
     import numpy as np
 
@@ -362,7 +388,7 @@ def _inject_function(block: int, width: int) -> FunctionPlan:
 
 def _asset_plans(options: ExportOptions, spec: SpeculativeDecoding | None,
                  decode_length: int, layer_types: list[str],
-                 buckets: tuple[int, ...] = (),
+                 buckets: tuple[int, ...] = (), tree_nodes: int = 0,
                  drafter_buckets: tuple[int, ...] = ()) -> list[AssetPlan]:
     """The assets' functions, each bucket's smallest first (as bundle.Asset.function_table
     lists them). A full-attention DFlash drafter's ring is as long as the context, so its
@@ -379,6 +405,9 @@ def _asset_plans(options: ExportOptions, spec: SpeculativeDecoding | None,
         # Target-alone steps (--no-draft) in one token's cost, not a verify block's.
         whole.append(_ids_function(FunctionName.DECODE, FunctionRole.DECODE, "forward", 1,
                                    target_outputs))
+    if tree_nodes:
+        # The verify of a token tree (docs/trees.md), beside the chain's main.
+        whole.append(_tree_function(tree_nodes, target_outputs))
     # Smallest bucket first, as bundle.Asset.function_table lists them.
     assets = [AssetPlan(
         AssetRole.TARGET, AssetKind.FUSED_TARGET if fused else AssetKind.TARGET, "target",

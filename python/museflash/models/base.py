@@ -360,6 +360,47 @@ def global_causal_mask(positions: torch.Tensor, capacity: int) -> torch.Tensor:
     return positions.reshape(-1, 1) >= slot_positions.reshape(1, -1)
 
 
+def tree_write_positions(positions: torch.Tensor) -> torch.Tensor:
+    """Where the nodes of a tree call are written (docs/trees.md): node i at position
+    positions[0] + i, consecutive from the root's whatever the nodes' depths, so that siblings
+    of one depth never share a slot. A chain's nodes are written at their own positions."""
+    return positions[:1] + torch.arange(positions.shape[0], dtype=positions.dtype)
+
+
+def _tree_part(written: torch.Tensor, slot_positions: torch.Tensor,
+               tree_mask: torch.Tensor) -> torch.Tensor:
+    """[T, S] bool: node i sees the slot holding node j's write position where tree_mask[i, j]
+    (tree_mask [T, T], 1 where node i sees node j)."""
+    hits = (written.reshape(-1, 1) == slot_positions.reshape(1, -1)).to(torch.float32)
+    return torch.matmul(tree_mask.to(torch.float32), hits) > 0.5
+
+
+def tree_global_mask(positions: torch.Tensor, tree_mask: torch.Tensor,
+                     capacity: int) -> torch.Tensor:
+    """[T, capacity] bool of a tree call over a cache indexed by absolute position: node i
+    sees every slot before the root's position (the context) and the slots of the nodes
+    tree_mask[i] names (itself and its ancestors). With a chain's mask (lower triangular) this
+    is global_causal_mask."""
+    slot_positions = torch.arange(capacity, dtype=positions.dtype)
+    context = (slot_positions < positions[:1]).reshape(1, -1)
+    return torch.logical_or(
+        context, _tree_part(tree_write_positions(positions), slot_positions, tree_mask))
+
+
+def tree_sliding_mask(positions: torch.Tensor, tree_mask: torch.Tensor, capacity: int,
+                      sliding_window: int) -> torch.Tensor:
+    """[T, capacity] bool of a tree call over a ring: node i sees a slot holding a position
+    before the root's within its window (from its own position), and the slots of the nodes
+    tree_mask[i] names. With a chain's mask this is sliding_causal_mask."""
+    written = tree_write_positions(positions)
+    slot_positions = ring_slot_positions(written.amax(), capacity)
+    distance = positions.reshape(-1, 1) - slot_positions.reshape(1, -1)
+    context = torch.logical_and(
+        torch.logical_and(slot_positions >= 0, slot_positions < positions[:1]).reshape(1, -1),
+        distance < sliding_window)
+    return torch.logical_or(context, _tree_part(written, slot_positions, tree_mask))
+
+
 def attend(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
 ) -> torch.Tensor:

@@ -22,7 +22,14 @@ import torch
 from torch import nn
 
 from museflash.bundle import KVWrite, StateName
-from museflash.models.base import LayerCache, RMSNorm, RotaryTables, global_causal_mask
+from museflash.models.base import (
+    LayerCache,
+    RMSNorm,
+    RotaryTables,
+    global_causal_mask,
+    tree_global_mask,
+    tree_write_positions,
+)
 from museflash.models.dflash import DFlashConfig, DFlashEncoder
 
 
@@ -32,7 +39,10 @@ class CausalLM(nn.Module):
     `embed_tokens`, `lm_head` (None when tied to the embedding) and `entry_point` ("forward").
 
     Entry points (all take input_ids [1, T] int, position_ids [T] int):
-      forward -> logits [1, T, vocab]
+      forward -> logits [1, T, vocab]; with tree_mask [T, T] (1 where node i sees node j),
+        the verify of a token tree: node i at RoPE position position_ids[i], written at
+        position_ids[0] + i, attending to the cache before position_ids[0] and to the nodes
+        its row names (docs/trees.md)
       prefill -> logits [1, 1, vocab] of the last position only
     `with_entry_point(name)` returns a view of the same module (shared weights and caches)
     whose forward is that entry point, for torch.export. `batch_logits` (input_ids [B, T], no
@@ -71,10 +81,11 @@ class CausalLM(nn.Module):
         hidden, _ = self.batch_hidden_states(input_ids)
         return self.logits(hidden)
 
-    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor):
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor,
+                tree_mask: torch.Tensor | None = None):
         if self.entry_point == "prefill":
             return self.prefill(input_ids, position_ids)
-        hidden, _ = self.hidden_states(input_ids, position_ids)
+        hidden, _ = self.hidden_states(input_ids, position_ids, tree_mask=tree_mask)
         return self.logits(hidden)
 
     def prefill(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
@@ -163,20 +174,26 @@ class GlobalCausalLM(CausalLM):
         input_ids: torch.Tensor,
         position_ids: torch.Tensor,
         capture_layers: tuple[int, ...] = (),
+        tree_mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Runs the decoder, writing the caches. Returns the final hidden state (before the
-        final norm) and the outputs of `capture_layers` in that order."""
+        final norm) and the outputs of `capture_layers` in that order. With `tree_mask`, the
+        query is a token tree's nodes (CausalLM's forward says how)."""
         length = input_ids.shape[-1]
         if length > self.max_query_len:
             raise ValueError(f"query length {length} exceeds max_query_len {self.max_query_len}")
         positions = position_ids.reshape(-1)
         x = self.embed(input_ids.reshape(1, -1))
-        mask = global_causal_mask(positions, self.attended_context)
+        if tree_mask is None:
+            mask, slots = global_causal_mask(positions, self.attended_context), positions
+        else:
+            mask = tree_global_mask(positions, tree_mask, self.attended_context)
+            slots = tree_write_positions(positions)
         rope = self.rotary(positions, self.config.rope_theta, x.dtype)
         caches = (self.globalKeyCache, self.globalValueCache)
         captured: dict[int, torch.Tensor] = {}
         for layer_id, layer in enumerate(self.layers):
-            x = layer(x, rope, mask, LayerCache(*caches, layer_id, positions, self.kv_write,
+            x = layer(x, rope, mask, LayerCache(*caches, layer_id, slots, self.kv_write,
                                                 self.span))
             if layer_id in capture_layers:
                 captured[layer_id] = x
@@ -229,10 +246,12 @@ class WithDrafterFeatures(CausalLM):
         self.target_layer_ids = tuple(drafter_config.target_layer_ids)
         self.encoder = DFlashEncoder(drafter_config, config.hidden_size)
 
-    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor):
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor,
+                tree_mask: torch.Tensor | None = None):
         if self.entry_point == "prefill":
             return self.prefill(input_ids, position_ids)
-        hidden, captured = self.hidden_states(input_ids, position_ids, self.target_layer_ids)
+        hidden, captured = self.hidden_states(input_ids, position_ids, self.target_layer_ids,
+                                              tree_mask=tree_mask)
         return self.logits(hidden), self.encoder(captured)
 
     def prefill(self, input_ids: torch.Tensor, position_ids: torch.Tensor):

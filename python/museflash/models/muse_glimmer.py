@@ -28,6 +28,9 @@ from museflash.models.base import (
     ring_capacity,
     sliding_causal_mask,
     softcap,
+    tree_global_mask,
+    tree_sliding_mask,
+    tree_write_positions,
 )
 from museflash.models.causal_lm import CausalLM, WithDrafterFeatures
 
@@ -312,18 +315,27 @@ class MuseGlimmerForCausalLM(CausalLM):
         input_ids: torch.Tensor,
         position_ids: torch.Tensor,
         capture_layers: tuple[int, ...] = (),
+        tree_mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Runs the decoder, writing the caches. Returns the final hidden state (before the
-        final norm) and the outputs of `capture_layers` in that order."""
+        final norm) and the outputs of `capture_layers` in that order. With `tree_mask`, the
+        query is a token tree's nodes (causal_lm.CausalLM's forward says how)."""
         length = input_ids.shape[-1]
         if length > self.max_query_len:
             raise ValueError(f"query length {length} exceeds max_query_len {self.max_query_len}")
         positions = position_ids.reshape(-1)
         x = self.embed_norm(self.embed_tokens(input_ids.reshape(1, -1)))
-        sliding_mask = sliding_causal_mask(positions, self.ring_capacity,
-                                           self.config.sliding_window)
-        global_mask = global_causal_mask(positions, self.attended_context)
-        ring_slots = torch.remainder(positions, self.ring_capacity)
+        if tree_mask is None:
+            sliding_mask = sliding_causal_mask(positions, self.ring_capacity,
+                                               self.config.sliding_window)
+            global_mask = global_causal_mask(positions, self.attended_context)
+            written = positions
+        else:
+            sliding_mask = tree_sliding_mask(positions, tree_mask, self.ring_capacity,
+                                             self.config.sliding_window)
+            global_mask = tree_global_mask(positions, tree_mask, self.attended_context)
+            written = tree_write_positions(positions)
+        ring_slots = torch.remainder(written, self.ring_capacity)
         # One lookup per distinct theta, shared by its layers.
         ropes = {theta: self.rotary(positions, theta, x.dtype) for theta in self.rotary.thetas}
         captured: dict[int, torch.Tensor] = {}
@@ -334,7 +346,7 @@ class MuseGlimmerForCausalLM(CausalLM):
                 slots, mask, kv_write, span = ring_slots, sliding_mask, KVWrite.BLEND, None
             else:
                 caches = (self.globalKeyCache, self.globalValueCache)
-                slots, mask, kv_write, span = positions, global_mask, self.kv_write, self.span
+                slots, mask, kv_write, span = written, global_mask, self.kv_write, self.span
             cache = LayerCache(*caches, self._cache_layer[layer_id], slots, kv_write, span)
             x = layer(x, ropes.get(layer.rope_theta), mask, cache)
             if layer_id in capture_layers:

@@ -37,6 +37,7 @@ from museflash.runtime.speculative import (
     EagerTarget,
     ExportedDrafter,
     ExportedTarget,
+    check_tree_budget,
     load_role_interpreters,
     ring_slack,
     speculative_generate,
@@ -62,6 +63,9 @@ class GenerateOptions:
     # A step whose context ends in this many tokens seen before copies what followed them
     # instead of drafting (runtime/speculative.py's `lookup`); 0 drafts every step.
     lookup_min_match: int = DEFAULT_LOOKUP_MIN_MATCH
+    # Verify trees of up to this many nodes through the target's `tree` function (greedy;
+    # docs/trees.md); 0: the chain through `main`.
+    tree_budget: int = 0
     # Chat (runtime/chat.py): the system prompt, and what a history that outgrows the context
     # does (`refuse` or `drop-oldest`).
     system: str | None = None
@@ -182,7 +186,8 @@ def open_backends(options: GenerateOptions, metadata: Metadata):
         drafter = (EagerDrafter(load_drafter(drafter_dir, model, target_dir=target_dir, **sizes),
                                 metadata.speculative_decoding.block_size)
                    if drafting else None)
-    return EagerTarget(model, prefill, verify), drafter
+    tree = target_asset.tree.query_length if target_asset.tree else 0
+    return EagerTarget(model, prefill, verify, tree_length=tree), drafter
 
 
 def decode(target, drafter, prompt: list[int], options: GenerateOptions, metadata: Metadata,
@@ -203,8 +208,20 @@ def decode(target, drafter, prompt: list[int], options: GenerateOptions, metadat
                                           context_length=metadata.context_length,
                                           sampling=sampling, rng=rng, pad_token_id=pad,
                                           on_tokens=on_tokens,
-                                          lookup_min_match=options.lookup_min_match)
+                                          lookup_min_match=options.lookup_min_match,
+                                          tree_budget=options.tree_budget)
     return result, time.perf_counter() - began
+
+
+def _check_tree_budget(options: GenerateOptions, target, drafter) -> None:
+    if options.tree_budget and drafter is None:
+        raise GenerateError("--tree-budget verifies the drafter's candidates; drop it or "
+                            "--no-draft")
+    try:
+        check_tree_budget(options.tree_budget, target, drafter,
+                          not Sampling(options.temperature, options.top_p).greedy)
+    except ValueError as error:
+        raise GenerateError(str(error)) from error
 
 
 def check_options(options: GenerateOptions) -> Metadata:
@@ -215,6 +232,9 @@ def check_options(options: GenerateOptions) -> Metadata:
     if options.lookup_min_match < 0:
         raise GenerateError(f"--lookup-min-match must be >= 0 (0 drafts every step), got "
                             f"{options.lookup_min_match}")
+    if options.tree_budget < 0:
+        raise GenerateError(f"--tree-budget must be >= 0 (0: the chain), got "
+                            f"{options.tree_budget}")
     try:
         Sampling(options.temperature, options.top_p)
     except ValueError as error:
@@ -241,6 +261,7 @@ def generate(options: GenerateOptions, write: Callable[[str], None],
                             f"{options.max_new_tokens} need {needed} positions but the export's "
                             f"context_length is {metadata.context_length}; ask for fewer tokens")
     target, drafter = open_backends(options, metadata)
+    _check_tree_budget(options, target, drafter)
     stream = TextStream(tokenizer, write)
     write(options.prompt)
     result, seconds = decode(target, drafter, prompt, options, metadata, tokenizer.pad, stream)
@@ -271,6 +292,7 @@ def open_chat(options: GenerateOptions) -> Chat:
     except ChatError as error:
         raise GenerateError(str(error)) from error
     target, drafter = open_backends(options, metadata)
+    _check_tree_budget(options, target, drafter)
     spec = metadata.speculative_decoding
     session = DecodeSession(
         target, drafter, mask_token_id=spec.mask_token_id if drafter else None,
@@ -279,7 +301,7 @@ def open_chat(options: GenerateOptions) -> Chat:
         sampling=Sampling(options.temperature, options.top_p),
         rng=np.random.default_rng(options.seed), pad_token_id=tokenizer.pad,
         lookup_min_match=options.lookup_min_match,
-        ring_slack=ring_slack(metadata))
+        ring_slack=ring_slack(metadata), tree_budget=options.tree_budget if drafter else 0)
     stops = metadata.tokenizer.end_of_turn_ids or (
         [tokenizer.eos] if tokenizer.eos is not None else [])
 

@@ -20,6 +20,11 @@ docs/metadata.md and docs/positions.md:
             drafted by copying, which a drafter that predicts from its prior does not do
             (docs/demo.md). The proposal is deterministic, so sampled verification judges it
             with a one-hot q; the output's distribution is the target's either way.
+  tree      with a tree budget (greedy only), a step verifies a tree of candidates instead of
+            the chain (runtime/tree.py, docs/trees.md): the draft call's rows, the recycled
+            table of the target's own earlier rows and the lookup proposal merged best first,
+            verified by ONE target `tree` call; the longest path the target's argmax follows is
+            accepted, its cache rows moved to their own positions, its features injected.
   sampling  with a temperature > 0 the drafts are sampled from the drafter's rows and the
             speculative rejection rule (runtime/sampling.py) replaces "longest agreeing
             prefix", so the output is distributed as the target's own sampling; temperature 0
@@ -50,10 +55,19 @@ from museflash.bundle import (
     InputName,
     Metadata,
     OutputName,
+    target_states,
 )
 from museflash.runtime.choices import DEFAULT_LOOKUP_MIN_MATCH
 from museflash.runtime.interpreter import Interpreter, load_interpreters
 from museflash.runtime.sampling import Sampling, accept_drafts, probabilities, sample
+from museflash.runtime.tree import (
+    RecycledTable,
+    TokenTree,
+    accept_greedy,
+    build_tree,
+    check_ancestor_mask,
+    compact_tree_rows,
+)
 
 # --- Backends --------------------------------------------------------------------------------
 
@@ -73,7 +87,37 @@ class Target(Protocol):
     def verify(self, ids: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """-> (logits [T, vocab], features [T, width])."""
 
+    tree_length: int  # nodes of the `tree` function; 0: none
+
+    def verify_tree(self, ids: np.ndarray, positions: np.ndarray,
+                    mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """A token tree's nodes (node i written at positions[0] + i, RoPE position
+        positions[i], seeing the nodes mask[i] names): -> (logits [N, vocab], features)."""
+
+    def compact(self, base: int, path: list[int]) -> None:
+        """After verify_tree at `base`, moves the accepted path's cache rows into place."""
+
     def reset(self) -> None: ...
+
+
+def tree_call_inputs(tree: TokenTree, nodes: int, base: int,
+                     pad_token_id: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(ids, positions, mask) of a `tree` call of `nodes` rows for `tree` with its root at
+    position `base`: the tree's nodes, then pad nodes, each a child of the root that only the
+    root and itself see (their rows are ignored; their cache rows sit past the accepted path,
+    where the next call writes first)."""
+    count = len(tree)
+    if count > nodes:
+        raise ValueError(f"a tree of {count} nodes does not fit the {nodes}-node tree function")
+    ids = np.full(nodes, pad_token_id, np.int32)
+    ids[:count] = tree.tokens
+    depths = np.ones(nodes, np.int32)
+    depths[:count] = tree.depths()
+    mask = np.zeros((nodes, nodes), np.int32)
+    mask[:count, :count] = tree.ancestor_mask()
+    mask[count:, 0] = 1
+    mask[np.arange(count, nodes), np.arange(count, nodes)] = 1
+    return ids, (base + depths).astype(np.int32), mask
 
 
 @dataclass(frozen=True)
@@ -119,10 +163,13 @@ class _Package:
         # The Core ML function each call ran, in order (the context bucket it picked).
         self.ran: list[str] = []
 
-    def run(self, function: FunctionName, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def run(self, function: FunctionName, inputs: dict[str, np.ndarray],
+            last: int | None = None) -> dict[str, np.ndarray]:
         """Runs `function` in the smallest context bucket holding the call's last position
-        (bundle.Asset.pick), on the shared states."""
-        last = int(np.max(inputs[InputName.POSITION_IDS]))
+        (bundle.Asset.pick: `last`, by default the largest position id), on the shared
+        states."""
+        if last is None:
+            last = int(np.max(inputs[InputName.POSITION_IDS]))
         name = self.asset.pick(function, last).name
         self.ran.append(name)
         return self.functions[name].run(inputs, self.states)
@@ -150,14 +197,27 @@ class ExportedTarget:
         # Target-alone steps run `decode` (one token) where the export has it, else main.
         self.step_function = FunctionName.DECODE if asset.decode else FunctionName.MAIN
         self.step_length = asset.function(self.step_function).query_length
+        self.tree_length = asset.tree.query_length if asset.tree else 0
+        self.cache_names = [str(n) for n in target_states(metadata.target.layer_types)]
 
-    def _call(self, function: FunctionName, ids: np.ndarray, positions: np.ndarray):
-        out = self.package.run(function, {
-            InputName.INPUT_IDS: np.asarray(ids, np.int32).reshape(1, -1),
-            InputName.POSITION_IDS: np.asarray(positions, np.int32),
-        })
+    def _call(self, function: FunctionName, ids: np.ndarray, positions: np.ndarray,
+              mask: np.ndarray | None = None):
+        inputs = {InputName.INPUT_IDS: np.asarray(ids, np.int32).reshape(1, -1),
+                  InputName.POSITION_IDS: np.asarray(positions, np.int32)}
+        last = None
+        if mask is not None:
+            inputs[InputName.TREE_MASK] = np.asarray(mask, np.int32)
+            last = int(positions[0]) + len(positions) - 1  # node i is written at base + i
+        out = self.package.run(function, inputs, last)
         return (out[OutputName.LOGITS][0].astype(np.float32),
                 out[OutputName.DRAFTER_FEATURES][0])
+
+    def verify_tree(self, ids, positions, mask):
+        check_ancestor_mask(mask)
+        return self._call(FunctionName.TREE, ids, positions, mask)
+
+    def compact(self, base: int, path: list[int]) -> None:
+        compact_tree_rows([self.package.states[n] for n in self.cache_names], base, path)
 
     def prefill(self, ids, positions):
         logits, features = self._call(FunctionName.PREFILL, ids, positions)
@@ -207,21 +267,30 @@ class EagerTarget:
     """A fused torch target (e.g. from checkpoint.load.load_target with a drafter dir)."""
 
     def __init__(self, model: torch.nn.Module, prefill_length: int, verify_length: int,
-                 step_length: int | None = None):
+                 step_length: int | None = None, tree_length: int = 0):
         self.model = model
         self.prefill_length = prefill_length
         self.verify_length = verify_length
         self.step_length = step_length or verify_length
         self.step_function = (FunctionName.DECODE if self.step_length < verify_length
                               else FunctionName.MAIN)
+        self.tree_length = tree_length
 
-    def _call(self, ids, positions):
+    def _call(self, ids, positions, mask=None):
         with torch.no_grad():
-            logits, features = self.model(torch.as_tensor(np.asarray(ids), dtype=torch.int32)
-                                          .reshape(1, -1),
-                                          torch.as_tensor(np.asarray(positions),
-                                                          dtype=torch.int32))
+            logits, features = self.model(
+                torch.as_tensor(np.asarray(ids), dtype=torch.int32).reshape(1, -1),
+                torch.as_tensor(np.asarray(positions), dtype=torch.int32),
+                None if mask is None else torch.as_tensor(np.asarray(mask), dtype=torch.int32))
         return logits[0].float().numpy(), features[0].float().numpy()
+
+    def verify_tree(self, ids, positions, mask):
+        check_ancestor_mask(mask)
+        return self._call(ids, positions, mask)
+
+    def compact(self, base: int, path: list[int]) -> None:
+        names = target_states(self.model.config.layer_types)
+        compact_tree_rows([getattr(self.model, str(n)).numpy() for n in names], base, path)
 
     def prefill(self, ids, positions):
         logits, features = self._call(ids, positions)
@@ -319,6 +388,8 @@ class DecodeResult:
     prefill_calls: int = 0
     verify_calls: int = 0  # `main` calls
     decode_calls: int = 0  # target-alone steps through the one-token `decode`
+    tree_calls: int = 0  # steps verified by the target's `tree` function
+    moved_rows: int = 0  # accepted tree nodes whose cache rows were moved into place
     drafter_calls: int = 0
     inject_calls: int = 0
     draft_calls: int = 0
@@ -363,12 +434,14 @@ class DecodeResult:
         """Tokens produced by decode steps per `main` call (mean accepted length + 1 before
         the final step is cut to the requested length)."""
         decoded = len(self.tokens) - 1  # the first token comes from prefill
-        return decoded / self.verify_calls if self.verify_calls else 0.0
+        calls = self.verify_calls + self.tree_calls
+        return decoded / calls if calls else 0.0
 
     def summary(self) -> str:
         return (f"{len(self.tokens)} tokens, {self.target_calls} target calls "
                 f"({self.prefill_calls} prefill + {self.verify_calls} main"
-                + (f" + {self.decode_calls} decode" if self.decode_calls else "") + "), "
+                + (f" + {self.decode_calls} decode" if self.decode_calls else "")
+                + (f" + {self.tree_calls} tree" if self.tree_calls else "") + "), "
                 f"{self.drafter_calls} drafter calls ({self.inject_calls} inject_kv + "
                 f"{self.draft_calls} draft), mean accepted length "
                 f"{self.mean_accepted_length:.2f}/{self.num_draft_tokens} "
@@ -531,7 +604,11 @@ class DecodeSession:
                  mask_token_id: int | None = None, num_draft_tokens: int | None = None,
                  context_length: int | None = None, sampling: Sampling | None = None,
                  rng: np.random.Generator | None = None, pad_token_id: int = 0,
-                 lookup_min_match: int = DEFAULT_LOOKUP_MIN_MATCH, ring_slack: int | None = None):
+                 lookup_min_match: int = DEFAULT_LOOKUP_MIN_MATCH, ring_slack: int | None = None,
+                 tree_budget: int | None = None):
+        """`tree_budget`: verify trees of up to this many nodes (the root counted) through the
+        target's `tree` function instead of the chain through `main` (greedy only; None or
+        0: the chain)."""
         self.sampled = _check_sampling(sampling, rng)
         if lookup_min_match < 0:
             raise ValueError(f"lookup_min_match must be >= 0 (0: off), got {lookup_min_match}")
@@ -555,6 +632,8 @@ class DecodeSession:
         self.pad_token_id = pad_token_id
         self.lookup_min_match = lookup_min_match if drafter is not None else 0
         self.ring_slack = ring_slack
+        self.tree_budget = check_tree_budget(tree_budget, target, drafter, self.sampled)
+        self.recycled = RecycledTable()  # the target's own top-k, from every tree call's rows
         self.held: list[int] = []
         self.written_to = -1  # the furthest position any call of this session wrote
 
@@ -580,7 +659,8 @@ class DecodeSession:
         """Decodes up to `max_new_tokens` after `prompt` (or up to a stop token, which is the
         last one returned), from the caches' longest reusable prefix of it."""
         _check_prompt(prompt)
-        _check_room(self.context_length, len(prompt), max_new_tokens, self.block)
+        _check_room(self.context_length, len(prompt), max_new_tokens,
+                    max(self.block, self.target.tree_length if self.tree_budget else 0))
         keep = self.reusable(prompt)
         if not keep:
             self.reset()
@@ -592,7 +672,8 @@ class DecodeSession:
         else:
             self._speculative(prompt, keep, max_new_tokens, result, on_tokens, stops)
         result.drafter_calls = result.inject_calls + result.draft_calls
-        result.target_calls = result.prefill_calls + result.verify_calls + result.decode_calls
+        result.target_calls = (result.prefill_calls + result.verify_calls + result.decode_calls
+                               + result.tree_calls)
         self.held = list(prompt) + result.tokens[:-1]
         return result
 
@@ -642,6 +723,10 @@ class DecodeSession:
                                                     LOOKUP_WINDOW + LOOKUP_MAX_MATCH),
                                       block - 1, self.lookup_min_match)
                       if self.lookup_min_match else None)
+            if self.tree_budget:
+                anchor, anchor_pos = self._tree_step(anchor, anchor_pos, copied, features,
+                                                     result, max_new_tokens, on_tokens, stops)
+                continue
             if copied is not None:
                 guesses = np.asarray(copied, np.int32)
                 if sampled:  # a deterministic proposal: q is the one-hot of each copied token
@@ -689,6 +774,67 @@ class DecodeSession:
                 del features[old]
             anchor, anchor_pos = token, last + 1
 
+    def _tree_step(self, anchor, anchor_pos, copied, features, result, max_new_tokens,
+                   on_tokens, stops) -> tuple[int, int]:
+        """One tree step at `anchor_pos` (module docstring, `tree`): -> the next anchor and
+        its position."""
+        target, drafter, block = self.target, self.drafter, self.block
+        drafted = drafter.draft(np.array([anchor] + [self.mask_token_id] * (block - 1),
+                                         np.int32),
+                                np.arange(anchor_pos, anchor_pos + block, dtype=np.int32))
+        result.draft_calls += 1
+        tree = build_tree(anchor, self.tree_budget, draft_logits=drafted.logits[1:],
+                          recycled=self.recycled, lookup=copied, max_depth=block - 1)
+        nodes = target.tree_length
+        ids, positions, mask = tree_call_inputs(tree, nodes, anchor_pos, self.pad_token_id)
+        logits, rows = target.verify_tree(ids, positions, mask)
+        result.tree_calls += 1
+        self.written_to = max(self.written_to, anchor_pos + nodes - 1)
+        count = len(tree)
+        path, token = accept_greedy(tree, np.argmax(logits[:count], axis=-1))
+        target.compact(anchor_pos, path)
+        result.moved_rows += sum(node != depth for depth, node in enumerate(path, start=1))
+        self.recycled.update(tree.tokens, logits[:count])
+        accepted = len(path)
+        result.accepted.append(accepted)
+        if copied is not None:
+            result.lookup_accepted.append(accepted)
+        _emit(result, [int(tree.tokens[n]) for n in path] + [token], max_new_tokens,
+              on_tokens, stops)
+        # The path's rows at their own positions; the inject window's positions past it (a
+        # prompt shorter than a block) take the last path row as a placeholder (docs/trees.md).
+        last = anchor_pos + accepted
+        path_rows = [rows[n] for n in [0, *path]]
+        features.update(zip(range(anchor_pos, last + 1), path_rows, strict=True))
+        first = max(0, last - block + 1)
+        window = np.arange(first, first + block, dtype=np.int32)
+        drafter.inject(np.stack([features.get(p, path_rows[-1]) for p in window.tolist()]),
+                       window)
+        result.inject_calls += 1
+        for old in [p for p in features if p <= last - block]:
+            del features[old]
+        return token, last + 1
+
+
+def check_tree_budget(budget: int | None, target: Target, drafter: Drafter | None,
+                      sampled: bool) -> int:
+    """The tree budget a session may use (0: the chain), or a one-line refusal."""
+    if not budget:
+        return 0
+    if drafter is None:
+        raise ValueError("a tree budget needs the drafter (drop --no-draft or the budget)")
+    if target.tree_length < 2:
+        raise ValueError(f"--tree-budget {budget}: this bundle has no tree function; re-export "
+                         "it with this museflash (--dflash-drafter adds one; --tree-nodes N "
+                         "sets its size)")
+    if not 1 <= budget <= target.tree_length:
+        raise ValueError(f"--tree-budget {budget}: the bundle's tree function takes "
+                         f"{target.tree_length} nodes; give 1 to {target.tree_length}")
+    if sampled:
+        raise ValueError("tree verification is greedy for now; sample without --tree-budget "
+                         "(the chain keeps the target's distribution)")
+    return budget
+
 
 def speculative_generate(
     target: Target,
@@ -704,17 +850,19 @@ def speculative_generate(
     pad_token_id: int = 0,
     on_tokens: Callable[[list[int]], None] | None = None,
     lookup_min_match: int = DEFAULT_LOOKUP_MIN_MATCH,
+    tree_budget: int | None = None,
 ) -> DecodeResult:
     """Speculative decoding from fresh caches. Greedy (no `sampling`, or temperature 0): the
     output equals the target's own greedy output. Sampled: the drafts are sampled from the
     drafter's rows under the same settings and accepted by the rejection rule, so the output is
     distributed as `target_only_generate` with the same settings; `rng` (required then) is the
     only source of randomness. `lookup_min_match` > 0 lets steps propose copies of the context
-    (`lookup_proposal`) instead of drafts; 0 drafts every step (what measures a drafter)."""
+    (`lookup_proposal`) instead of drafts; 0 drafts every step (what measures a drafter).
+    `tree_budget`: verify trees of up to that many nodes (DecodeSession)."""
     session = DecodeSession(target, drafter, mask_token_id=mask_token_id,
                             num_draft_tokens=num_draft_tokens, context_length=context_length,
                             sampling=sampling, rng=rng, pad_token_id=pad_token_id,
-                            lookup_min_match=lookup_min_match)
+                            lookup_min_match=lookup_min_match, tree_budget=tree_budget)
     session.reset()
     return session.generate(prompt, max_new_tokens, on_tokens=on_tokens)
 

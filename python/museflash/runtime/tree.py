@@ -245,3 +245,17 @@ def accept_greedy(tree: TokenTree, choices: Sequence[int]) -> tuple[list[int], i
         path.append(next_node)
         node = next_node
     return path, int(choices[node])
+
+
+def compact_tree_rows(states: Sequence[np.ndarray], base: int, path: Sequence[int]) -> None:
+    """After a tree call whose node i was written at position base + i (models' forward with
+    a tree_mask), moves the accepted path's cache rows to their own positions: node path[j - 1]
+    to base + j, for j = 1..len(path), in place, in each of `states` (the target's KV caches,
+    [..., capacity, head_dim]: position p in slot p % capacity, for a global cache and a ring
+    alike). Path nodes come in ascending order, each at or after its depth, so a row is read
+    before any move overwrites it. A chain's path needs no move."""
+    for array in states:
+        capacity = array.shape[-2]
+        for depth, node in enumerate(path, start=1):
+            if node != depth:
+                array[..., (base + depth) % capacity, :] = array[..., (base + node) % capacity, :]

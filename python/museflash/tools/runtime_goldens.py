@@ -14,10 +14,13 @@ interpreter) and writes ONE JSON file:
   cases      per prompt length, greedy speculative decoding (the bundle's mask token and
              num_draft_tokens) drafting every step (`speculative`), the same with steps that
              copy from the context at the default lookup_min_match (`speculative-lookup`),
-             and target-only greedy decoding: the prompt, the lookup_min_match, the generated
-             tokens, the drafted tokens accepted per step, the call counts the loop reports and
-             the trace of EVERY function call in order (function, first position, number of
-             positions); a prompt length the context cannot hold is a case with `skipped`
+             tree steps at the tree function's size with lookup merged (`speculative-tree`,
+             `tree_budget`, and `moved_rows`: accepted nodes whose cache rows moved; a bundle
+             with a `tree` function only), and target-only greedy decoding: the prompt, the
+             lookup_min_match, the generated tokens, the drafted tokens accepted per step, the
+             call counts the loop reports and the trace of EVERY function call in order
+             (function, first position, number of positions); a prompt length the context
+             cannot hold is a case with `skipped`
   defaults   {"lookup_min_match": the loop's default}, which the Swift engine's must equal
   lookups    lookup_proposal over seeded contexts: context, count, min_match, proposal (null:
              no match), for the Swift engine's copy of the rule
@@ -202,11 +205,11 @@ class Recorder:
     def _recording(self, package):
         run = type(package).run.__get__(package)
 
-        def recorded(function, inputs):
+        def recorded(function, inputs, last=None):
             positions = np.asarray(inputs[InputName.POSITION_IDS]).reshape(-1)
             before = ({name: value.copy() for name, value in package.states.items()}
                       if self.capture else None)
-            outputs = run(function, inputs)
+            outputs = run(function, inputs, last)
             self.trace.append({"function": str(function),
                                "first_position": int(positions[0]),
                                "length": int(positions.shape[0])})
@@ -293,7 +296,8 @@ def new_tokens_for(prompt_length: int, room: int, max_new_tokens: int, wraps: bo
     return min(wanted, room)
 
 
-MODES = ("speculative", "speculative-lookup", "target_only")
+MODES = ("speculative", "speculative-lookup", "speculative-tree", "target_only")
+TREE_MODE = "speculative-tree"  # only for a bundle with a `tree` function
 # --wrap-prompt-length 0: no ring-wrapping case and so no parity records, for goldens that only
 # the decoding comparisons read (a real model's ring wraps only at the end of its context).
 NO_WRAP = 0
@@ -359,6 +363,8 @@ def _calls(result: DecodeResult) -> dict[str, int]:
              str(FunctionName.DRAFT): result.draft_calls}
     if result.decode_calls:  # target-alone steps of a bundle with a one-token decode
         calls[str(FunctionName.DECODE)] = result.decode_calls
+    if result.tree_calls:
+        calls[str(FunctionName.TREE)] = result.tree_calls
     return calls
 
 
@@ -407,11 +413,12 @@ def build_goldens(export_dir: Path, prompt_lengths: list[int], max_new_tokens: i
     parity: list[dict[str, Any]] = []
     try:
         for length in prompt_lengths:
-            room = context - length - (block - 1)
+            longest = max(block, target.tree_length)  # the widest call a step makes
+            room = context - length - (longest - 1)
             if room < 1:
                 reason = (f"a prompt of {length} tokens leaves no room for a new token in "
-                          f"context_length {context} (block {block}: prompt + new + "
-                          f"{block - 1} must be <= {context})")
+                          f"context_length {context} (calls of {longest}: prompt + new + "
+                          f"{longest - 1} must be <= {context})")
                 if length == wrap_prompt_length:
                     raise GoldensError(f"--wrap-prompt-length {length}: {reason}; the parity "
                                        "records come from that case, choose a shorter one")
@@ -422,8 +429,12 @@ def build_goldens(export_dir: Path, prompt_lengths: list[int], max_new_tokens: i
             new = new_tokens_for(length, room, max_new_tokens, wraps, capacity, block)
             ids = prompt.ids[:length]
             for mode in MODES:
+                if mode == TREE_MODE and not target.tree_length:
+                    continue
                 name = f"{mode}-p{length}"
-                lookup = DEFAULT_LOOKUP_MIN_MATCH if mode == "speculative-lookup" else 0
+                lookup = (DEFAULT_LOOKUP_MIN_MATCH if mode in ("speculative-lookup", TREE_MODE)
+                          else 0)
+                budget = target.tree_length if mode == TREE_MODE else None
                 capture = wraps and mode == "speculative"
                 recorder.start(capture=capture)
                 began = time.perf_counter()
@@ -431,7 +442,8 @@ def build_goldens(export_dir: Path, prompt_lengths: list[int], max_new_tokens: i
                     result = speculative_generate(
                         target, drafter, ids, new, mask_token_id=spec.mask_token_id,
                         num_draft_tokens=spec.num_draft_tokens, context_length=context,
-                        pad_token_id=prompt.pad_token_id, lookup_min_match=lookup)
+                        pad_token_id=prompt.pad_token_id, lookup_min_match=lookup,
+                        tree_budget=budget)
                 else:
                     result = target_only_generate(target, ids, new,
                                                   pad_token_id=prompt.pad_token_id,
@@ -444,6 +456,7 @@ def build_goldens(export_dir: Path, prompt_lengths: list[int], max_new_tokens: i
                     "prompt_ids": [int(i) for i in ids],
                     "max_new_tokens": new,
                     "lookup_min_match": lookup,
+                    **({"tree_budget": budget, "moved_rows": result.moved_rows} if budget else {}),
                     "num_draft_tokens": result.num_draft_tokens,
                     "tokens": [int(t) for t in result.tokens],
                     "accepted": [int(a) for a in result.accepted],

@@ -103,17 +103,23 @@ public struct ExportMetadata: Codable, Equatable, Sendable {
         /// listing it); nil (absent) when there is none. Kept out of `functions` so that readers
         /// which predate it ignore it.
         public var decode: Function?
+        /// The target's verify of a token tree of `queryLength` nodes (docs/trees.md): main's
+        /// inputs and `tree_mask`, main's outputs; the Core ML function `tree` (and
+        /// `tree_<context>` in each bucket with a `tree`); nil (absent) when there is none.
+        public var tree: Function?
 
         enum CodingKeys: String, CodingKey {
             case path, kind
             case defaultFunction = "default_function"
-            case functions, states, buckets, decode
+            case functions, states, buckets, decode, tree
         }
 
-        /// The functions over the whole capacity: `functions`, and `decode` when there is one.
+        /// The functions over the whole capacity: `functions`, and `decode` and `tree` when
+        /// there are.
         public var ownFunctions: [FunctionName: Function] {
             var own = functions
             if let decode { own[.decode] = decode }
+            if let tree { own[.tree] = tree }
             return own
         }
 
@@ -129,7 +135,8 @@ public struct ExportMetadata: Codable, Equatable, Sendable {
             let ordered = FunctionName.allCases
             var rows: [FunctionEntry] = []
             for bucket in buckets ?? [] {
-                for name in ordered { if let spec = bucket.functions[name] {
+                let functions = bucket.allFunctions
+                for name in ordered { if let spec = functions[name] {
                     rows.append(FunctionEntry(name: ContextBucket.functionName(name, context: bucket.context),
                                               function: name, context: bucket.context, spec: spec))
                 } }
@@ -160,9 +167,18 @@ public struct ExportMetadata: Codable, Equatable, Sendable {
             if functions[.decode] != nil {
                 return "`decode` is listed among the functions; it belongs under the asset's `decode` key, which older readers ignore"
             }
+            if functions[.tree] != nil || (buckets ?? []).contains(where: { $0.functions[.tree] != nil }) {
+                return "`tree` is listed among the functions; it belongs under the `tree` key, which older readers ignore"
+            }
             if let decode {
                 guard let main = functions[.main], decode == Function(role: main.role, queryLength: 1, inputs: main.inputs, outputs: main.outputs) else {
                     return "decode is not a one-token copy of main"
+                }
+            }
+            if let tree {
+                guard let main = functions[.main], tree.queryLength >= 2,
+                      tree == Function(role: .tree, queryLength: tree.queryLength, inputs: main.inputs + [.treeMask], outputs: main.outputs) else {
+                    return "tree is not main's verify with a tree_mask over 2 or more nodes"
                 }
             }
             let contexts = (buckets ?? []).map(\.context)
@@ -174,7 +190,7 @@ public struct ExportMetadata: Codable, Equatable, Sendable {
                 guard let capacity, bucket.context > 0, bucket.context < capacity else {
                     return "the bucket of \(bucket.context) slots is not inside the context-sized caches' capacity (\(capacity.map(String.init) ?? "none"))"
                 }
-                for (name, spec) in bucket.functions where ownFunctions[name] != spec {
+                for (name, spec) in bucket.allFunctions where ownFunctions[name] != spec {
                     return "the bucket of \(bucket.context) slots has a function \(name.rawValue) that differs from (or is missing among) the asset's own"
                 }
             }
@@ -188,6 +204,21 @@ public struct ExportMetadata: Codable, Equatable, Sendable {
     public struct ContextBucket: Codable, Equatable, Sendable {
         public var context: Int
         public var functions: [FunctionName: Function]
+        /// The asset's `tree` in this bucket (`tree_<context>`); nil (absent) when it has none.
+        public var tree: Function?
+
+        public init(context: Int, functions: [FunctionName: Function], tree: Function? = nil) {
+            self.context = context
+            self.functions = functions
+            self.tree = tree
+        }
+
+        /// `functions`, and `tree` when there is one.
+        public var allFunctions: [FunctionName: Function] {
+            var all = functions
+            if let tree { all[.tree] = tree }
+            return all
+        }
 
         /// The Core ML name of `function` in the bucket of `context` slots: `<name>_<context>`.
         public static func functionName(_ function: FunctionName, context: Int) -> String {
@@ -594,6 +625,8 @@ extension ExportMetadata {
         case injectKV = "inject_kv"
         case draft
         case decode
+        /// The target's verify of a token tree (docs/trees.md), under `Asset.tree`.
+        case tree
         public static let meaning = "function name"
     }
 
@@ -602,6 +635,9 @@ extension ExportMetadata {
         case prefill
         case injectKV = "inject_kv"
         case draft
+        /// The target's verify of a token tree: node i at RoPE position `position_ids[i]`,
+        /// written at `position_ids[0] + i`, seeing the cache and the nodes `tree_mask[i]` names.
+        case tree
         public static let meaning = "function role"
     }
 
@@ -609,6 +645,8 @@ extension ExportMetadata {
         case inputIDs = "input_ids"
         case positionIDs = "position_ids"
         case features
+        /// `tree`: [N, N] int32, 1 where node i sees node j (itself and its ancestors).
+        case treeMask = "tree_mask"
         public static let meaning = "input name"
     }
 
@@ -828,6 +866,7 @@ extension ExportMetadata.Asset {
         states = try container.decode([ExportMetadata.State].self, forKey: .states)
         buckets = try container.decodeIfPresent([ExportMetadata.ContextBucket].self, forKey: .buckets)
         decode = try container.decodeIfPresent(ExportMetadata.Function.self, forKey: .decode)
+        tree = try container.decodeIfPresent(ExportMetadata.Function.self, forKey: .tree)
     }
 
     public func encode(to encoder: Encoder) throws {
@@ -839,23 +878,26 @@ extension ExportMetadata.Asset {
         try container.encode(states, forKey: .states)
         try container.encodeIfPresent(buckets, forKey: .buckets)
         try container.encodeIfPresent(decode, forKey: .decode)
+        try container.encodeIfPresent(tree, forKey: .tree)
     }
 }
 
 extension ExportMetadata.ContextBucket {
-    enum CodingKeys: String, CodingKey { case context, functions }
+    enum CodingKeys: String, CodingKey { case context, functions, tree }
 
     public init(from decoder: Decoder) throws {
         let container = try decoder.container(keyedBy: CodingKeys.self)
         context = try container.decode(Int.self, forKey: .context)
         functions = try container.decodeObject([ExportMetadata.FunctionName: ExportMetadata.Function].self,
                                                forKey: .functions)
+        tree = try container.decodeIfPresent(ExportMetadata.Function.self, forKey: .tree)
     }
 
     public func encode(to encoder: Encoder) throws {
         var container = encoder.container(keyedBy: CodingKeys.self)
         try container.encode(context, forKey: .context)
         try container.encodeObject(functions, forKey: .functions)
+        try container.encodeIfPresent(tree, forKey: .tree)
     }
 }
 

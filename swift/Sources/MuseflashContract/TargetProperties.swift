@@ -5,7 +5,7 @@ extension LoadedBundle {
     private var targetRole: AssetRole { .target }
 
     func targetProperties() -> [PropertyResult] {
-        var results = [targetInputs(), targetOutputs()]
+        var results = [targetInputs(), targetOutputs(), targetTree()]
         if let drafterRole = drafterRole {
             results.append(drafterVocabularyAgrees(drafterRole))
         }
@@ -68,7 +68,7 @@ extension LoadedBundle {
     func targetOutputs() -> PropertyResult {
         evaluate("\(targetRole).outputs") {
             let asset = metadata.assets[targetRole]
-            let mains = try functionAndBuckets(.main, of: targetRole) + targetDecodes()
+            let mains = try functionAndBuckets(.main, of: targetRole) + targetDecodes() + targetTrees()
             var problems = Problems()
             var expected = [(OutputName.logits, "vocab_size", Int64(metadata.vocabSize))]
             switch asset?.kind {
@@ -104,6 +104,39 @@ extension LoadedBundle {
     /// The target's one-token `decode` and each bucket's, when metadata.json lists one.
     private func targetDecodes() throws -> [FunctionDescription] {
         metadata.assets[targetRole]?.decode == nil ? [] : try functionAndBuckets(.decode, of: targetRole)
+    }
+
+    /// The target's `tree` and each bucket's, when metadata.json lists one.
+    private func targetTrees() throws -> [FunctionDescription] {
+        metadata.assets[targetRole]?.tree == nil ? [] : try functionAndBuckets(.tree, of: targetRole)
+    }
+
+    /// The tree verify (docs/trees.md): every `tree` function takes N token ids, N positions
+    /// and an int32 [N, N] `tree_mask`, N the query length metadata.json gives it; its outputs
+    /// are main's (target.outputs holds their widths).
+    func targetTree() -> PropertyResult {
+        evaluate("\(targetRole).tree") {
+            guard let spec = metadata.assets[targetRole]?.tree else {
+                return "none (a bundle without trees verifies chains through main)"
+            }
+            let nodes = Int64(spec.queryLength)
+            var problems = Problems()
+            let trees = try targetTrees()
+            for tree in trees {
+                let expected: [(InputName, [Int64], ArrayDataType)] = [(.inputIDs, [1, nodes], .int32),
+                                                                   (.positionIDs, [nodes], .int32),
+                                                                   (.treeMask, [nodes, nodes], .int32)]
+                problems.require(tree.inputs.map(\.name) == expected.map(\.0.rawValue),
+                                 "\(tree.name) takes \(tree.inputs.map(\.name)); expected \(expected.map(\.0.rawValue))")
+                for (name, shape, dataType) in expected {
+                    guard let input = tree.input(name), case .multiArray(let array) = input.type else { continue }
+                    problems.require(array.shape == shape && array.dataType == dataType,
+                                     "\(tree.name) input \(name) is \(describe(array)); expected \(dataType.shortName) \(describe(shape))")
+                }
+            }
+            return try problems.verdict("\(trees.map(\.name).joined(separator: ", ")) take\(trees.count == 1 ? "s" : "") "
+                                        + "\(nodes) nodes and an int32 [\(nodes), \(nodes)] \(InputName.treeMask)")
+        }
     }
 
     func drafterVocabularyAgrees(_ drafterRole: AssetRole) -> PropertyResult {

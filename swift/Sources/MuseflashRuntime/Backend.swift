@@ -29,6 +29,11 @@ public protocol BackendFunction: AnyObject {
 public protocol BackendState: AnyObject {
     /// Every state buffer back to zeros, as a fresh state is.
     func reset() throws
+    /// In each named state ([..., capacity, head_dim]: position p in slot p % capacity), the
+    /// rows of positions `moves[i].from` copied over those of `moves[i].to`, in order, between
+    /// predictions: after a tree call, the accepted path's rows moved to their own positions
+    /// (docs/trees.md).
+    func moveRows(_ moves: [(from: Int, to: Int)], inStates names: [String]) throws
 }
 
 /// A function loaded from a compiled model the bundle ships (`.mlmodelc`) tells what that model

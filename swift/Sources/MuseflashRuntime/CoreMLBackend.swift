@@ -176,6 +176,49 @@ final class CoreMLState: BackendState {
     func reset() throws {
         state = model.makeState()
     }
+
+    /// Through `MLState.withMultiArray(for:)`, which Apple documents as a mutable view of one
+    /// named state buffer, valid inside the closure, not to be touched while a prediction is
+    /// in flight (predictions here are serialised). Assumed, as everywhere in this engine: the
+    /// buffer is the one every function of the package reads (docs/mac.md). fp16 rows, copied
+    /// by the strides the view gives.
+    func moveRows(_ moves: [(from: Int, to: Int)], inStates names: [String]) throws {
+        for name in names {
+            try state.withMultiArray(for: name) { array in
+                let shape = array.shape.map(\.intValue)
+                guard shape.count >= 2, array.dataType == .float16 else {
+                    throw RuntimeError.backend(function: "tree", reason: "state \(name) is not fp16 [..., capacity, head_dim]")
+                }
+                let capacity = shape[shape.count - 2], width = shape[shape.count - 1]
+                let leading = Array(shape.dropLast(2))
+                array.withUnsafeMutableBytes { bytes, strides in
+                    let slotStride = strides[strides.count - 2], columnStride = strides[strides.count - 1]
+                    var index = [Int](repeating: 0, count: leading.count)
+                    repeat {
+                        let base = zip(index, strides).reduce(0) { $0 + $1.0 * $1.1 }
+                        for move in moves {
+                            let from = base + (move.from % capacity) * slotStride
+                            let to = base + (move.to % capacity) * slotStride
+                            for column in 0..<width {
+                                let value = bytes.load(fromByteOffset: 2 * (from + column * columnStride), as: UInt16.self)
+                                bytes.storeBytes(of: value, toByteOffset: 2 * (to + column * columnStride), as: UInt16.self)
+                            }
+                        }
+                    } while Self.advance(&index, within: leading)
+                }
+            }
+        }
+    }
+
+    /// The next index of an array of shape `shape` in row-major order; false past the last.
+    private static func advance(_ index: inout [Int], within shape: [Int]) -> Bool {
+        for axis in stride(from: shape.count - 1, through: 0, by: -1) {
+            index[axis] += 1
+            if index[axis] < shape[axis] { return true }
+            index[axis] = 0
+        }
+        return false
+    }
 }
 
 /// A function of a compiled model the bundle ships; its creator-defined metadata is what Core ML

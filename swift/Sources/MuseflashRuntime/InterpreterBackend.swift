@@ -82,6 +82,27 @@ final class InterpreterState: BackendState {
     let store: StateStore
     init(_ store: StateStore) { self.store = store }
     func reset() throws { store.reset() }
+
+    func moveRows(_ moves: [(from: Int, to: Int)], inStates names: [String]) throws {
+        for name in names {
+            guard var tensor = store.values[name], tensor.shape.count >= 2 else {
+                throw RuntimeError.backend(function: "tree", reason: "the state has no \(name) of [..., capacity, head_dim]")
+            }
+            store.values[name] = nil
+            var values = tensor.floats()
+            tensor.data = .float([])  // the values' only reference: moved in place, not copied
+            let capacity = tensor.shape[tensor.shape.count - 2], width = tensor.shape[tensor.shape.count - 1]
+            for outer in 0..<(values.count / max(1, capacity * width)) {
+                for move in moves {
+                    let from = (outer * capacity + move.from % capacity) * width
+                    let to = (outer * capacity + move.to % capacity) * width
+                    for column in 0..<width { values[to + column] = values[from + column] }
+                }
+            }
+            tensor.data = .float(values)
+            store.values[name] = tensor
+        }
+    }
 }
 
 final class InterpretedFunction: BackendFunction {

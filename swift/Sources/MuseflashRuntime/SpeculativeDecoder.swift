@@ -21,6 +21,10 @@ public struct GenerationOptions: Sendable {
     /// A step whose context ends in this many tokens that occurred before proposes what
     /// followed them (`ContextLookup.proposal`) instead of calling `draft`; 0 drafts every step.
     public var lookupMinMatch: Int
+    /// Verify trees of up to this many nodes (the root counted) through the target's `tree`
+    /// function instead of the drafter's chain through `main` (greedy; docs/trees.md); nil or
+    /// 0: the chain (`--no-tree`).
+    public var treeBudget: Int?
 
     /// The default `lookupMinMatch`, the same as the Python loop's DEFAULT_LOOKUP_MIN_MATCH
     /// (tests/runtime's goldens check that they agree).
@@ -28,8 +32,9 @@ public struct GenerationOptions: Sendable {
 
     public init(maxNewTokens: Int = 64, useDrafter: Bool = true, numDraftTokens: Int? = nil,
                 stopAtEndOfSequence: Bool = true, sampling: Sampling? = nil, seed: UInt64 = 0,
-                lookupMinMatch: Int = GenerationOptions.defaultLookupMinMatch) {
+                lookupMinMatch: Int = GenerationOptions.defaultLookupMinMatch, treeBudget: Int? = nil) {
         self.maxNewTokens = maxNewTokens
+        self.treeBudget = treeBudget
         self.useDrafter = useDrafter
         self.numDraftTokens = numDraftTokens
         self.stopAtEndOfSequence = stopAtEndOfSequence
@@ -91,7 +96,9 @@ public struct GenerationResult: Sendable {
     /// calls; the call computed the other promptIDs.count - reusedTokens.
     public var reusedTokens = 0
 
-    public var targetCalls: Int { ["prefill", "main", "decode"].reduce(0) { $0 + (functions[$1]?.calls ?? 0) } }
+    public var targetCalls: Int { ["prefill", "main", "decode", "tree"].reduce(0) { $0 + (functions[$1]?.calls ?? 0) } }
+    /// Accepted tree nodes whose cache rows were moved into place (docs/trees.md).
+    public var movedRows = 0
     public var tokensPerTargetCall: Double { targetCalls == 0 ? 0 : Double(tokens.count) / Double(targetCalls) }
     public var meanAcceptedLength: Double { accepted.isEmpty ? 0 : Double(accepted.reduce(0, +)) / Double(accepted.count) }
     /// Mean fraction of the judged drafts that were accepted.
@@ -116,6 +123,11 @@ public struct GenerationResult: Sendable {
 ///   lookup   with `lookupMinMatch` n > 0, a step whose context ends in n or more tokens seen
 ///            before proposes what followed them instead of calling `draft`
 ///            (`ContextLookup.proposal`); sampled, the copy is judged with a one-hot q.
+///   tree     with a tree budget (greedy), a step verifies a tree of candidates instead: the
+///            draft call's rows, the recycled table of the target's own earlier rows and the
+///            lookup proposal merged best first (`TokenTree.build`), ONE `tree` call, the
+///            longest path the target's argmax follows accepted, its cache rows moved to their
+///            own positions (`BackendState.moveRows`), its features injected.
 ///
 /// The target's functions share one state and the drafter's another (`makeState(for:)`).
 ///
@@ -136,6 +148,13 @@ public final class SpeculativeDecoder {
     public let vocabSize: Int
     public let contextLength: Int
     public let hasDrafter: Bool
+    /// Nodes of the target's `tree` function; 0 when the bundle has none.
+    public let treeLength: Int
+    /// The target's own states (its KV caches), which a tree step's rows move in.
+    private let targetStateNames: [String]
+    /// The target's likeliest next tokens, from every tree call's rows; kept across the calls
+    /// that keep the caches (a chat), new for every other.
+    private var recycled = TokenTree.RecycledTable()
 
     /// The target's `prefill` and `main` of every context bucket, on one state; the DFlash
     /// drafter's `inject_kv` and `draft` on another (nil without one; a full-attention
@@ -168,6 +187,10 @@ public final class SpeculativeDecoder {
         /// Adds this much probability to one token in every sampled distribution (then
         /// renormalises): the kind of bias the sampling test must detect.
         var probabilityBias: (token: Int, amount: Double)?
+        /// Each tree node sees every earlier node (a chain's causal mask), siblings included.
+        var treeMaskSeesEarlierNodes = false
+        /// Added to the destination of every accepted tree row moved into place.
+        var treeMoveShift = 0
     }
     var faults = Faults()
 
@@ -189,7 +212,10 @@ public final class SpeculativeDecoder {
         fusedTarget = target.kind == .fusedTarget
         // Target-alone steps run the one-token `decode` where the export has one, else main.
         stepFunction = target.decode == nil ? .main : .decode
-        targetFunctions = try AssetFunctions(.target, target, [.prefill, .main, stepFunction], backend: backend, bundle: bundle)
+        treeLength = target.tree?.queryLength ?? 0
+        targetStateNames = target.states.map(\.name.rawValue)
+        targetFunctions = try AssetFunctions(.target, target, Set([.prefill, .main, stepFunction] + (treeLength > 0 ? [.tree] : [])),
+                                             backend: backend, bundle: bundle)
         if let speculative = metadata.speculativeDecoding, speculative.drafterKind != .ring,
            let drafter = metadata.assets[.dflashDrafter], fusedTarget {
             drafterFunctions = try AssetFunctions(.dflashDrafter, drafter, [.injectKV, .draft], backend: backend, bundle: bundle)
@@ -353,7 +379,9 @@ public final class SpeculativeDecoder {
         if speculative, !(1...(blockSize - 1)).contains(proposals) {
             throw RuntimeError.badOption(reason: "--num-draft-tokens \(proposals) must be in 1...\(blockSize - 1) for this bundle's block of \(blockSize)")
         }
+        let budget = try checkTreeBudget(options)
         let keep = keepingCaches ? reusable(prompt) : 0
+        if !keepingCaches { recycled = TokenTree.RecycledTable() }
         let clock = ContinuousClock()
         let start = clock.now
         if keep == 0 { try resetCaches() }
@@ -363,7 +391,7 @@ public final class SpeculativeDecoder {
         // A call that fails midway leaves states nobody can vouch for: the next starts over.
         heldIDs = []
         if speculative {
-            try run.speculative(proposals: proposals)
+            try run.speculative(proposals: proposals, treeBudget: budget)
         } else {
             try run.targetOnly()
         }
@@ -371,6 +399,24 @@ public final class SpeculativeDecoder {
         writtenTo = run.writtenTo
         run.result.seconds = (clock.now - start).seconds
         return run.result
+    }
+
+    /// The tree budget `options` ask for (0: the chain), or a one-line refusal.
+    private func checkTreeBudget(_ options: GenerationOptions) throws -> Int {
+        guard let budget = options.treeBudget, budget != 0 else { return 0 }
+        guard options.useDrafter else {
+            throw RuntimeError.badOption(reason: "--tree-budget verifies the drafter's candidates; drop it or --no-draft")
+        }
+        guard treeLength >= 2 else {
+            throw RuntimeError.badOption(reason: "--tree-budget \(budget): this bundle has no tree function; re-export it with this museflash (--dflash-drafter adds one; --tree-nodes N sets its size)")
+        }
+        guard (1...treeLength).contains(budget) else {
+            throw RuntimeError.badOption(reason: "--tree-budget \(budget): the bundle's tree function takes \(treeLength) nodes; give 1 to \(treeLength)")
+        }
+        guard !options.sampled else {
+            throw RuntimeError.badOption(reason: "tree verification is greedy for now; sample without --tree-budget (the chain keeps the target's distribution)")
+        }
+        return budget
     }
 
     /// One generation's mutable state.
@@ -512,11 +558,12 @@ public final class SpeculativeDecoder {
             return logits
         }
 
-        mutating func inject(first: Int) throws {
+        /// `fallback`: the row of a position without features (a tree step's placeholder).
+        mutating func inject(first: Int, fallback: ArraySlice<Float>? = nil) throws {
             let block = decoder.blockSize
             var rows: [Float] = []
             for position in first..<(first + block) {
-                guard let row = features[position] else {
+                guard let row = features[position] ?? fallback else {
                     throw RuntimeError.badOutput(function: "inject_kv", reason: "no target features for position \(position)")
                 }
                 rows += row
@@ -582,7 +629,7 @@ public final class SpeculativeDecoder {
             return (guesses, q)
         }
 
-        mutating func speculative(proposals: Int) throws {
+        mutating func speculative(proposals: Int, treeBudget: Int = 0) throws {
             let block = decoder.blockSize
             let vocab = decoder.vocabSize
             // The inject blocks end at the prompt's last position, so they may reach before `keep`.
@@ -593,12 +640,17 @@ public final class SpeculativeDecoder {
                 try inject(first: start)
             }
             var anchorPosition = prompt.count
-            while !done, roomFor(first: anchorPosition, length: block) {
+            let widest = treeBudget > 0 ? max(block, decoder.treeLength) : block
+            while !done, roomFor(first: anchorPosition, length: widest) {
                 // A copy from the context, judged (sampled) with a one-hot q; else a draft.
                 var guesses: [Int32]
                 var q: [[Double]] = []
                 let copied = options.lookupMinMatch > 0
                     ? ContextLookup.proposal(contextTail(), count: block - 1, minMatch: options.lookupMinMatch) : nil
+                if treeBudget > 0 {
+                    (anchor, anchorPosition) = try treeStep(anchor: anchor, at: anchorPosition, budget: treeBudget, copied: copied)
+                    continue
+                }
                 if let copied = copied {
                     guesses = copied
                     if options.sampled {
@@ -640,6 +692,71 @@ public final class SpeculativeDecoder {
                 anchor = token
                 anchorPosition = last + 1 + (decoder.faults.skipRejectedSlot && accepted < proposals ? 1 : 0)
             }
+        }
+
+        /// One tree step at `anchorPosition` (the type's docs, `tree`): -> the next anchor and
+        /// its position. python/museflash/runtime/speculative.py `_tree_step`, call for call.
+        mutating func treeStep(anchor: Int32, at anchorPosition: Int, budget: Int, copied: [Int32]?) throws -> (Int32, Int) {
+            let block = decoder.blockSize
+            let vocab = decoder.vocabSize
+            let drafted = try call(.draft, of: decoder.drafterFunctions!, [
+                "input_ids": ShapedArray(int32: [anchor] + [Int32](repeating: decoder.maskTokenID, count: block - 1), shape: [1, block]),
+                "position_ids": ShapedArray(int32: (0..<block).map { Int32(anchorPosition + $0) }, shape: [block]),
+            ], first: anchorPosition, length: block)
+            guard let draftLogits = drafted["logits"], draftLogits.count == block * vocab else {
+                throw RuntimeError.badOutput(function: "draft", reason: "no logits of \(block) x \(vocab)")
+            }
+            let draftValues = draftLogits.floats
+            let rows = (1..<block).map { Array(draftValues[($0 * vocab)..<(($0 + 1) * vocab)]) }
+            let tree = try TokenTree.build(anchor: anchor, budget: budget, draftLogits: rows, recycled: decoder.recycled,
+                                           lookup: copied, maxDepth: block - 1)
+            // The tree's nodes, then pad nodes that only the root and themselves see.
+            let nodes = decoder.treeLength, count = tree.count
+            let depths = tree.depths + [Int](repeating: 1, count: nodes - count)
+            var mask = [Int32](repeating: 0, count: nodes * nodes)
+            let ancestors = tree.ancestorMask
+            for row in 0..<nodes {
+                for column in 0..<nodes {
+                    let sees = row < count
+                        ? (column < count && (ancestors[row][column] || (decoder.faults.treeMaskSeesEarlierNodes && column <= row)))
+                        : (column == 0 || column == row)
+                    mask[row * nodes + column] = sees ? 1 : 0
+                }
+            }
+            let outputs = try call(.tree, of: decoder.targetFunctions, [
+                "input_ids": ShapedArray(int32: tree.tokens + [Int32](repeating: pad, count: nodes - count), shape: [1, nodes]),
+                "position_ids": ShapedArray(int32: depths.map { Int32(anchorPosition + $0) }, shape: [nodes]),
+                "tree_mask": ShapedArray(int32: mask, shape: [nodes, nodes]),
+            ], first: anchorPosition, length: nodes)
+            guard let logits = outputs["logits"], logits.count == nodes * vocab else {
+                throw RuntimeError.badOutput(function: "tree", reason: "no logits of \(nodes) x \(vocab)")
+            }
+            guard let features = outputs["drafter_features"], features.count % nodes == 0, features.count > 0 else {
+                throw RuntimeError.badOutput(function: "tree", reason: "no drafter_features of \(nodes) rows")
+            }
+            let values = logits.floats
+            let choices = (0..<count).map { argmax(values[($0 * vocab)..<(($0 + 1) * vocab)]) }
+            let (path, token) = try tree.acceptGreedy(choices: choices)
+            let moves = path.enumerated().compactMap { index, node in
+                node == index + 1 ? nil : (from: anchorPosition + node, to: anchorPosition + index + 1 + decoder.faults.treeMoveShift)
+            }
+            if !moves.isEmpty { try decoder.targetFunctions.state.moveRows(moves, inStates: decoder.targetStateNames) }
+            result.movedRows += moves.count
+            decoder.recycled.update(tokens: tree.tokens, logits: (0..<count).map { Array(values[($0 * vocab)..<(($0 + 1) * vocab)]) })
+            let accepted = path.count
+            result.accepted.append(accepted)
+            if copied != nil { result.lookupAccepted.append(accepted) }
+            emit(path.map { tree.tokens[$0] } + [token])
+            // The path's rows at their own positions; the inject window's positions past it (a
+            // prompt shorter than a block) take the last path row as a placeholder.
+            let last = anchorPosition + accepted
+            let width = features.count / nodes
+            let featureValues = features.floats
+            let pathRows = ([0] + path).map { featureValues[($0 * width)..<(($0 + 1) * width)] }
+            for (offset, row) in pathRows.enumerated() { self.features[anchorPosition + offset] = row }
+            try inject(first: max(0, last - block + 1), fallback: pathRows.last!)
+            for position in self.features.keys where position <= last - block { self.features[position] = nil }
+            return (token, last + 1)
         }
 
         mutating func targetOnly() throws {

@@ -7,7 +7,8 @@ import MuseflashRuntime
 //
 //   swift-generate --export-dir DIR (--prompt TEXT | --prompt-file F | --prompt-ids 1,2,3)
 //       [--max-new-tokens N] [--temperature T] [--top-p P] [--seed S] [--no-draft]
-//       [--num-draft-tokens K] [--lookup-min-match N] [--backend interpreter|coreml]
+//       [--num-draft-tokens K] [--lookup-min-match N] [--tree-budget N | --no-tree]
+//       [--backend interpreter|coreml]
 //       [--compute-units cpu|gpu|ane|all] [--model-cache DIR | --no-model-cache]
 //       [--format text|json] [--no-compare] [--profile-ops]
 //   swift-generate --export-dir DIR --memory-probe [--backend ...] [--compute-units ...]
@@ -43,6 +44,8 @@ struct Options {
     var useDrafter = true
     var numDraftTokens: Int?
     var lookupMinMatch = GenerationOptions.defaultLookupMinMatch
+    /// Tree verification (docs/trees.md): nodes per tree call; nil or 0 (--no-tree): the chain.
+    var treeBudget: Int?
     var backend = "interpreter"
     /// Core ML backend only: cpu, gpu, ane or all.
     var computeUnits = "all"
@@ -64,7 +67,7 @@ struct Options {
     var chatting: Bool { messagesFile != nil || chat }
 }
 
-let usage = "usage: swift-generate --export-dir DIR (--prompt TEXT | --prompt-file F | --prompt-ids 1,2,3) [--max-new-tokens N] [--temperature T] [--top-p P] [--seed S] [--no-draft] [--num-draft-tokens K] [--lookup-min-match N] [--backend interpreter|coreml] [--compute-units cpu|gpu|ane|all] [--model-cache DIR | --no-model-cache] [--format text|json] [--compare | --no-compare] [--profile-ops] | --export-dir DIR (--messages FILE.json | --chat) [--system TEXT] [--on-context-full refuse|drop-oldest] [...] | --export-dir DIR --memory-probe [--backend ...]"
+let usage = "usage: swift-generate --export-dir DIR (--prompt TEXT | --prompt-file F | --prompt-ids 1,2,3) [--max-new-tokens N] [--temperature T] [--top-p P] [--seed S] [--no-draft] [--num-draft-tokens K] [--lookup-min-match N] [--tree-budget N | --no-tree] [--backend interpreter|coreml] [--compute-units cpu|gpu|ane|all] [--model-cache DIR | --no-model-cache] [--format text|json] [--compare | --no-compare] [--profile-ops] | --export-dir DIR (--messages FILE.json | --chat) [--system TEXT] [--on-context-full refuse|drop-oldest] [...] | --export-dir DIR --memory-probe [--backend ...]"
 
 /// The flags as given (`--flag value` and `--flag=value` alike: CommandLineFlags), unchecked.
 func readFlags(_ arguments: [String]) throws -> Options {
@@ -99,6 +102,8 @@ func readFlags(_ arguments: [String]) throws -> Options {
         case "--max-new-tokens": options.maxNewTokens = try integer(argument)
         case "--num-draft-tokens": options.numDraftTokens = try integer(argument)
         case "--lookup-min-match": options.lookupMinMatch = try integer(argument)
+        case "--tree-budget": options.treeBudget = try integer(argument)
+        case "--no-tree": options.treeBudget = 0
         case "--no-draft": options.useDrafter = false
         case "--backend":
             options.backend = try value(argument)
@@ -289,6 +294,8 @@ func report(_ result: GenerationResult, options: Options, backend: String, bundl
         "accepted": result.accepted,
         "lookup_min_match": options.lookupMinMatch,
         "lookup_steps": result.lookupSteps,
+        "tree_budget": options.treeBudget ?? 0,
+        "moved_rows": result.movedRows,
         "stop_reason": result.stopReason.rawValue,
         "num_draft_tokens": result.numDraftTokens,
         "calls": result.functions.mapValues { $0.calls },
@@ -361,7 +368,8 @@ func converse(bundle: MuseflashBundle, options: Options) throws {
     let generation = GenerationOptions(maxNewTokens: options.maxNewTokens, useDrafter: options.useDrafter,
                                        numDraftTokens: options.numDraftTokens,
                                        sampling: try Sampling(temperature: options.temperature, topP: options.topP),
-                                       seed: options.seed, lookupMinMatch: options.lookupMinMatch)
+                                       seed: options.seed, lookupMinMatch: options.lookupMinMatch,
+                                       treeBudget: options.treeBudget)
     let session = try ChatSession(decoder: decoder, text: text, options: generation, system: options.system,
                                   onContextFull: options.onContextFull)
     let show: ((String) -> Void)? = options.json ? nil : { write($0) }
@@ -446,7 +454,7 @@ do {
     let sampling = try Sampling(temperature: options.temperature, topP: options.topP)
     var generation = GenerationOptions(maxNewTokens: options.maxNewTokens, useDrafter: options.useDrafter,
                                        numDraftTokens: options.numDraftTokens, sampling: sampling, seed: options.seed,
-                                       lookupMinMatch: options.lookupMinMatch)
+                                       lookupMinMatch: options.lookupMinMatch, treeBudget: options.treeBudget)
     let streamText = options.promptIDs.isEmpty && !options.json
     var stream = text?.stream()
     // The prompt is echoed with the first tokens, not before: generate checks the prompt (its
@@ -463,6 +471,7 @@ do {
     if options.compare ?? !options.json, options.useDrafter {
         generation.useDrafter = false
         generation.numDraftTokens = nil
+        generation.treeBudget = nil
         alone = try decoder.generate(prompt: prompt, options: generation)
     }
     if options.json {

@@ -91,6 +91,7 @@ final class MarkovBackend: InferenceBackend {
 
 final class NoState: BackendState {
     func reset() throws {}
+    func moveRows(_ moves: [(from: Int, to: Int)], inStates names: [String]) throws {}
 }
 
 final class MarkovFunction: BackendFunction {

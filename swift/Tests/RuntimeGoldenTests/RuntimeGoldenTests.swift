@@ -13,6 +13,8 @@ final class RuntimeGoldenTests: XCTestCase {
         let speculative: Bool
         /// 0: every step drafts; else steps may copy from the context.
         let lookupMinMatch: Int
+        /// Tree steps of up to this many nodes (docs/trees.md); nil: the chain.
+        let treeBudget: Int?
         let prompt: [Int32]
         let maxNewTokens: Int
         let tokens: [Int32]
@@ -62,6 +64,7 @@ final class RuntimeGoldenTests: XCTestCase {
             let mode = entry["mode"] as? String ?? ""
             return Case(name: name, speculative: mode.hasPrefix("speculative"),
                         lookupMinMatch: entry["lookup_min_match"] as? Int ?? 0,
+                        treeBudget: entry["tree_budget"] as? Int,
                         prompt: (entry["prompt_ids"] as? [Int] ?? []).map(Int32.init),
                         maxNewTokens: entry["max_new_tokens"] as? Int ?? 0,
                         tokens: (entry["tokens"] as? [Int] ?? []).map(Int32.init),
@@ -73,7 +76,7 @@ final class RuntimeGoldenTests: XCTestCase {
     static func options(_ golden: Case) -> GenerationOptions {
         // The Python loop does not stop at the end-of-sequence token; neither does this check.
         GenerationOptions(maxNewTokens: golden.maxNewTokens, useDrafter: golden.speculative, stopAtEndOfSequence: false,
-                          lookupMinMatch: golden.lookupMinMatch)
+                          lookupMinMatch: golden.lookupMinMatch, treeBudget: golden.treeBudget)
     }
 
     /// Tokens, accepted drafts, call counts and the whole call trace of every golden case.
@@ -181,6 +184,23 @@ final class RuntimeGoldenTests: XCTestCase {
 
     func testARejectedSlotLeftUnwrittenIsCaught() throws {
         try checkFaultIsCaught({ $0.skipRejectedSlot = true }, what: "rejected slot not overwritten")
+    }
+
+    /// Tree cases whose paths left the first child (rows were moved): where a tree fault can
+    /// show. A tiny random pair accepts almost nothing, so its goldens have none.
+    func treeCasesWithMoves() throws -> Bool {
+        guard let list = Self.goldens["cases"] as? [[String: Any]] else { throw XCTSkip("no golden file (MUSEFLASH_GOLDENS)") }
+        return list.contains { ($0["tree_budget"] as? Int ?? 0) > 0 && ($0["moved_rows"] as? Int ?? 0) > 0 }
+    }
+
+    func testATreeMaskThatLetsNodesSeeTheirSiblingsIsCaught() throws {
+        guard try treeCasesWithMoves() else { throw XCTSkip("no tree case of these goldens accepted a branch") }
+        try checkFaultIsCaught({ $0.treeMaskSeesEarlierNodes = true }, what: "tree nodes seeing every earlier node")
+    }
+
+    func testATreePathCopiedOneSlotOffIsCaught() throws {
+        guard try treeCasesWithMoves() else { throw XCTSkip("no tree case of these goldens accepted a branch") }
+        try checkFaultIsCaught({ $0.treeMoveShift = 1 }, what: "accepted tree rows moved one slot late")
     }
 
     // MARK: Function by function
