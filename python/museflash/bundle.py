@@ -345,7 +345,8 @@ class Asset:
             if name in self.functions or (name == FunctionName.TREE and any(
                     name in b.functions for b in self.buckets or ())):
                 raise BundleError(f"the {self.kind} asset lists `{name}` among functions; it "
-                                  f"belongs under the `{name}` key, which older readers ignore")
+                                  f"belongs under the asset's `{name}` key, which older "
+                                  "readers ignore")
         main = self.functions.get(FunctionName.MAIN)
         if self.decode is not None and (main is None or self.decode != dataclasses.replace(
                 main, query_length=1)):

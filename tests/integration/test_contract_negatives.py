@@ -224,7 +224,7 @@ def test_weight_stored_as_fp16(compressed):
     package = compressed / "target.mlpackage"
     name, _, _ = blockwise_weight(package)
     # Every target function: the drafter's may use the same name for another tensor.
-    assert store_as_fp16(package, name, functions=("main", "prefill", "decode")) == 3
+    assert store_as_fp16(package, name, functions=("main", "prefill", "decode", "tree")) == 4
     result, failed, passed = check(compressed)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "target.compression.stored_compressed" in failed
@@ -459,8 +459,9 @@ def test_a_bucket_its_graph_does_not_read_fails_buckets(bucketed):
     buckets = asset["buckets"]
     first = buckets[0]["context"]
     claimed = (first + (buckets[1]["context"] if len(buckets) > 1 else global_capacity(asset))) // 2
+    names = [*buckets[0]["functions"], *(["tree"] if "tree" in buckets[0] else [])]
     rename_functions(bucketed / "target.mlpackage",
-                     {f"{name}_{first}": f"{name}_{claimed}" for name in buckets[0]["functions"]})
+                     {f"{name}_{first}": f"{name}_{claimed}" for name in names})
     rewrite_metadata(bucketed, lambda metadata: (
         metadata["assets"]["target"]["buckets"][0].update(context=claimed)))
     result, failed, _ = check(bucketed)

@@ -186,9 +186,9 @@ def test_a_tree_runs_in_every_bucket_with_one_and_is_kept_out_of_functions():
     assert [asset.pick(FunctionName.TREE, last).name for last in (63, 64)] == ["tree_64", "tree"]
     # Older readers refuse function names they do not know: a tree stays out of `functions`,
     # a bucket's too (buckets predate it).
-    with pytest.raises(BundleError, match="belongs under the `tree` key"):
+    with pytest.raises(BundleError, match="belongs under the asset's `tree` key"):
         dataclasses.replace(asset, functions=asset.functions | {FunctionName.TREE: tree})
-    with pytest.raises(BundleError, match="belongs under the `tree` key"):
+    with pytest.raises(BundleError, match="belongs under the asset's `tree` key"):
         dataclasses.replace(asset, buckets=[ContextBucket(
             64, bucket.functions | {FunctionName.TREE: tree})])
     with pytest.raises(BundleError, match="not main's verify with a tree_mask"):
@@ -390,7 +390,7 @@ def test_decode_steps_the_target_alone_as_main_does(twins):
 
 
 def test_verify_checks_the_smallest_buckets_functions_against_the_eager_view():
-    """//:verify parity-checks main, prefill and decode over the whole capacity and their
+    """//:verify parity-checks main, prefill, decode and tree over the whole capacity and their
     copies in the smallest bucket (the others differ only in the span), each at positions
     below its bucket."""
     from museflash.bundle import Metadata
@@ -400,11 +400,11 @@ def test_verify_checks_the_smallest_buckets_functions_against_the_eager_view():
     metadata = Metadata.read(bundle)
     checks = verify.target_checks(metadata)
     assert [(str(function), bucket) for function, _, _, bucket in checks] == [
-        ("main", None), ("prefill", None), ("decode", None),
-        ("main", 64), ("prefill", 64), ("decode", 64)]
+        ("main", None), ("prefill", None), ("decode", None), ("tree", None),
+        ("main", 64), ("prefill", 64), ("decode", 64), ("tree", 64)]
     with builtin_checkpoints("tiny-dflash2") as dirs:
         target, _ = verify.load_reference_models(metadata, *dirs)
-    for function, entry, seed, bucket in checks[3:]:
+    for function, entry, seed, bucket in checks[4:]:
         result = verify.check_target(bundle, metadata, target, function, entry, seed,
                                      bucket=bucket)
         assert result.ok and result.name == f"target.{function}_64", result.line()

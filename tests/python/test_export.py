@@ -591,14 +591,15 @@ def test_progress_has_one_line_per_stage(bundle):
     assert stages.count("audit") == 1  # the fp16 range audit, with its scales
     audit = next(line for line in stage_lines if line.startswith("[export] audit"))
     assert re.search(r"scale 1; drafter peak [\d.e+]+, scale 1;", audit)  # tiny: no scaling
-    assert stages.count("trace") == stages.count("convert") == 5  # once for both bundles
+    assert stages.count("trace") == stages.count("convert") == 6  # once for both bundles
     # One package per bundle: the target's, with the drafter's functions.
     assert [line.split(":")[0] for line in stage_lines if " save " in line] == [
         "[export] save (target.mlpackage)", "[export] save (target.mlpackage, none)"]
     converted = [re.search(r"convert \(([\w.]+)", line).group(1) for line in stage_lines
                  if line.startswith("[export] convert")]
     assert sorted(converted) == ["dflash_drafter.draft", "dflash_drafter.inject_kv",
-                                 "target.decode", "target.main", "target.prefill"]
+                                 "target.decode", "target.main", "target.prefill",
+                                 "target.tree"]
     assert any(", helper 1)" in line for line in stage_lines)  # the second process's work
     assert all(re.search(r": \d+\.\d s", line) for line in stage_lines)
     assert all(re.search(r"\d (B|KB|MB)", line) for line in stage_lines
@@ -610,7 +611,7 @@ def test_target_package_functions_and_signatures(bundle):
     out, _ = bundle
     spec = _spec_of(out / "target.mlpackage")
     functions = _functions(spec)
-    assert sorted(functions) == ["decode", "draft", "inject_kv", "main", "prefill"]
+    assert sorted(functions) == ["decode", "draft", "inject_kv", "main", "prefill", "tree"]
     assert spec.description.defaultFunctionName == "main"
     block = TINY_DRAFTER_CONFIG["block_size"]
     vocab = TINY_TARGET_CONFIG["text_config"]["vocab_size"]

@@ -121,9 +121,10 @@ def test_slice_writes_of_the_global_layers_move_only_their_rows(tmp_path):
 def test_every_function_is_counted_and_the_parts_add_up(bundle, main_traffic):
     counted = bundle_traffic(bundle)
     assert [(f.package, f.function) for f in counted] == [
-        # Every Core ML function of the function table, the one-token decode among them.
-        ("target.mlpackage", name) for name in ("main", "prefill", "decode", "inject_kv",
-                                                "draft")]
+        # Every Core ML function of the function table, the one-token decode and the tree
+        # verify among them.
+        ("target.mlpackage", name) for name in ("main", "prefill", "decode", "tree",
+                                                "inject_kv", "draft")]
     summary = main_traffic.summary()
     assert summary.total() == sum(op.total for op in main_traffic.ops)
     assert sum(count for _, _, count in summary.parts.values()) == len(main_traffic.ops)

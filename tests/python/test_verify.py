@@ -44,7 +44,7 @@ def test_builtin_demo_export_verifies(bundle):
     parity = [line for line in lines if line.startswith("parity ")]
     assert [line.split(":")[0] for line in parity] == [
         "parity target.main", "parity target.prefill", "parity target.decode",
-        "parity dflash_drafter.inject_kv+draft"]
+        "parity target.tree", "parity dflash_drafter.inject_kv+draft"]
     assert all(line.count(" OK") == 1 and "wraps the ring" in line for line in parity)
     assert any(line.startswith("lossless: speculative == ") for line in lines)
 
@@ -60,12 +60,14 @@ def test_checkpoint_of_another_seed_is_a_mismatch(bundle, tmp_path):
     assert status == 1
     assert lines[-1].startswith("verify: FAILED target.main")
     parity = [line for line in lines if line.startswith("parity ")]
-    assert len(parity) == 4 and all(" FAILED" in line for line in parity)
+    assert len(parity) == 5 and all(" FAILED" in line for line in parity)
 
 
 def _reads_one_slot_past_the_window(base, context):
     return {"sliding_causal_mask": lambda positions, capacity, window:
-            base.sliding_causal_mask(positions, capacity, window + 1)}
+            base.sliding_causal_mask(positions, capacity, window + 1),
+            "tree_sliding_mask": lambda positions, mask, capacity, window:
+            base.tree_sliding_mask(positions, mask, capacity, window + 1)}
 
 
 def _one_slot_on(base, context):
@@ -101,7 +103,7 @@ def test_a_ring_slot_read_or_written_wrong_is_a_mismatch(bundle, monkeypatch, da
     with builtin_checkpoints("tiny") as dirs:
         target, _ = verify.load_reference_models(metadata, *dirs)
     checks = verify.target_checks(metadata)
-    assert [c[0] for c in checks] == ["main", "prefill", "decode"]  # this bundle has no buckets
+    assert [c[0] for c in checks] == ["main", "prefill", "decode", "tree"]  # no buckets here
     for function, entry, seed, bucket in checks:
         result = verify.check_target(bundle, metadata, target, function, entry, seed,
                                      bucket=bucket)

@@ -49,8 +49,9 @@ def query_lengths(golden):
     """Function -> tokens per call, the target's one-token decode among them."""
     lengths = {function: spec["query_length"] for asset in golden["metadata"]["assets"].values()
                for function, spec in asset["functions"].items()}
-    if "decode" in golden["metadata"]["assets"]["target"]:
-        lengths["decode"] = golden["metadata"]["assets"]["target"]["decode"]["query_length"]
+    for extra in ("decode", "tree"):  # listed beside the target's functions
+        if extra in golden["metadata"]["assets"]["target"]:
+            lengths[extra] = golden["metadata"]["assets"]["target"][extra]["query_length"]
     return lengths
 
 
@@ -95,8 +96,9 @@ def test_cases_fit_the_context(name):
 def test_trace_counts_equal_the_loops_counts(name):
     for case in run_cases(name):
         counted = Counter(call["function"] for call in case["trace"])
-        # Target-alone steps run the one-token decode where the bundle has one.
-        functions = (*FUNCTIONS, "decode") if "decode" in counted else FUNCTIONS
+        # Target-alone steps run the one-token decode where the bundle has one; tree steps
+        # the tree function.
+        functions = FUNCTIONS + tuple(f for f in ("decode", "tree") if f in counted)
         assert {f: counted.get(f, 0) for f in functions} == case["calls"], case["name"]
         lengths = query_lengths(goldens(name))
         assert all(call["length"] == lengths[call["function"]] for call in case["trace"])
@@ -105,7 +107,8 @@ def test_trace_counts_equal_the_loops_counts(name):
 def test_speculative_decoding_is_lossless(name):
     cases = {case["name"]: case for case in run_cases(name)}
     speculative = [case for case in cases.values() if case["mode"] != "target_only"]
-    assert {case["mode"] for case in speculative} == {"speculative", "speculative-lookup"}
+    assert {case["mode"] for case in speculative} - {"speculative-tree"} == {
+        "speculative", "speculative-lookup"}
     for case in speculative:
         alone = cases[case["name"].replace(case["mode"], "target_only", 1)]
         assert alone["mode"] == "target_only" and alone["accepted"] == []
@@ -113,8 +116,10 @@ def test_speculative_decoding_is_lossless(name):
         assert alone["tokens"] == case["tokens"], case["name"]
         # Each step emits its accepted drafts and the target's token (the last step cut to
         # the requested length); the first token comes from prefill.
-        # A step either drafts or copies from the context (never with lookup_min_match 0).
-        assert len(case["accepted"]) == case["calls"]["draft"] + case["lookup_steps"]
+        # A chain step either drafts or copies from the context (never with lookup_min_match
+        # 0); a tree step drafts and merges the copy in.
+        copies = 0 if case["mode"] == "speculative-tree" else case["lookup_steps"]
+        assert len(case["accepted"]) == case["calls"]["draft"] + copies
         assert case["lookup_steps"] == 0 or case["lookup_min_match"] > 0
         assert 1 + sum(a + 1 for a in case["accepted"]) >= len(case["tokens"])
         assert all(0 <= a <= case["num_draft_tokens"] for a in case["accepted"])

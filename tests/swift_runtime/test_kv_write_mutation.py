@@ -33,7 +33,8 @@ def mismatches(bundle: Path) -> list[str]:
         result = run("--export-dir", bundle, "--format", "json", "--no-compare",
                      "--prompt-ids", ",".join(map(str, case["prompt_ids"])),
                      "--max-new-tokens", case["max_new_tokens"],
-                     "--lookup-min-match", case["lookup_min_match"])
+                     "--lookup-min-match", case["lookup_min_match"],
+                     *(["--tree-budget", case["tree_budget"]] if "tree_budget" in case else []))
         assert result.returncode == 0, result.stderr
         tokens = json.loads(result.stdout)["tokens"]
         if not tokens or tokens != case["tokens"][:len(tokens)]:

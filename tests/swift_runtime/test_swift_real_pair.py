@@ -21,7 +21,7 @@ def _cases():
                 continue
             name = f"{Path(bundle).name}-{case['name']}"
             yield pytest.param(bundle, case, "interpreter", id=name)
-            if case["mode"] == "speculative":
+            if case["mode"] in ("speculative", "speculative-tree"):
                 yield pytest.param(bundle, case, "coreml", id=f"{name}-coreml")
 
 
@@ -34,6 +34,8 @@ def test_swift_decodes_as_the_python_loop(bundle, case, backend, tmp_path):
         args += ["--model-cache", tmp_path / "cache"]
     if case["mode"] == "target_only":
         args.append("--no-draft")
+    if "tree_budget" in case:
+        args += ["--tree-budget", case["tree_budget"]]
     done = swift(*args, timeout=1200)
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)

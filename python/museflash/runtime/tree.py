@@ -166,8 +166,11 @@ def top_log_probabilities(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.nd
     top = row.max()
     log_total = top + math.log(float(np.exp(row - top).sum()))
     k = min(k, len(row))
-    candidates = np.argpartition(-row, k - 1)[:k] if k < len(row) else np.arange(len(row))
-    order = sorted(candidates.tolist(), key=lambda i: (-row[i], i))
+    # Every id at least as likely as the k-th: ties at the k-th value go to the smaller ids
+    # (argpartition alone picks among them arbitrarily; fp16 logits tie often).
+    kth = np.partition(row, len(row) - k)[len(row) - k]
+    candidates = np.flatnonzero(row >= kth)
+    order = sorted(candidates.tolist(), key=lambda i: (-row[i], i))[:k]
     ids = np.array(order, np.int32)
     return ids, row[ids] - log_total
 

@@ -116,6 +116,7 @@ extension LoadedBundle {
     /// are main's (target.outputs holds their widths).
     func targetTree() -> PropertyResult {
         evaluate("\(targetRole).tree") {
+            _ = try function(.main, of: targetRole)  // a missing package fails this too
             guard let spec = metadata.assets[targetRole]?.tree else {
                 return "none (a bundle without trees verifies chains through main)"
             }
