@@ -75,9 +75,13 @@ def test_recycled_tree_follows_the_targets_remembered_choices():
     rows[0, [2, 3]] = [2.0, 1.0]  # after token 1: 2, then 3
     rows[1, [1, 8]] = [3.0, 0.0]  # after token 2: 1, then 8
     table.update([1, 2], rows)
-    tree = build_tree(1, 4, recycled=table, max_depth=3)
+    tree = build_tree(1, 4, recycled=table, max_depth=3, recycled_weight=1.0)
     assert paths(tree)[1:3] == [(2,), (2, 1)]  # the likeliest path first
     assert {p for p in paths(tree)[3:]} <= {(3,), (2, 1, 2)}
+    # Discounted, each edge the table gives costs its weight: the second child of the root
+    # (one edge) now outscores the grandchild (two).
+    assert paths(build_tree(1, 4, recycled=table, max_depth=3, recycled_weight=0.3))[1:3] == [
+        (2,), (3,)]
     np.testing.assert_allclose(table.successors(1)[1], log_softmax(rows[0])[[2, 3]])
     assert len(table.successors(5)[0]) == 0
 

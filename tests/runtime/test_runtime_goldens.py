@@ -267,8 +267,9 @@ def test_slice_bundles_reproduce_the_blend_parity_records(name):
 
 
 def test_slice_bundles_decode_the_blend_goldens_tokens(name):
-    """The Python loop on the slice bundle: the ring-wrapping speculative cases (drafting, and
-    copying from the context) give the blend bundle's tokens, accepted drafts and call trace."""
+    """The Python loop on the slice bundle: the ring-wrapping speculative cases (drafting,
+    copying from the context, and tree steps) give the blend bundle's tokens, accepted drafts
+    and call trace."""
     from museflash.runtime.speculative import (
         DEFAULT_LOOKUP_MIN_MATCH,
         load_exported_pair,
@@ -283,17 +284,20 @@ def test_slice_bundles_decode_the_blend_goldens_tokens(name):
                    if case["mode"] == "speculative")
     chosen = [case for case in run_cases(name) if case["mode"] != "target_only"
               and len(case["prompt_ids"]) + case["max_new_tokens"] == wrapping]
-    assert {case["mode"] for case in chosen} == {"speculative", "speculative-lookup"}
+    assert {case["mode"] for case in chosen} == {"speculative", "speculative-lookup",
+                                                 "speculative-tree"}
     recorder = Recorder([target.package, drafter.package])
     try:
         for case in chosen:
             recorder.start(capture=False)
-            lookup = DEFAULT_LOOKUP_MIN_MATCH if case["mode"] == "speculative-lookup" else 0
+            lookup = case["lookup_min_match"]
+            assert lookup == (0 if case["mode"] == "speculative" else DEFAULT_LOOKUP_MIN_MATCH)
             result = speculative_generate(
                 target, drafter, case["prompt_ids"], case["max_new_tokens"],
                 mask_token_id=spec.mask_token_id, num_draft_tokens=spec.num_draft_tokens,
                 context_length=metadata.context_length,
-                pad_token_id=golden["prompt"]["pad_token_id"], lookup_min_match=lookup)
+                pad_token_id=golden["prompt"]["pad_token_id"], lookup_min_match=lookup,
+                tree_budget=case.get("tree_budget"))
             assert result.tokens == case["tokens"], case["name"]
             assert result.accepted == case["accepted"], case["name"]
             assert recorder.trace == case["trace"], case["name"]

@@ -90,6 +90,11 @@ for k in 1 3 5 7; do
   run "draft-${k}-interpreter" --backend interpreter --num-draft-tokens "${k}"
 done
 run target-alone --backend coreml --compute-units all --model-cache "${cache}" --no-draft
+for budget in 2 4 8; do
+  log "tree budget ${budget} (docs/trees.md: rows moved through MLState.withMultiArray)"
+  run "tree-${budget}" --backend coreml --compute-units all --model-cache "${cache}" --tree-budget "${budget}"
+  run "tree-${budget}-interpreter" --backend interpreter --tree-budget "${budget}"
+done
 if [[ -n "${slice_dir}" ]]; then
   for strategy in blend slice; do
     dir="${export_dir}"; [[ "${strategy}" == slice ]] && dir="${slice_dir}"
@@ -144,6 +149,17 @@ for k in (1, 3, 5, 7):
 alone = load("target-alone")
 if "error" not in alone:
     print(f"| target alone | {alone['tokens_per_second']:.1f} | 1.00 | | |")
+print("\n**Tree verification** (docs/trees.md; greedy, so every row must give the interpreter's tokens: "
+      "a difference means the rows moved through MLState.withMultiArray did not reach the next prediction):\n")
+print("| tree budget | Core ML (all) tokens/s | tokens per target call | ms per tree | tokens equal the interpreter's | rows moved |")
+print("| --- | --- | --- | --- | --- | --- |")
+for budget in (2, 4, 8):
+    c, i = load(f"tree-{budget}"), load(f"tree-{budget}-interpreter")
+    if "error" in c or "error" in i:
+        print(f"| {budget} | error: {c.get('error') or i.get('error')} | | | | |")
+        continue
+    print(f"| {budget} | {c['tokens_per_second']:.1f} | {c['tokens_per_target_call']:.2f} | "
+          f"{c['functions'].get('tree', {}).get('ms_per_call', 0):.2f} | {'yes' if c['tokens'] == i['tokens'] else 'no'} | {c['moved_rows']} |")
 print("\n**KV write strategies** (docs/kv-write.md; the target alone, so every call is `main`):\n")
 blend_ref = load("kv-blend-interpreter")
 if "error" in blend_ref and "No such file" in blend_ref["error"]:

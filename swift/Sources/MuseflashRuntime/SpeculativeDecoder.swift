@@ -592,15 +592,21 @@ public final class SpeculativeDecoder {
             return tail.count < size ? Array(prompt.suffix(size - tail.count)) + tail : Array(tail)
         }
 
+        /// `draft([anchor, MASK x (K-1)])` at anchorPosition ..< anchorPosition + K.
+        mutating func draft(anchor: Int32, at anchorPosition: Int) throws -> [String: ShapedArray] {
+            let block = decoder.blockSize
+            return try call(.draft, of: decoder.drafterFunctions!, [
+                "input_ids": ShapedArray(int32: [anchor] + [Int32](repeating: decoder.maskTokenID, count: block - 1), shape: [1, block]),
+                "position_ids": ShapedArray(int32: (0..<block).map { Int32(anchorPosition + $0) }, shape: [block]),
+            ], first: anchorPosition, length: block)
+        }
+
         /// One `draft` call: the proposed tokens (the selector's path or each row's argmax;
         /// sampled, the judged ones drawn from their rows) and the judged rows' q.
         mutating func draftStep(anchor: Int32, at anchorPosition: Int, proposals: Int) throws -> ([Int32], [[Double]]) {
             let block = decoder.blockSize
             let vocab = decoder.vocabSize
-            let drafted = try call(.draft, of: decoder.drafterFunctions!, [
-                "input_ids": ShapedArray(int32: [anchor] + [Int32](repeating: decoder.maskTokenID, count: block - 1), shape: [1, block]),
-                "position_ids": ShapedArray(int32: (0..<block).map { Int32(anchorPosition + $0) }, shape: [block]),
-            ], first: anchorPosition, length: block)
+            let drafted = try draft(anchor: anchor, at: anchorPosition)
             var guesses: [Int32]
             if let selected = drafted["draft_tokens"] {
                 guesses = selected.int32s
@@ -699,10 +705,7 @@ public final class SpeculativeDecoder {
         mutating func treeStep(anchor: Int32, at anchorPosition: Int, budget: Int, copied: [Int32]?) throws -> (Int32, Int) {
             let block = decoder.blockSize
             let vocab = decoder.vocabSize
-            let drafted = try call(.draft, of: decoder.drafterFunctions!, [
-                "input_ids": ShapedArray(int32: [anchor] + [Int32](repeating: decoder.maskTokenID, count: block - 1), shape: [1, block]),
-                "position_ids": ShapedArray(int32: (0..<block).map { Int32(anchorPosition + $0) }, shape: [block]),
-            ], first: anchorPosition, length: block)
+            let drafted = try draft(anchor: anchor, at: anchorPosition)
             guard let draftLogits = drafted["logits"], draftLogits.count == block * vocab else {
                 throw RuntimeError.badOutput(function: "draft", reason: "no logits of \(block) x \(vocab)")
             }

@@ -6,7 +6,8 @@ import Foundation
 ///
 /// Node 0 is the anchor; every other node's parent is an earlier node. A node's score is the
 /// product along its path of each edge's probability: the largest any source gives the edge
-/// (the drafter's row, the recycled table, or `lookupProbability` on the lookup chain). The
+/// (the drafter's row, the recycled table's times `recycledWeight`, or `lookupProbability` on
+/// the lookup chain). The
 /// tree grows best first within a node budget; equal scores go to the smaller parent index,
 /// then the smaller token id, then the source listed first.
 public struct TokenTree: Equatable, Sendable {
@@ -20,6 +21,9 @@ public struct TokenTree: Equatable, Sendable {
     public static let recycledTopK = 8
     /// The probability given to each edge of the lookup chain.
     public static let lookupProbability = 0.5
+    /// What the recycled table's probabilities are multiplied by (tree.py RECYCLED_WEIGHT: the
+    /// target's after a token in another context, measured to be overconfident).
+    public static let recycledWeight = 0.3
 
     public let tokens: [Int32]
     public let parents: [Int]
@@ -107,12 +111,14 @@ public struct TokenTree: Equatable, Sendable {
     public static func build(anchor: Int32, budget: Int, draftLogits: [[Float]]? = nil,
                              recycled: RecycledTable? = nil, lookup: [Int32]? = nil, maxDepth: Int? = nil,
                              draftTopK: Int = TokenTree.draftTopK,
-                             lookupProbability: Double = TokenTree.lookupProbability) throws -> TokenTree {
+                             lookupProbability: Double = TokenTree.lookupProbability,
+                             recycledWeight: Double = TokenTree.recycledWeight) throws -> TokenTree {
         guard budget >= 1 else { throw RuntimeError.badTree(reason: "a tree budget is at least 1 node (the root), got \(budget)") }
         let rows = (draftLogits ?? []).map { topLogProbabilities($0, k: draftTopK) }
         let depthLimit = maxDepth ?? (draftLogits != nil ? rows.count : nil)
         let lookup = lookup ?? []
         let lookupLog = log(lookupProbability)
+        let recycledLog = log(recycledWeight)
 
         struct Candidate {
             let score: Double
@@ -144,7 +150,7 @@ public struct TokenTree: Equatable, Sendable {
             if let recycled {
                 let next = recycled.successors(of: tokens[node])
                 for (token, logp) in zip(next.ids, next.logProbabilities) {
-                    candidates.append(Candidate(score: score + logp, parent: node, token: token, source: .recycled))
+                    candidates.append(Candidate(score: score + logp + recycledLog, parent: node, token: token, source: .recycled))
                 }
             }
             if onLookup[node], depth <= lookup.count {
