@@ -186,20 +186,22 @@ final class RuntimeGoldenTests: XCTestCase {
         try checkFaultIsCaught({ $0.skipRejectedSlot = true }, what: "rejected slot not overwritten")
     }
 
-    /// Tree cases whose paths left the first child (rows were moved): where a tree fault can
-    /// show. A tiny random pair accepts almost nothing, so its goldens have none.
-    func treeCasesWithMoves() throws -> Bool {
+    /// Rows the tree cases moved (accepted nodes off the first child): where a tree fault can
+    /// show. A tiny random pair accepts little, so its goldens have few.
+    func treeRowsMoved() throws -> Int {
         guard let list = Self.goldens["cases"] as? [[String: Any]] else { throw XCTSkip("no golden file (MUSEFLASH_GOLDENS)") }
-        return list.contains { ($0["tree_budget"] as? Int ?? 0) > 0 && ($0["moved_rows"] as? Int ?? 0) > 0 }
+        return list.reduce(0) { $0 + (($1["tree_budget"] as? Int ?? 0) > 0 ? $1["moved_rows"] as? Int ?? 0 : 0) }
     }
 
+    /// A node that also sees its elder siblings changes its row only a little; the goldens of a
+    /// trained pair (dozens of rows moved) show it, a random pair's few branches may not.
     func testATreeMaskThatLetsNodesSeeTheirSiblingsIsCaught() throws {
-        guard try treeCasesWithMoves() else { throw XCTSkip("no tree case of these goldens accepted a branch") }
+        guard try treeRowsMoved() >= 10 else { throw XCTSkip("the tree cases of these goldens accepted fewer than 10 branches") }
         try checkFaultIsCaught({ $0.treeMaskSeesEarlierNodes = true }, what: "tree nodes seeing every earlier node")
     }
 
     func testATreePathCopiedOneSlotOffIsCaught() throws {
-        guard try treeCasesWithMoves() else { throw XCTSkip("no tree case of these goldens accepted a branch") }
+        guard try treeRowsMoved() > 0 else { throw XCTSkip("no tree case of these goldens accepted a branch") }
         try checkFaultIsCaught({ $0.treeMoveShift = 1 }, what: "accepted tree rows moved one slot late")
     }
 
