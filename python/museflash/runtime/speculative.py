@@ -733,9 +733,7 @@ class DecodeSession:
                     q = np.zeros((proposals, logits.shape[-1]), np.float64)
                     q[np.arange(proposals), guesses[:proposals]] = 1.0
             else:
-                drafted = drafter.draft(np.array([anchor] + [self.mask_token_id] * (block - 1),
-                                                 np.int32), positions)
-                result.draft_calls += 1
+                drafted = self._draft(anchor, anchor_pos, result)
                 guesses = drafted.greedy()
                 if sampled:
                     # Only the first `proposals` rows are judged; later slots keep their greedy
@@ -766,23 +764,38 @@ class DecodeSession:
             # window while fewer than `block` positions are known).
             last = anchor_pos + accepted
             features.update(zip(range(anchor_pos, anchor_pos + block), rows, strict=True))
-            first = max(0, last - block + 1)
-            window = np.arange(first, first + block, dtype=np.int32)
-            drafter.inject(np.stack([features[p] for p in window.tolist()]), window)
-            result.inject_calls += 1
-            for old in [p for p in features if p <= last - block]:
-                del features[old]
+            self._inject_up_to(last, features, result)
             anchor, anchor_pos = token, last + 1
+
+    def _draft(self, anchor: int, anchor_pos: int, result: DecodeResult) -> Drafted:
+        """draft([anchor, MASK x (K-1)]) at anchor_pos .. anchor_pos + K - 1."""
+        block = self.block
+        result.draft_calls += 1
+        return self.drafter.draft(
+            np.array([anchor] + [self.mask_token_id] * (block - 1), np.int32),
+            np.arange(anchor_pos, anchor_pos + block, dtype=np.int32))
+
+    def _inject_up_to(self, last: int, features: dict[int, np.ndarray], result: DecodeResult,
+                      placeholder: np.ndarray | None = None) -> None:
+        """Hands the drafter the block of features ending at `last`, the newest accepted
+        position (a position without features takes `placeholder`), then forgets the features
+        no later block reaches."""
+        block = self.block
+        first = max(0, last - block + 1)
+        window = np.arange(first, first + block, dtype=np.int32)
+        rows = [features[p] if placeholder is None else features.get(p, placeholder)
+                for p in window.tolist()]
+        self.drafter.inject(np.stack(rows), window)
+        result.inject_calls += 1
+        for old in [p for p in features if p <= last - block]:
+            del features[old]
 
     def _tree_step(self, anchor, anchor_pos, copied, features, result, max_new_tokens,
                    on_tokens, stops) -> tuple[int, int]:
         """One tree step at `anchor_pos` (module docstring, `tree`): -> the next anchor and
         its position."""
-        target, drafter, block = self.target, self.drafter, self.block
-        drafted = drafter.draft(np.array([anchor] + [self.mask_token_id] * (block - 1),
-                                         np.int32),
-                                np.arange(anchor_pos, anchor_pos + block, dtype=np.int32))
-        result.draft_calls += 1
+        target, block = self.target, self.block
+        drafted = self._draft(anchor, anchor_pos, result)
         tree = build_tree(anchor, self.tree_budget, draft_logits=drafted.logits[1:],
                           recycled=self.recycled, lookup=copied, max_depth=block - 1)
         nodes = target.tree_length
@@ -806,13 +819,7 @@ class DecodeSession:
         last = anchor_pos + accepted
         path_rows = [rows[n] for n in [0, *path]]
         features.update(zip(range(anchor_pos, last + 1), path_rows, strict=True))
-        first = max(0, last - block + 1)
-        window = np.arange(first, first + block, dtype=np.int32)
-        drafter.inject(np.stack([features.get(p, path_rows[-1]) for p in window.tolist()]),
-                       window)
-        result.inject_calls += 1
-        for old in [p for p in features if p <= last - block]:
-            del features[old]
+        self._inject_up_to(last, features, result, placeholder=path_rows[-1])
         return token, last + 1
 
 

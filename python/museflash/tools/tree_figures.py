@@ -29,11 +29,12 @@ import torch
 from museflash.runtime.speculative import (
     LOOKUP_MAX_MATCH,
     LOOKUP_WINDOW,
+    EagerDrafter,
     eager_greedy_generate,
     inject_starts,
     lookup_proposal,
 )
-from museflash.runtime.tree import RecycledTable, TokenTree, build_tree
+from museflash.runtime.tree import RecycledTable, TokenTree, accept_greedy, build_tree
 
 SOURCES = ("chain", "drafter", "recycled", "lookup", "all")
 DEFAULT_BUDGETS = (1, 4, 8, 16, 32)
@@ -88,13 +89,11 @@ def simulate(run: Replay, drafter, block: int, mask_token_id: int, budget: int, 
              tally: Tally) -> None:
     """Replays the decode of `run` with trees of `budget` nodes from `source` (SOURCES)."""
     ids, start = run.ids, run.prompt_length
-    drafter.reset_caches()
+    drafter = EagerDrafter(drafter, block)
+    drafter.reset()
 
     def inject(positions: np.ndarray) -> None:
-        with torch.no_grad():
-            weight = next(drafter.layers.parameters())
-            drafter.inject_kv(torch.as_tensor(run.features[positions]).to(weight.dtype)[None],
-                              torch.as_tensor(positions, dtype=torch.int32))
+        drafter.inject(run.features[positions], positions)
 
     for first in inject_starts(start, block):
         inject(np.arange(first, first + block))
@@ -104,13 +103,8 @@ def simulate(run: Replay, drafter, block: int, mask_token_id: int, budget: int, 
     while anchor < end:
         rows = None
         if source != "recycled" and source != "lookup":
-            with torch.no_grad():
-                out = drafter.draft(
-                    torch.tensor([[ids[anchor]] + [mask_token_id] * (block - 1)],
-                                 dtype=torch.int32),
-                    torch.arange(anchor, anchor + block, dtype=torch.int32))
-            logits = out[0] if isinstance(out, tuple) else out
-            rows = logits[0, 1:].float().numpy()
+            rows = drafter.draft(np.array([ids[anchor]] + [mask_token_id] * (block - 1)),
+                                 np.arange(anchor, anchor + block)).logits[1:]
         copied = None
         if source in ("lookup", "all"):
             copied = lookup_proposal(ids[max(0, anchor + 1 - LOOKUP_WINDOW - LOOKUP_MAX_MATCH):
@@ -123,7 +117,10 @@ def simulate(run: Replay, drafter, block: int, mask_token_id: int, budget: int, 
                               draft_logits=rows if source in ("drafter", "all") else None,
                               recycled=table if source in ("recycled", "all") else None,
                               lookup=copied, max_depth=block - 1)
-        accepted = _walk(tree, ids, anchor)
+        # The target's choice after each node on the path its greedy tokens take is the next
+        # of those tokens; the walk never reaches a node off that path.
+        path, _ = accept_greedy(tree, [ids[anchor + 1 + d] for d in tree.depths()])
+        accepted = len(path)
         tally.calls += 1
         tally.tokens += accepted + 1
         tally.accepted.append(accepted)
@@ -132,16 +129,6 @@ def simulate(run: Replay, drafter, block: int, mask_token_id: int, budget: int, 
         first = max(0, last - block + 1)
         inject(np.arange(first, first + block))
         anchor = last + 1
-
-
-def _walk(tree: TokenTree, ids: Sequence[int], anchor: int) -> int:
-    """How many nodes below the root the target's greedy tokens follow (ids after anchor)."""
-    child = {(int(p), int(t)): n for n, (p, t)
-             in enumerate(zip(tree.parents, tree.tokens, strict=True)) if n}
-    node, depth = 0, 0
-    while (node := child.get((node, ids[anchor + depth + 1]), -1)) >= 0:
-        depth += 1
-    return depth
 
 
 class TreeFiguresError(ValueError):
