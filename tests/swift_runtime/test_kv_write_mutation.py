@@ -34,7 +34,8 @@ def mismatches(bundle: Path) -> list[str]:
                      "--prompt-ids", ",".join(map(str, case["prompt_ids"])),
                      "--max-new-tokens", case["max_new_tokens"],
                      "--lookup-min-match", case["lookup_min_match"],
-                     *(["--tree-budget", case["tree_budget"]] if "tree_budget" in case else []))
+                     *(["--tree-budget", case["tree_budget"]] if "tree_budget" in case
+                       else ["--no-tree"]))
         assert result.returncode == 0, result.stderr
         tokens = json.loads(result.stdout)["tokens"]
         if not tokens or tokens != case["tokens"][:len(tokens)]:

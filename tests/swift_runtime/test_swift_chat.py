@@ -66,7 +66,7 @@ def _swift_chat(export: Path, messages, policy: str, backend: str, scratch: Path
     path = scratch / "messages.json"
     path.write_text(json.dumps(messages))
     args = ["--export-dir", export, "--messages", path, "--max-new-tokens", NEW_TOKENS,
-            "--format", "json", "--on-context-full", policy, "--backend", backend]
+            "--format", "json", "--on-context-full", policy, "--backend", backend, "--no-tree"]
     if backend == "coreml":
         args += ["--model-cache", scratch / "cache"]
     done = swift(*args)
@@ -77,7 +77,7 @@ def _swift_chat(export: Path, messages, policy: str, backend: str, scratch: Path
 def _fresh(export: Path, prompt_ids: list[int], stops: set[int]) -> list[int]:
     """The history decoded from scratch by a run without a session, cut after its first stop."""
     done = swift("--export-dir", export, "--prompt-ids", ",".join(map(str, prompt_ids)),
-                 "--max-new-tokens", NEW_TOKENS, "--format", "json", "--no-compare")
+                 "--max-new-tokens", NEW_TOKENS, "--format", "json", "--no-compare", "--no-tree")
     assert done.returncode == 0, done.stderr
     tokens = json.loads(done.stdout)["tokens"]
     for index, token in enumerate(tokens):

@@ -25,10 +25,11 @@ def bundle(tmp_path):
 
 def test_json_report_has_the_generation_and_its_figures():
     result = run("--export-dir", BUNDLE, "--prompt-ids", "1,40,41,42,43,44,45",
-                 "--max-new-tokens", "20", "--format", "json")
+                 "--max-new-tokens", "20", "--format", "json", "--no-tree")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["prompt_ids"] == [1, 40, 41, 42, 43, 44, 45]
+    assert report["automatic"] is False and report["steps"] == {"chain": len(report["accepted"])}
     assert len(report["tokens"]) == 20 or report["stop_reason"] == "eos"
     assert report["calls"]["prefill"] == 1
     # One verify call per step, one inject after prefill and one per step; the 7-token prompt
@@ -42,7 +43,7 @@ def test_json_report_has_the_generation_and_its_figures():
 def test_no_draft_gives_the_same_greedy_tokens_with_one_decode_call_per_token():
     common = ["--export-dir", BUNDLE, "--prompt-ids", "1,40,41,42,43,44,45", "--max-new-tokens",
               "12", "--format", "json"]
-    drafted = json.loads(run(*common).stdout)
+    drafted = json.loads(run(*common, "--no-tree").stdout)
     alone = json.loads(run(*common, "--no-draft").stdout)
     assert alone["tokens"] == drafted["tokens"]
     # The first token comes from prefill's logits (plus the short prompt's one main call);
@@ -56,7 +57,7 @@ def test_each_target_call_runs_in_the_smallest_context_bucket_holding_it():
     """The demo bundle has buckets of 64 and 128 slots (tests/runtime/bundles.bzl): a short
     prompt and 8 new tokens stay below 64, so no target call runs a larger function."""
     report = json.loads(run("--export-dir", BUNDLE, "--prompt-ids", "1,40,41,42,43,44,45",
-                            "--max-new-tokens", "8", "--format", "json").stdout)
+                            "--max-new-tokens", "8", "--format", "json", "--no-tree").stdout)
     ran = report["ran_functions"]
     assert {"prefill_64", "main_64"} <= set(ran) <= {"prefill_64", "main_64", "inject_kv", "draft"}
     calls = report["calls"]
@@ -188,3 +189,23 @@ def test_an_unwritable_model_cache_warns_in_one_line_and_decodes(tmp_path):
     assert result.stderr.count("\n") == 1 and str(blocker / "cache") in result.stderr
     report = json.loads(result.stdout)
     assert list(report["compiled_models"].values()) == ["compiled_temporarily"]
+
+
+def test_by_default_the_engine_chooses_each_step_and_reports_its_choice():
+    """Without a forced budget the engine chooses each step (StepPlanner): it tries the tree
+    and the target alone first, keeps the target's greedy tokens, and reports its figures;
+    --tree-budget N forces trees."""
+    common = ["--export-dir", BUNDLE, "--prompt-ids", "1,40,41,42,43,44,45", "--max-new-tokens",
+              "24", "--format", "json", "--no-compare"]
+    chosen = json.loads(run(*common).stdout)
+    alone = json.loads(run(*common, "--no-draft").stdout)
+    assert chosen["tokens"] == alone["tokens"]
+    steps = chosen["steps"]
+    assert chosen["automatic"] is True and set(steps) <= {"tree", "alone"}, steps
+    assert steps["tree"] >= 2 and steps["alone"] >= 2, steps
+    assert sum(steps.values()) == len(chosen["accepted"]) + steps["alone"]
+    assert chosen["calls"]["decode"] == steps["alone"] and chosen["calls"]["tree"] == steps["tree"]
+    assert "tree" in chosen["plan"] and "alone" in chosen["plan"]
+    forced = json.loads(run(*common, "--tree-budget", "2").stdout)
+    assert forced["automatic"] is False and set(forced["steps"]) == {"tree"}
+    assert forced["tokens"] == alone["tokens"]

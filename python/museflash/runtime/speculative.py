@@ -838,8 +838,9 @@ def check_tree_budget(budget: int | None, target: Target, drafter: Drafter | Non
         raise ValueError(f"--tree-budget {budget}: the bundle's tree function takes "
                          f"{target.tree_length} nodes; give 1 to {target.tree_length}")
     if sampled:
-        raise ValueError("tree verification is greedy for now; sample without --tree-budget "
-                         "(the chain keeps the target's distribution)")
+        raise ValueError("the Python loop verifies trees greedily; sample without "
+                         "--tree-budget (the chain keeps the target's distribution), or "
+                         "sample trees with swift-generate")
     return budget
 
 

@@ -99,6 +99,68 @@ public struct SeededGenerator: RandomNumberGenerator, Sendable {
 }
 
 enum SpeculativeSampling {
+    /// Deliberate damage to the tree rule, for the tests that show the statistical check sees
+    /// it (SamplingTests).
+    struct TreeFaults {
+        /// After a rejected child, judge the next one (and draw the last token) against the
+        /// node's own p instead of the residual.
+        var keepTargetAfterRejection = false
+        /// Judge every child against its depth's whole q, its elder siblings not removed.
+        var ignoreDrawnSiblings = false
+    }
+
+    /// Multi-candidate speculative sampling over a tree (SpecInfer's recursive rejection, the
+    /// candidates drawn without replacement): from the root, a node's children are judged in
+    /// order. Child i, drawn from q_i (its depth's q without its elder siblings' tokens,
+    /// renormalised), is accepted when u * q_i(x_i) < p_i(x_i), p_1 being the target's p at the
+    /// node; on rejection p_{i+1} = max(0, p_i - q_i), normalised. An accepted child becomes the
+    /// node; when every child is rejected, or the node has none, the token is drawn from the
+    /// last p_i. Each step keeps the target's distribution (the rejection rule's lemma, child by
+    /// child), so the output is distributed as the target's own sampling.
+    /// `p(node)`: the target's distribution after the node's path; `q[d - 1]`: depth d's.
+    static func acceptTree(_ tree: TokenTree, p: (Int) -> [Double], q: [[Double]], faults: TreeFaults = TreeFaults(),
+                           _ generator: inout SeededGenerator) -> (path: [Int], token: Int32) {
+        let children = tree.children
+        let depths = tree.depths
+        var path: [Int] = []
+        var node = 0
+        while true {
+            let own = p(node)
+            var target = own
+            var drawn: [Int32] = []
+            var next: Int?
+            for child in children[node] {
+                var proposal = q[depths[child] - 1]
+                if !faults.ignoreDrawnSiblings {
+                    for token in drawn { proposal[Int(token)] = 0 }
+                }
+                let mass = proposal.reduce(0, +)
+                proposal = proposal.map { $0 / mass }
+                let x = Int(tree.tokens[child])
+                if generator.uniform() * proposal[x] < target[x] {
+                    next = child
+                    break
+                }
+                drawn.append(tree.tokens[child])
+                if faults.keepTargetAfterRejection { continue }
+                var residual = zip(target, proposal).map { Swift.max($0 - $1, 0) }
+                let left = residual.reduce(0, +)
+                // Zero only when target == proposal up to rounding, where a rejection has
+                // probability ~0: keep the target then.
+                if left > 0 {
+                    residual = residual.map { $0 / left }
+                    target = residual
+                }
+            }
+            if let next {
+                path.append(next)
+                node = next
+                continue
+            }
+            return (path, Int32(sample(target, &generator)))
+        }
+    }
+
     /// One token from `probabilities` (need not be normalised) by inverting the cumulative sum.
     static func sample(_ probabilities: [Double], _ generator: inout SeededGenerator) -> Int {
         var cumulative = [Double](repeating: 0, count: probabilities.count)

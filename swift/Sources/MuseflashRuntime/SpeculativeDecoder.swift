@@ -22,9 +22,13 @@ public struct GenerationOptions: Sendable {
     /// followed them (`ContextLookup.proposal`) instead of calling `draft`; 0 drafts every step.
     public var lookupMinMatch: Int
     /// Verify trees of up to this many nodes (the root counted) through the target's `tree`
-    /// function instead of the drafter's chain through `main` (greedy; docs/trees.md); nil or
+    /// function instead of the drafter's chain through `main` (docs/trees.md); nil or
     /// 0: the chain (`--no-tree`).
     public var treeBudget: Int?
+    /// Choose each step's kind by measured cost instead (`StepPlanner`): the target alone, the
+    /// chain of `numDraftTokens`, or a tree as large as the bundle's `tree` function.
+    /// A `treeBudget` given besides is refused.
+    public var automatic: Bool
 
     /// The default `lookupMinMatch`, the same as the Python loop's DEFAULT_LOOKUP_MIN_MATCH
     /// (tests/runtime's goldens check that they agree).
@@ -32,9 +36,11 @@ public struct GenerationOptions: Sendable {
 
     public init(maxNewTokens: Int = 64, useDrafter: Bool = true, numDraftTokens: Int? = nil,
                 stopAtEndOfSequence: Bool = true, sampling: Sampling? = nil, seed: UInt64 = 0,
-                lookupMinMatch: Int = GenerationOptions.defaultLookupMinMatch, treeBudget: Int? = nil) {
+                lookupMinMatch: Int = GenerationOptions.defaultLookupMinMatch, treeBudget: Int? = nil,
+                automatic: Bool = false) {
         self.maxNewTokens = maxNewTokens
         self.treeBudget = treeBudget
+        self.automatic = automatic
         self.useDrafter = useDrafter
         self.numDraftTokens = numDraftTokens
         self.stopAtEndOfSequence = stopAtEndOfSequence
@@ -99,6 +105,11 @@ public struct GenerationResult: Sendable {
     public var targetCalls: Int { ["prefill", "main", "decode", "tree"].reduce(0) { $0 + (functions[$1]?.calls ?? 0) } }
     /// Accepted tree nodes whose cache rows were moved into place (docs/trees.md).
     public var movedRows = 0
+    /// Steps after the prompt by kind (`StepPlanner.Kind`: tree, chain, alone).
+    public var steps: [String: Int] = [:]
+    /// With `GenerationOptions.automatic`: the planner's figures when the generation ended
+    /// (`StepPlanner.summary`).
+    public var plan: String?
     public var tokensPerTargetCall: Double { targetCalls == 0 ? 0 : Double(tokens.count) / Double(targetCalls) }
     public var meanAcceptedLength: Double { accepted.isEmpty ? 0 : Double(accepted.reduce(0, +)) / Double(accepted.count) }
     /// Mean fraction of the judged drafts that were accepted.
@@ -123,11 +134,16 @@ public struct GenerationResult: Sendable {
 ///   lookup   with `lookupMinMatch` n > 0, a step whose context ends in n or more tokens seen
 ///            before proposes what followed them instead of calling `draft`
 ///            (`ContextLookup.proposal`); sampled, the copy is judged with a one-hot q.
-///   tree     with a tree budget (greedy), a step verifies a tree of candidates instead: the
-///            draft call's rows, the recycled table of the target's own earlier rows and the
-///            lookup proposal merged best first (`TokenTree.build`), ONE `tree` call, the
-///            longest path the target's argmax follows accepted, its cache rows moved to their
-///            own positions (`BackendState.moveRows`), its features injected.
+///   tree     with a tree budget, a step verifies a tree of candidates instead: the draft
+///            call's rows, the recycled table of the target's own earlier rows and the lookup
+///            proposal merged best first (`TokenTree.build`), ONE `tree` call, the longest path
+///            the target's argmax follows accepted, its cache rows moved to their own positions
+///            (`BackendState.moveRows`), its features injected. Sampled, the tree's tokens are
+///            drawn from the drafter's rows and judged by recursive rejection
+///            (`TokenTree.filledBySampling`, `SpeculativeSampling.acceptTree`).
+///   choice   with `automatic`, each step is the target alone (`decode`), the chain or a tree,
+///            whichever `planner` expects to give the most tokens per second; the drafter is
+///            given the alone steps' features before it drafts again (`catchUp`).
 ///
 /// The target's functions share one state and the drafter's another (`makeState(for:)`).
 ///
@@ -155,6 +171,10 @@ public final class SpeculativeDecoder {
     /// The target's likeliest next tokens, from every tree call's rows; kept across the calls
     /// that keep the caches (a chat), new for every other.
     private var recycled = TokenTree.RecycledTable()
+    /// What each function's calls have cost in this process, and the session's recent
+    /// acceptance by step kind: what `GenerationOptions.automatic` chooses by. Set
+    /// `planner.fixedCosts` to choose by a stored calibration instead.
+    public var planner: StepPlanner
 
     /// The target's `prefill` and `main` of every context bucket, on one state; the DFlash
     /// drafter's `inject_kv` and `draft` on another (nil without one; a full-attention
@@ -191,6 +211,12 @@ public final class SpeculativeDecoder {
         var treeMaskSeesEarlierNodes = false
         /// Added to the destination of every accepted tree row moved into place.
         var treeMoveShift = 0
+        /// Damage to the sampled tree's acceptance rule (SpeculativeSampling.TreeFaults).
+        var treeSampling = SpeculativeSampling.TreeFaults()
+        /// After target-alone steps, draft without injecting their features first.
+        var skipCatchUp = false
+        /// Step kinds taken in this order (then the planner's), in place of the planner's.
+        var plannedKinds: [StepPlanner.Kind] = []
     }
     var faults = Faults()
 
@@ -212,6 +238,7 @@ public final class SpeculativeDecoder {
         fusedTarget = target.kind == .fusedTarget
         // Target-alone steps run the one-token `decode` where the export has one, else main.
         stepFunction = target.decode == nil ? .main : .decode
+        planner = StepPlanner(aloneFunction: stepFunction.rawValue)
         treeLength = target.tree?.queryLength ?? 0
         targetStateNames = target.states.map(\.name.rawValue)
         targetFunctions = try AssetFunctions(.target, target, Set([.prefill, .main, stepFunction] + (treeLength > 0 ? [.tree] : [])),
@@ -391,7 +418,8 @@ public final class SpeculativeDecoder {
         // A call that fails midway leaves states nobody can vouch for: the next starts over.
         heldIDs = []
         if speculative {
-            try run.speculative(proposals: proposals, treeBudget: budget)
+            try run.speculative(proposals: proposals, treeBudget: budget, automatic: options.automatic)
+            if options.automatic { run.result.plan = planner.summary(among: run.kinds) }
         } else {
             try run.targetOnly()
         }
@@ -403,6 +431,9 @@ public final class SpeculativeDecoder {
 
     /// The tree budget `options` ask for (0: the chain), or a one-line refusal.
     private func checkTreeBudget(_ options: GenerationOptions) throws -> Int {
+        if options.automatic, let budget = options.treeBudget {
+            throw RuntimeError.badOption(reason: "--tree-budget \(budget) forces a budget; drop it to let the engine choose each step, or give --no-tree for the chain")
+        }
         guard let budget = options.treeBudget, budget != 0 else { return 0 }
         guard options.useDrafter else {
             throw RuntimeError.badOption(reason: "--tree-budget verifies the drafter's candidates; drop it or --no-draft")
@@ -412,9 +443,6 @@ public final class SpeculativeDecoder {
         }
         guard (1...treeLength).contains(budget) else {
             throw RuntimeError.badOption(reason: "--tree-budget \(budget): the bundle's tree function takes \(treeLength) nodes; give 1 to \(treeLength)")
-        }
-        guard !options.sampled else {
-            throw RuntimeError.badOption(reason: "tree verification is greedy for now; sample without --tree-budget (the chain keeps the target's distribution)")
         }
         return budget
     }
@@ -435,6 +463,11 @@ public final class SpeculativeDecoder {
         /// The furthest position written, this call's calls included.
         var writtenTo: Int
         let stops: Set<Int32>
+        /// The kinds an automatic generation chooses among, in the order the planner tries them.
+        var kinds: [StepPlanner.Kind] = []
+        /// The last position whose features the drafter's ring holds from its true token (later
+        /// slots may hold a verify block's unaccepted rows).
+        var injectedThrough = -1
 
         init(decoder: SpeculativeDecoder, prompt: [Int32], options: GenerationOptions, onTokens: (([Int32]) -> Void)?,
              keep: Int = 0, writtenTo: Int = -1) {
@@ -498,7 +531,9 @@ public final class SpeculativeDecoder {
                 throw RuntimeError.backend(function: function.name, reason: "\(error)")
             }
             result.functions[name.rawValue, default: FunctionStats()].calls += 1
-            result.functions[name.rawValue, default: FunctionStats()].seconds += (clock.now - start).seconds
+            let seconds = (clock.now - start).seconds
+            result.functions[name.rawValue, default: FunctionStats()].seconds += seconds
+            decoder.planner.observe(name.rawValue, seconds: seconds)
             result.ranFunctions[function.name, default: 0] += 1
             result.trace.append(FunctionCall(function: name.rawValue, firstPosition: first, length: length))
             writtenTo = max(writtenTo, first + length - 1)
@@ -575,6 +610,31 @@ public final class SpeculativeDecoder {
             ], first: first, length: block)
         }
 
+        /// Injects the features of target-alone steps (positions after `injectedThrough`
+        /// through `last`) in blocks, so the next draft sees them.
+        mutating func catchUp(through last: Int) throws {
+            guard injectedThrough < last, !decoder.faults.skipCatchUp else { return }
+            let block = decoder.blockSize
+            if last + 1 < block {
+                try inject(first: 0, fallback: features[last])
+            } else {
+                for start in try chunkStarts(last + 1, block, first: injectedThrough + 1) { try inject(first: start) }
+            }
+            injectedThrough = last
+        }
+
+        /// One target-alone step inside a speculative generation: `decode` (or a padded `main`)
+        /// on the anchor; its features wait for `catchUp`. -> the next anchor and its position.
+        mutating func aloneStep(anchor: Int32, at position: Int) throws -> (Int32, Int) {
+            let step = decoder.stepFunction
+            let length = step == .decode ? 1 : decoder.verifyLength
+            let out = try target(step, ids: [anchor] + [Int32](repeating: pad, count: length - 1), first: position)
+            store(features: out.features, width: out.width, first: position, rows: 1)
+            let token = next(out.logits[0..<decoder.vocabSize])
+            emit([token])
+            return (token, position + 1)
+        }
+
         /// Whether a block of `length` positions from `first` fits the context; if not,
         /// generation stops there.
         mutating func roomFor(first: Int, length: Int) -> Bool {
@@ -635,7 +695,7 @@ public final class SpeculativeDecoder {
             return (guesses, q)
         }
 
-        mutating func speculative(proposals: Int, treeBudget: Int = 0) throws {
+        mutating func speculative(proposals: Int, treeBudget: Int = 0, automatic: Bool = false) throws {
             let block = decoder.blockSize
             let vocab = decoder.vocabSize
             // The inject blocks end at the prompt's last position, so they may reach before `keep`.
@@ -645,16 +705,48 @@ public final class SpeculativeDecoder {
             for start in prompt.count >= block ? try chunkStarts(prompt.count, block, first: keep) : [0] {
                 try inject(first: start)
             }
+            injectedThrough = prompt.count - 1
             var anchorPosition = prompt.count
             let widest = treeBudget > 0 ? max(block, decoder.treeLength) : block
-            while !done, roomFor(first: anchorPosition, length: widest) {
+            if automatic {
+                // A tree of at least the chain's rows costs what main costs and holds its paths:
+                // the chain is then no candidate (measured: 1.89 against 1.72 tokens per call).
+                let tree = decoder.treeLength >= 2
+                kinds = (tree ? [.tree] : []) + (tree && decoder.treeLength <= block ? [] : [.chain]) + [.alone]
+            }
+            let planned = decoder.faults.plannedKinds
+            while !done {
+                var kind: StepPlanner.Kind = treeBudget > 0 ? .tree : .chain
+                if automatic {
+                    // The kinds whose call still fits the context; none: the context is full.
+                    let widths: [StepPlanner.Kind: Int] = [.tree: decoder.treeLength, .chain: block,
+                                                           .alone: decoder.stepFunction == .decode ? 1 : block]
+                    let fitting = kinds.filter { anchorPosition + widths[$0]! <= decoder.contextLength }
+                    guard roomFor(first: anchorPosition, length: fitting.map { widths[$0]! }.min() ?? widths[.chain]!) else { break }
+                    let index = result.steps.values.reduce(0, +)
+                    let forced = index < planned.count && anchorPosition + widths[planned[index]]! <= decoder.contextLength
+                    kind = forced ? planned[index] : decoder.planner.next(among: fitting)
+                } else if !roomFor(first: anchorPosition, length: widest) {
+                    break
+                }
+                result.steps[kind.rawValue, default: 0] += 1
+                if kind == .alone {
+                    (anchor, anchorPosition) = try aloneStep(anchor: anchor, at: anchorPosition)
+                    continue
+                }
+                try catchUp(through: anchorPosition - 1)
                 // A copy from the context, judged (sampled) with a one-hot q; else a draft.
                 var guesses: [Int32]
                 var q: [[Double]] = []
                 let copied = options.lookupMinMatch > 0
                     ? ContextLookup.proposal(contextTail(), count: block - 1, minMatch: options.lookupMinMatch) : nil
-                if treeBudget > 0 {
-                    (anchor, anchorPosition) = try treeStep(anchor: anchor, at: anchorPosition, budget: treeBudget, copied: copied)
+                if kind == .tree {
+                    let accepted: Int, chain: Int
+                    (anchor, anchorPosition, accepted, chain) = try treeStep(
+                        anchor: anchor, at: anchorPosition, budget: treeBudget > 0 ? treeBudget : decoder.treeLength,
+                        copied: copied, proposals: proposals)
+                    decoder.planner.record(.tree, accepted: accepted)
+                    decoder.planner.record(.chain, accepted: chain, estimated: true)
                     continue
                 }
                 if let copied = copied {
@@ -686,6 +778,7 @@ public final class SpeculativeDecoder {
                     }
                 }
                 result.accepted.append(accepted)
+                decoder.planner.record(.chain, accepted: accepted)
                 if copied != nil { result.lookupAccepted.append(accepted) }
                 emit(Array(guesses[..<accepted]) + [token])
                 // Rows 0 ... accepted saw correct tokens; later rows stand at positions the next
@@ -694,15 +787,19 @@ public final class SpeculativeDecoder {
                 let last = anchorPosition + accepted
                 store(features: verified.features, width: verified.width, first: anchorPosition, rows: block)
                 try inject(first: max(0, last - block + 1 + decoder.faults.injectWindowShift))
+                injectedThrough = last
                 for position in features.keys where position <= last - block { features[position] = nil }
                 anchor = token
                 anchorPosition = last + 1 + (decoder.faults.skipRejectedSlot && accepted < proposals ? 1 : 0)
             }
         }
 
-        /// One tree step at `anchorPosition` (the type's docs, `tree`): -> the next anchor and
-        /// its position. python/museflash/runtime/speculative.py `_tree_step`, call for call.
-        mutating func treeStep(anchor: Int32, at anchorPosition: Int, budget: Int, copied: [Int32]?) throws -> (Int32, Int) {
+        /// One tree step at `anchorPosition` (the type's docs, `tree`): -> the next anchor, its
+        /// position, the drafts accepted, and how many of them the drafter's top-1 chain of
+        /// `proposals` would have accepted (at least; the planner's estimate for the chain).
+        /// python/museflash/runtime/speculative.py `_tree_step`, call for call.
+        mutating func treeStep(anchor: Int32, at anchorPosition: Int, budget: Int, copied: [Int32]?,
+                               proposals: Int) throws -> (Int32, Int, Int, Int) {
             let block = decoder.blockSize
             let vocab = decoder.vocabSize
             let drafted = try draft(anchor: anchor, at: anchorPosition)
@@ -711,8 +808,18 @@ public final class SpeculativeDecoder {
             }
             let draftValues = draftLogits.floats
             let rows = (1..<block).map { Array(draftValues[($0 * vocab)..<(($0 + 1) * vocab)]) }
-            let tree = try TokenTree.build(anchor: anchor, budget: budget, draftLogits: rows, recycled: decoder.recycled,
+            var tree: TokenTree
+            var q: [[Double]] = []
+            if options.sampled, let sampling = options.sampling {
+                // Sampled: the drafter's tree shape, its tokens drawn from the drafter's rows
+                // (no recycled or copied candidates: each must come from the q it is judged by).
+                q = rows.map { probabilities(sampling, $0[...]) }
+                tree = try TokenTree.build(anchor: anchor, budget: budget, draftLogits: rows, maxDepth: block - 1)
+                    .filledBySampling(q: q, &generator)
+            } else {
+                tree = try TokenTree.build(anchor: anchor, budget: budget, draftLogits: rows, recycled: decoder.recycled,
                                            lookup: copied, maxDepth: block - 1)
+            }
             // The tree's nodes, then pad nodes that only the root and themselves see.
             let nodes = decoder.treeLength, count = tree.count
             let depths = tree.depths + [Int](repeating: 1, count: nodes - count)
@@ -738,8 +845,17 @@ public final class SpeculativeDecoder {
                 throw RuntimeError.badOutput(function: "tree", reason: "no drafter_features of \(nodes) rows")
             }
             let values = logits.floats
-            let choices = (0..<count).map { argmax(values[($0 * vocab)..<(($0 + 1) * vocab)]) }
-            let (path, token) = try tree.acceptGreedy(choices: choices)
+            let path: [Int], token: Int32
+            if options.sampled, let sampling = options.sampling {
+                // The generator apart from self while the closure reads self.
+                var draws = generator
+                (path, token) = SpeculativeSampling.acceptTree(tree, p: { probabilities(sampling, values[($0 * vocab)..<(($0 + 1) * vocab)]) },
+                                                               q: q, faults: decoder.faults.treeSampling, &draws)
+                generator = draws
+            } else {
+                let choices = (0..<count).map { argmax(values[($0 * vocab)..<(($0 + 1) * vocab)]) }
+                (path, token) = try tree.acceptGreedy(choices: choices)
+            }
             let moves = path.enumerated().compactMap { index, node in
                 node == index + 1 ? nil : (from: anchorPosition + node, to: anchorPosition + index + 1 + decoder.faults.treeMoveShift)
             }
@@ -749,7 +865,11 @@ public final class SpeculativeDecoder {
             let accepted = path.count
             result.accepted.append(accepted)
             if copied != nil { result.lookupAccepted.append(accepted) }
-            emit(path.map { tree.tokens[$0] } + [token])
+            let taken = path.map { tree.tokens[$0] } + [token]
+            emit(taken)
+            let topOne = rows.map { argmax($0[...]) }
+            var chain = 0
+            while chain < min(proposals, taken.count), topOne[chain] == taken[chain] { chain += 1 }
             // The path's rows at their own positions; the inject window's positions past it (a
             // prompt shorter than a block) take the last path row as a placeholder.
             let last = anchorPosition + accepted
@@ -758,8 +878,9 @@ public final class SpeculativeDecoder {
             let pathRows = ([0] + path).map { featureValues[($0 * width)..<(($0 + 1) * width)] }
             for (offset, row) in pathRows.enumerated() { self.features[anchorPosition + offset] = row }
             try inject(first: max(0, last - block + 1), fallback: pathRows.last!)
+            injectedThrough = last
             for position in self.features.keys where position <= last - block { self.features[position] = nil }
-            return (token, last + 1)
+            return (token, last + 1, accepted, chain)
         }
 
         mutating func targetOnly() throws {

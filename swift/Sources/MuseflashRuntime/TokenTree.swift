@@ -177,6 +177,40 @@ public struct TokenTree: Equatable, Sendable {
         return try TokenTree(tokens: tokens, parents: parents, sources: sources)
     }
 
+    /// A sampled generation's tree (docs/trees.md, "Sampling"): this tree's shape with each
+    /// node's token drawn from `q[depth - 1]`, the drafter's sampling distribution at its depth,
+    /// without replacement among its siblings (an elder sibling's token is not drawn again), in
+    /// node order. A node whose depth's distribution its elder siblings have exhausted is
+    /// dropped with its subtree. The shape depends on the drafter alone, never on the target,
+    /// so each node's children are sequential draws as `SpeculativeSampling.acceptTree` needs.
+    public func filledBySampling(q: [[Double]], _ generator: inout SeededGenerator) throws -> TokenTree {
+        var newTokens: [Int32] = [tokens[0]], newParents = [-1]
+        var newIndex = [Int?](repeating: nil, count: count)
+        newIndex[0] = 0
+        var drawn: [Int: [Int32]] = [:]
+        let depths = self.depths
+        for node in 1..<count {
+            guard let parent = newIndex[parents[node]], depths[node] <= q.count else { continue }
+            var row = q[depths[node] - 1]
+            for token in drawn[parent, default: []] { row[Int(token)] = 0 }
+            guard row.reduce(0, +) > 0 else { continue }
+            let token = Int32(SpeculativeSampling.sample(row, &generator))
+            drawn[parent, default: []].append(token)
+            newIndex[node] = newTokens.count
+            newTokens.append(token)
+            newParents.append(parent)
+        }
+        return try TokenTree(tokens: newTokens, parents: newParents,
+                             sources: [.root] + Array(repeating: .drafter, count: newTokens.count - 1))
+    }
+
+    /// Each node's children, in node order.
+    public var children: [[Int]] {
+        var children = [[Int]](repeating: [], count: count)
+        for node in 1..<count { children[parents[node]].append(node) }
+        return children
+    }
+
     /// The accepted nodes (root's child first) and the token after them, when `choices[i]` is
     /// the target's argmax after node i's path.
     public func acceptGreedy(choices: [Int32]) throws -> (path: [Int], token: Int32) {

@@ -15,6 +15,11 @@ import MuseflashRuntime
 //   swift-generate --export-dir DIR (--messages FILE.json | --chat) [--system TEXT]
 //       [--on-context-full refuse|drop-oldest] [--format text|json] [decoding flags above]
 //
+// With a drafter and none of --tree-budget, --no-tree or --num-draft-tokens, the engine chooses
+// each step by what calls have cost so far and what drafts were accepted (StepPlanner): the
+// target alone, the chain, or a tree as large as the bundle's tree function; it prints the
+// steps it took and its figures. --tree-budget N forces a tree, --no-tree the chain.
+//
 // Chat (MuseflashRuntime ChatSession): the bundle's chat template renders the conversation and
 // the caches live from turn to turn, so each turn prefills only what is new. --messages takes a
 // JSON list of {"role", "content"}: each user message no assistant message follows gets a
@@ -44,8 +49,11 @@ struct Options {
     var useDrafter = true
     var numDraftTokens: Int?
     var lookupMinMatch = GenerationOptions.defaultLookupMinMatch
-    /// Tree verification (docs/trees.md): nodes per tree call; nil or 0 (--no-tree): the chain.
+    /// Tree verification (docs/trees.md): nodes per tree call; 0 (--no-tree): the chain; nil:
+    /// each step chosen by measured cost (StepPlanner), unless --num-draft-tokens forces the chain.
     var treeBudget: Int?
+    /// Neither --tree-budget, --no-tree nor --num-draft-tokens: the engine chooses each step.
+    var automatic: Bool { treeBudget == nil && numDraftTokens == nil }
     var backend = "interpreter"
     /// Core ML backend only: cpu, gpu, ane or all.
     var computeUnits = "all"
@@ -296,6 +304,8 @@ func report(_ result: GenerationResult, options: Options, backend: String, bundl
         "lookup_steps": result.lookupSteps,
         "tree_budget": options.treeBudget ?? 0,
         "moved_rows": result.movedRows,
+        "steps": result.steps,
+        "automatic": result.plan != nil,
         "stop_reason": result.stopReason.rawValue,
         "num_draft_tokens": result.numDraftTokens,
         "calls": result.functions.mapValues { $0.calls },
@@ -318,6 +328,7 @@ func report(_ result: GenerationResult, options: Options, backend: String, bundl
         "top_p": options.topP,
         "seed": options.seed,
     ].merging(text.map { ["text": $0] } ?? [:]) { a, _ in a }
+        .merging(result.plan.map { ["plan": $0] } ?? [:]) { a, _ in a }
         .merging(alone.map { ["target_alone_seconds": $0.seconds, "target_alone_tokens_per_second": $0.tokensPerSecond,
                               "speedup": $0.tokensPerSecond > 0 ? result.tokensPerSecond / $0.tokensPerSecond : 0] } ?? [:]) { a, _ in a }
 }
@@ -339,7 +350,12 @@ func summary(_ result: GenerationResult, options: Options, backend: String, alon
     } else {
         lines.append(String(format: "%.2f tokens per target call (%d calls), target alone", result.tokensPerTargetCall, result.targetCalls))
     }
-    let timing = ["prefill", "main", "decode", "inject_kv", "draft"].compactMap { name -> String? in
+    if let plan = result.plan {
+        let steps = ["tree", "chain", "alone"].compactMap { kind in result.steps[kind].map { "\(kind) \($0)" } }
+        lines.append("steps chosen by measured cost (--tree-budget N or --no-tree forces one): " + steps.joined(separator: ", ")
+                     + "; expected " + plan)
+    }
+    let timing = ["prefill", "main", "decode", "tree", "inject_kv", "draft"].compactMap { name -> String? in
         guard let stats = result.functions[name] else { return nil }
         return String(format: "%@ %d x %.2f ms", name, stats.calls, 1000 * stats.seconds / Double(max(stats.calls, 1)))
     }
@@ -369,7 +385,8 @@ func converse(bundle: MuseflashBundle, options: Options) throws {
                                        numDraftTokens: options.numDraftTokens,
                                        sampling: try Sampling(temperature: options.temperature, topP: options.topP),
                                        seed: options.seed, lookupMinMatch: options.lookupMinMatch,
-                                       treeBudget: options.treeBudget)
+                                       treeBudget: options.treeBudget,
+                                       automatic: options.automatic && options.useDrafter)
     let session = try ChatSession(decoder: decoder, text: text, options: generation, system: options.system,
                                   onContextFull: options.onContextFull)
     let show: ((String) -> Void)? = options.json ? nil : { write($0) }
@@ -454,7 +471,8 @@ do {
     let sampling = try Sampling(temperature: options.temperature, topP: options.topP)
     var generation = GenerationOptions(maxNewTokens: options.maxNewTokens, useDrafter: options.useDrafter,
                                        numDraftTokens: options.numDraftTokens, sampling: sampling, seed: options.seed,
-                                       lookupMinMatch: options.lookupMinMatch, treeBudget: options.treeBudget)
+                                       lookupMinMatch: options.lookupMinMatch, treeBudget: options.treeBudget,
+                                       automatic: options.automatic && options.useDrafter)
     let streamText = options.promptIDs.isEmpty && !options.json
     var stream = text?.stream()
     // The prompt is echoed with the first tokens, not before: generate checks the prompt (its
@@ -472,6 +490,7 @@ do {
         generation.useDrafter = false
         generation.numDraftTokens = nil
         generation.treeBudget = nil
+        generation.automatic = false
         alone = try decoder.generate(prompt: prompt, options: generation)
     }
     if options.json {

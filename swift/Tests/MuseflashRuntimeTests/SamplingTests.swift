@@ -56,19 +56,25 @@ final class SamplingTests: XCTestCase {
 
     /// lookupMinMatch 0: every step drafts (over 6 tokens a 2-token match is found nearly every
     /// step, so the default would hardly ever call the drafter).
+    /// A tree of this many nodes, the stand-in's vocabulary and more: a node has several children.
+    static let treeNodes = 8
+
     func generate(close: Bool, sampling: Sampling, seed: UInt64, useDrafter: Bool = true, lookupMinMatch: Int = 0,
-                  configure: (inout SpeculativeDecoder.Faults) -> Void = { _ in }) throws -> GenerationResult {
-        let decoder = try SpeculativeDecoder(bundle: StandIn.bundle(), backend: MarkovBackend(close: close))
+                  treeBudget: Int? = nil, configure: (inout SpeculativeDecoder.Faults) -> Void = { _ in }) throws -> GenerationResult {
+        let bundle = try StandIn.bundle(treeNodes: Self.treeNodes)
+        let decoder = try SpeculativeDecoder(bundle: bundle, backend: MarkovBackend(close: close))
         configure(&decoder.faults)
         return try decoder.generate(prompt: Self.prompt, options: GenerationOptions(
-            maxNewTokens: Self.tokens, useDrafter: useDrafter, sampling: sampling, seed: seed, lookupMinMatch: lookupMinMatch))
+            maxNewTokens: Self.tokens, useDrafter: useDrafter, sampling: sampling, seed: seed, lookupMinMatch: lookupMinMatch,
+            treeBudget: treeBudget))
     }
 
     @discardableResult
     func checkDistribution(close: Bool, temperature: Double, topP: Double, useDrafter: Bool = true,
-                           lookupMinMatch: Int = 0) throws -> GenerationResult {
+                           lookupMinMatch: Int = 0, treeBudget: Int? = nil) throws -> GenerationResult {
         let sampling = try Sampling(temperature: temperature, topP: topP)
-        let result = try generate(close: close, sampling: sampling, seed: 1, useDrafter: useDrafter, lookupMinMatch: lookupMinMatch)
+        let result = try generate(close: close, sampling: sampling, seed: 1, useDrafter: useDrafter, lookupMinMatch: lookupMinMatch,
+                                  treeBudget: treeBudget)
         XCTAssertEqual(result.tokens.count, Self.tokens)
         let exact = Self.exact(temperature: temperature, topP: topP)
         for (token, stat) in Self.statistics(result.tokens, exact).enumerated() {
@@ -101,6 +107,32 @@ final class SamplingTests: XCTestCase {
     func testWrongDrafterKeepsTheTargetDistribution() throws {
         try checkDistribution(close: false, temperature: 0.8, topP: 1)
         try checkDistribution(close: false, temperature: 0.8, topP: 0.9)
+    }
+
+    /// Trees judged by recursive rejection (SpeculativeSampling.acceptTree): a close drafter's
+    /// trees accept deep paths, a wrong one's reject child after child.
+    func testTreesKeepTheTargetDistribution() throws {
+        for close in [true, false] {
+            for topP in [1, 0.9] {
+                let result = try checkDistribution(close: close, temperature: 0.8, topP: topP, treeBudget: Self.treeNodes)
+                XCTAssertEqual(result.functions["tree"]?.calls, result.accepted.count, "every step a tree")
+                XCTAssertGreaterThan(result.movedRows, 0, "children after the first accepted too")
+            }
+        }
+    }
+
+    /// The same check catches a wrong tree rule: a residual skipped after a rejected child, or
+    /// a child judged by a q that still holds its elder siblings' tokens; and the 1% bias.
+    func testABiasInTheTreeRuleIsCaught() throws {
+        let sampling = try Sampling(temperature: 0.8)
+        let exact = Self.exact(temperature: 0.8, topP: 1)
+        func caught(close: Bool, _ configure: (inout SpeculativeDecoder.Faults) -> Void) throws -> Bool {
+            let result = try generate(close: close, sampling: sampling, seed: 1, treeBudget: Self.treeNodes, configure: configure)
+            return Self.statistics(result.tokens, exact).contains { abs($0.d) > Self.z * $0.sigma }
+        }
+        XCTAssertTrue(try caught(close: false) { $0.treeSampling.keepTargetAfterRejection = true }, "the residual skipped")
+        XCTAssertTrue(try caught(close: false) { $0.treeSampling.ignoreDrawnSiblings = true }, "siblings judged by the whole q")
+        XCTAssertTrue(try caught(close: true) { $0.probabilityBias = (3, 0.01) }, "a 1% bias on token 3 with trees")
     }
 
     func testTargetAloneSamplesTheTargetDistribution() throws {

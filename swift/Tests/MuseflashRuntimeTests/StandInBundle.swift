@@ -11,7 +11,8 @@ enum StandIn {
     static let block = 4
     static let mask: Int32 = 6
 
-    static func bundle(contextLength: Int = 1 << 30, drafter: Bool = true) throws -> MuseflashBundle {
+    /// `treeNodes` > 0: the target has a `tree` function of that many nodes too.
+    static func bundle(contextLength: Int = 1 << 30, drafter: Bool = true, treeNodes: Int = 0) throws -> MuseflashBundle {
         let function = { (role: String, query: Int, inputs: [String], outputs: [String]) -> [String: Any] in
             ["role": role, "query_length": query, "inputs": inputs, "outputs": outputs]
         }
@@ -34,6 +35,13 @@ enum StandIn {
                                                  "head_dim": 1, "sliding_window": 4]],
             "source": ["checkpoint": "test"],
         ]
+        if treeNodes > 0 {
+            var assets = object["assets"] as! [String: Any]
+            var target = assets["target"] as! [String: Any]
+            target["tree"] = function("tree", treeNodes, ["input_ids", "position_ids", "tree_mask"], ["logits", "drafter_features"])
+            assets["target"] = target
+            object["assets"] = assets
+        }
         if !drafter {
             object["speculative_decoding"] = NSNull()
             var assets = object["assets"] as! [String: Any]
@@ -109,7 +117,8 @@ final class MarkovFunction: BackendFunction {
         let rows: [[Double]]
         switch name {
         case "prefill": rows = [StandIn.logits[Int(ids.last!)]]
-        case "main": rows = ids.map { StandIn.logits[Int($0)] }
+        // A Markov row depends on its own token only, whatever a tree node's ancestors are.
+        case "main", "tree": rows = ids.map { StandIn.logits[Int($0)] }
         case "draft": rows = table[Int(ids[0])]
         default: return [:]
         }

@@ -205,6 +205,62 @@ final class RuntimeGoldenTests: XCTestCase {
         try checkFaultIsCaught({ $0.treeMoveShift = 1 }, what: "accepted tree rows moved one slot late")
     }
 
+    // MARK: Steps chosen by measured cost
+
+    /// Greedy cases decoded with each step's kind chosen by the planner, on this machine's
+    /// costs: the target's own greedy tokens, whatever it chose.
+    func testAutomaticStepsKeepTheGreedyTokens() throws {
+        let decoder = try SpeculativeDecoder(bundle: bundle(), backend: InterpreterBackend())
+        // Every kind taken: a schedule first, then the planner's choice on this machine's costs.
+        decoder.faults.plannedKinds = [.alone, .alone, .chain, .alone] + (decoder.treeLength >= 2 ? [.tree, .alone, .tree] : [])
+        // Three cases: each decodes at a whole-bundle call's cost.
+        for golden in try cases().filter(\.speculative).prefix(3) {
+            var options = options(golden)
+            options.treeBudget = nil
+            options.automatic = true
+            let result = try decoder.generate(prompt: golden.prompt, options: options)
+            XCTAssertEqual(result.tokens, golden.tokens, "\(golden.name): tokens")
+            XCTAssertGreaterThan(result.steps["alone"] ?? 0, 0, "\(golden.name): steps \(result.steps)")
+            XCTAssertNotNil(result.plan)
+        }
+    }
+
+    /// After target-alone steps the drafter is given their features before it drafts again: the
+    /// chain steps that follow accept what they accept from a fresh start at that position.
+    /// Skipping that catch-up must show where the drafts are accepted at all.
+    func testDraftsAfterTargetAloneStepsSeeTheirFeatures() throws {
+        /// Whether every case's chain steps accepted what the fresh start's did; whether any accepted.
+        func check(skipCatchUp: Bool) throws -> (same: Bool, acceptedAny: Bool) {
+            let decoder = try SpeculativeDecoder(bundle: bundle(), backend: InterpreterBackend())
+            let fresh = try SpeculativeDecoder(bundle: bundle(), backend: InterpreterBackend())
+            decoder.faults.skipCatchUp = skipCatchUp
+            let alone = decoder.blockSize + 2
+            decoder.faults.plannedKinds = Array(repeating: .alone, count: alone) + Array(repeating: .chain, count: 64)
+            var (same, acceptedAny) = (true, false)
+            var prompts = Set<[Int32]>()
+            // Two prompts: each decodes twice at a whole-bundle call's cost.
+            let chosen = try cases().filter { $0.speculative && $0.maxNewTokens > alone + 4 && prompts.insert($0.prompt).inserted }
+            for golden in chosen.prefix(2) {
+                var options = options(golden)
+                (options.treeBudget, options.automatic, options.lookupMinMatch) = (nil, true, 0)
+                let mixed = try decoder.generate(prompt: golden.prompt, options: options)
+                // The same position from a fresh start: the alone steps' tokens are in its prompt.
+                var chain = self.options(golden)
+                (chain.treeBudget, chain.lookupMinMatch, chain.maxNewTokens) = (nil, 0, golden.maxNewTokens - alone)
+                let restart = try fresh.generate(prompt: golden.prompt + mixed.tokens[..<alone], options: chain)
+                XCTAssertEqual(Array(mixed.tokens[alone...]), restart.tokens, "\(golden.name): tokens")
+                XCTAssertEqual(mixed.steps["alone"], alone, "\(golden.name): the planned steps")
+                same = same && mixed.accepted == restart.accepted
+                acceptedAny = acceptedAny || restart.accepted.contains { $0 > 0 }
+            }
+            return (same, acceptedAny)
+        }
+        let good = try check(skipCatchUp: false)
+        XCTAssertTrue(good.same, "chain steps after target-alone steps accept what a fresh start accepts")
+        guard good.acceptedAny else { throw XCTSkip("these goldens' drafts accept nothing here: a missed catch-up cannot show") }
+        XCTAssertFalse(try check(skipCatchUp: true).same, "drafting without the alone steps' features went unnoticed")
+    }
+
     // MARK: Function by function
 
     struct GoldenFileError: Error, CustomStringConvertible {
