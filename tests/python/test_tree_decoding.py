@@ -172,7 +172,7 @@ def test_tree_budgets_a_bundle_cannot_take_are_refused(demo, dflash2):
         decode(demo, [1, 2, 3], 4, target.tree_length + 1)
     from museflash.runtime.sampling import Sampling
 
-    with pytest.raises(ValueError, match="greedy"):
+    with pytest.raises(ValueError, match="verifies trees greedily.*swift-generate"):
         decode(demo, [1, 2, 3], 4, 2, sampling=Sampling(temperature=0.8),
                rng=np.random.default_rng(0))
     untreed = speculative.EagerTarget(None, 8, 8)
