@@ -359,17 +359,12 @@ def test_a_large_calibration_file_is_read_a_line_at_a_time_and_capped(tmp_path):
     assert f"first {MAX_CALIBRATION_PROMPTS} of 200000" in record.calibration
 
 
-@pytest.mark.parametrize("name", ["massive", "massive-dflash2", "muted", "muted-attention",
-                                  "small-channels"])
-def test_logits_follow_fp32_on_the_planted_tokens(exports, name):
-    """Goal: logits cos >= 0.999 against fp32 eager on planted-activation checkpoints, over
-    main calls whose blocks hold the <bos> and peak tokens (verify's prompt). On `muted` the
-    logits are made of the channels beside a massive one alone; before the norm applied its
-    factor to x itself, cos fell to 0.997 and top-1 agreement to 9 of 48."""
+def _logits_against_fp32(export_dir: Path) -> tuple[list[float], list[bool]]:
+    """The exported `main`'s logits against fp32 eager over verify's <bos>-led prompt, in
+    main-sized blocks: each position's cosine and whether the two argmaxes agree."""
     from museflash.checkpoint.load import load_target
     from museflash.checks.verify import deterministic_prompt
 
-    export_dir = exports[name]
     metadata = Metadata.read(export_dir)
     interpreter = Interpreter(load_program(export_dir / "target.mlpackage", "main"), "main")
     states = interpreter.zero_states()
@@ -391,6 +386,17 @@ def test_logits_follow_fp32_on_the_planted_tokens(exports, name):
         for a, b in zip(got[0].astype(np.float64), want[0].double().numpy(), strict=True):
             cosines.append(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
             agreed.append(a.argmax() == b.argmax())
+    return cosines, agreed
+
+
+@pytest.mark.parametrize("name", ["massive", "massive-dflash2", "muted", "muted-attention",
+                                  "small-channels"])
+def test_logits_follow_fp32_on_the_planted_tokens(exports, name):
+    """Goal: logits cos >= 0.999 against fp32 eager on planted-activation checkpoints, over
+    main calls whose blocks hold the <bos> and peak tokens (verify's prompt). On `muted` the
+    logits are made of the channels beside a massive one alone; before the norm applied its
+    factor to x itself, cos fell to 0.997 and top-1 agreement to 9 of 48."""
+    cosines, agreed = _logits_against_fp32(exports[name])
     assert min(cosines) >= 0.999
     assert np.mean(agreed) >= 0.95, f"top-1 agreement {sum(agreed)} of {len(agreed)}"
 
@@ -418,6 +424,37 @@ def test_the_audit_predicts_the_loss_of_small_channels_beside_a_massive_one():
     plain = _NormLoss()
     plain.note(norm, torch.from_numpy(np.random.default_rng(6).standard_normal((4, 64))).float())
     assert plain.unfolded < NORM_LOSS_LIMIT
+
+
+def test_small_channels_in_todays_order_miss_the_goal_and_fail_verify(tmp_path, monkeypatch):
+    """tiny-small-channels exported with no norm folded, today's order (x * f) * w everywhere:
+    its logits fall below the goal that the folded bundle meets (the test above) and verify
+    fails. What the folds are for, shown on the same pair."""
+    from museflash.export import fp16_range
+
+    monkeypatch.setattr(fp16_range, "choose_folds", lambda run: [])
+    out = _export(tmp_path / "unfolded", "tiny-small-channels")
+    assert Metadata.read(out).fp16_range.folded_norms is None
+    cosines, _ = _logits_against_fp32(out)
+    assert min(cosines) < 0.999
+    status, lines = _verify(out)
+    assert status != 0 and "logits" in "\n".join(lines)
+
+
+def test_both_forms_keep_small_channels_and_fp32_products_add_casts():
+    """//:norm_figures' second table at a small width: on rows of the class, today's order
+    loses the small channels past the audit's limit; folding the weight in first and keeping
+    the two products in fp32 (coremltools' per-op precision) both keep them. The fold adds no
+    op; the fp32 products add three casts (into fp32 for x and f, back to fp16)."""
+    from museflash.export.fp16_range import NORM_LOSS_LIMIT
+    from museflash.tools.norm_figures import WEIGHTED_FORMS, measure_weighted
+
+    figures = {form: measure_weighted(form, dim=64, rows=8, repeats=1) for form in WEIGHTED_FORMS}
+    today, folded, fp32 = (figures[form] for form in WEIGHTED_FORMS)
+    assert today["error"] > 4 * NORM_LOSS_LIMIT
+    assert folded["error"] < NORM_LOSS_LIMIT / 4 and fp32["error"] < NORM_LOSS_LIMIT / 4
+    assert folded["ops"] == today["ops"] and folded["casts"] == today["casts"] == 0
+    assert (fp32["ops"], fp32["casts"]) == (today["ops"] + 3, 3)
 
 
 def test_small_channels_get_their_norms_folded_and_the_graph_says_so(exports):
