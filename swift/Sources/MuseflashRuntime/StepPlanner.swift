@@ -16,8 +16,9 @@ import Foundation
 /// top-1 tokens against the target's path), so the chain's figure follows the tree's.
 ///
 /// Each kind is tried until its cost and acceptance are known; while the target alone leads,
-/// every `probeInterval`-th step is the best speculative kind, so drafts that start to pay
-/// later in a conversation are seen. The target alone costs what a bundle exported without a
+/// a step now and then is the best speculative kind, so drafts that start to pay later in a
+/// conversation are seen: after `probeInterval` alone steps, then twice as many after each
+/// probe that leaves the target alone ahead (at most `longestProbeInterval`). The target alone costs what a bundle exported without a
 /// drafter costs (`decode`), so the choice is never slower than that bundle by more than the
 /// probes and the first steps. Greedy or sampled, every kind keeps the target's output: the
 /// choice changes the speed only.
@@ -28,8 +29,10 @@ public struct StepPlanner: Sendable {
 
     /// Steps of each kind taken before its acceptance counts as known.
     public static let warmupSteps = 2
-    /// While the target alone leads, one step in this many is speculative.
+    /// While the target alone leads, the first probe comes after this many alone steps.
     public static let probeInterval = 16
+    /// The longest run of alone steps between probes.
+    public static let longestProbeInterval = 256
     /// Steps of each kind whose accepted drafts make its mean.
     public static let window = 32
     /// The weight of a function's newest call in its running cost.
@@ -43,6 +46,7 @@ public struct StepPlanner: Sendable {
     private var recent: [Kind: [Int]] = [:]
     private var taken: [Kind: Int] = [:]
     private var aloneRun = 0
+    private var probeEvery = StepPlanner.probeInterval
     /// The target-alone step's function: `decode` where the bundle has one, else `main`.
     let aloneFunction: String
 
@@ -124,13 +128,15 @@ public struct StepPlanner: Sendable {
         for rate in rates.dropFirst() where rate.1 > best.1 { best = rate }
         guard best.0 == .alone else {
             aloneRun = 0
+            probeEvery = StepPlanner.probeInterval
             return best.0
         }
         aloneRun += 1
         let speculative = rates.filter { $0.0 != .alone }
-        if aloneRun >= StepPlanner.probeInterval, var probe = speculative.first {
+        if aloneRun >= probeEvery, var probe = speculative.first {
             for rate in speculative.dropFirst() where rate.1 > probe.1 { probe = rate }
             aloneRun = 0
+            probeEvery = min(2 * probeEvery, StepPlanner.longestProbeInterval)
             return probe.0
         }
         return .alone

@@ -42,11 +42,22 @@ final class StepPlannerTests: XCTestCase {
         XCTAssertEqual(planner.next(among: [.tree, .chain, .alone]), .chain)
     }
 
-    func testWhileTheTargetAloneLeadsEverySixteenthStepProbesTheDrafts() {
+    func testWhileTheTargetAloneLeadsProbesComeLessAndLessOften() {
         var planner = planner(costs: Self.cpu, treeAccepted: [0, 0, 0, 0])
-        let kinds = (0..<(2 * StepPlanner.probeInterval)).map { _ in planner.next(among: [.tree, .alone]) }
+        let kinds = (0..<1000).map { _ in planner.next(among: [.tree, .alone]) }
         let probes = kinds.indices.filter { kinds[$0] == .tree }
-        XCTAssertEqual(probes, [StepPlanner.probeInterval - 1, 2 * StepPlanner.probeInterval - 1])
+        // The 16th step, then one in 32, 64, 128, 256 and 256: a few in a thousand.
+        XCTAssertEqual(probes, [15, 47, 111, 239, 495, 751])
+    }
+
+    func testAProbeThatPaysMakesTheKindLeadAgain() {
+        var planner = planner(costs: Self.cpu, treeAccepted: [0, 0, 0, 0])
+        var kinds = (0..<16).map { _ in planner.next(among: [.tree, .alone]) }
+        XCTAssertEqual(kinds.last, .tree, "the first probe")
+        // The probe and the steps the mean keeps from then on accept 3: the tree leads.
+        for _ in 0..<StepPlanner.window { planner.record(.tree, accepted: 3) }
+        kinds = (0..<4).map { _ in planner.next(among: [.tree, .alone]) }
+        XCTAssertEqual(kinds, [.tree, .tree, .tree, .tree])
     }
 
     func testUnknownKindsAreTriedFirstAndAFirstCallDoesNotSetTheCost() {
