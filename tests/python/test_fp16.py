@@ -496,6 +496,33 @@ def test_verify_refuses_a_bundle_whose_folded_norms_are_not_its_graphs(exports, 
     assert status == 2 and "folded_norms" in lines[-1]
 
 
+def test_small_channels_below_fp16s_normal_range_are_refused_naming_the_norm(tmp_path):
+    """A variant of tiny-small-channels whose ordinary embedding channels are 1000 times
+    smaller: beside the massive channel they reach the first muting norm as fp16 subnormals
+    themselves, so folding the weight in cannot keep them either. The export stops at the
+    audit, naming that norm, in one line, with nothing written."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    target, drafter = demo_checkpoint.write_tiny_checkpoints(tmp_path / "pair", tokenizer=True,
+                                                             massive="small-channels")
+    key = "model.language_model.embed_tokens.weight"
+    (shard,) = target.glob("*.safetensors")
+    with safe_open(str(shard), "pt") as f:
+        tensors, metadata = {k: f.get_tensor(k) for k in f.keys()}, f.metadata()
+    ordinary = torch.arange(tensors[key].shape[1]) != demo_checkpoint.MASSIVE
+    tensors[key][:, ordinary] *= 1e-3
+    save_file(tensors, str(shard), metadata=metadata)
+    out = tmp_path / "refused"
+    with pytest.raises(ExportError, match=r"target layers\.2\.input_layernorm loses its small "
+                       r"channels.*folded it is still off by") as error:
+        export_bundle(ExportOptions(output_dir=out, checkpoint=target,
+                                    drafter_checkpoint=drafter, **SMALL),
+                      Progress(echo=lambda _: None))
+    assert "\n" not in str(error.value)
+    assert not out.exists()
+
+
 def test_a_norm_no_form_can_hold_is_refused_naming_it_and_nothing_written(tmp_path,
                                                                           monkeypatch):
     """With a margin so wide that no |f * w| can be bounded under 2^15, tiny-small-channels'
