@@ -60,8 +60,16 @@ class MarkovTarget:
     step_length = BLOCK  # no one-token decode: target-alone steps go through main
     step_function = FunctionName.MAIN
 
-    def __init__(self, logits: np.ndarray):
+    def __init__(self, logits: np.ndarray, tree_length: int = 0):
         self.logits = logits  # [previous token, vocab]
+        self.tree_length = tree_length
+
+    def verify_tree(self, ids, positions, mask):
+        # A Markov row depends on the node's own token alone, whatever its ancestors are.
+        return self.logits[ids], np.zeros((len(ids), 1))
+
+    def compact(self, base, path) -> None:
+        pass
 
     def prefill(self, ids, positions):
         return self.logits[ids[-1]], np.zeros((len(ids), 1))
@@ -161,14 +169,20 @@ def _pooled_sigma(tokens: list[int], exact: np.ndarray) -> np.ndarray:
     return np.sqrt((exact * (1 - exact))[prev].sum(0))
 
 
-def _run(drafter: str, settings: Sampling, seed: int = 0, tokens: int = TOKENS):
+TREE_NODES = 8  # more than the vocabulary: nodes have several children
+
+
+def _run(drafter: str, settings: Sampling, seed: int = 0, tokens: int = TOKENS,
+         tree: bool = False):
     """drafter "close" or "wrong" drafts every step; "wrong+lookup" is "wrong" whose steps
-    copy from the context when its last 2 tokens occurred before (nearly every step here)."""
+    copy from the context when its last 2 tokens occurred before (nearly every step here).
+    `tree`: every step verifies a sampled tree of TREE_NODES nodes (docs/trees.md)."""
     kind, _, lookup = drafter.partition("+")
-    return speculative_generate(MarkovTarget(LOGITS), _drafter(kind), PROMPT, tokens,
-                                mask_token_id=MASK, sampling=settings,
+    return speculative_generate(MarkovTarget(LOGITS, TREE_NODES if tree else 0), _drafter(kind),
+                                PROMPT, tokens, mask_token_id=MASK, sampling=settings,
                                 rng=np.random.default_rng(seed),
-                                lookup_min_match=2 if lookup else 0)
+                                lookup_min_match=2 if lookup else 0,
+                                tree_budget=TREE_NODES if tree else None)
 
 
 CONFIGS = [Sampling(temperature=0.8), Sampling(temperature=0.8, top_p=0.9)]
@@ -235,6 +249,48 @@ def test_always_accepting_is_detected(monkeypatch):
     found = _violations(_run("wrong", settings).tokens,
                         _reference(LOGITS, settings.temperature, settings.top_p))
     assert len(found) > 10, found
+
+
+@pytest.mark.parametrize("drafter, settings", [("close", CONFIGS[1]), ("wrong", CONFIGS[0])],
+                         ids=["close-t0.8-top_p0.9", "wrong-t0.8"])
+def test_sampled_trees_have_the_target_distribution(drafter, settings):
+    """Trees judged by recursive rejection (tree.accept_sampled), with paths accepted below
+    children after the first: the same bound as the chain's."""
+    exact = _reference(LOGITS, settings.temperature, settings.top_p)
+    result = _run(drafter, settings, tree=True)
+    assert len(result.tokens) == TOKENS and result.tree_calls == len(result.accepted)
+    assert _violations(result.tokens, exact) == []
+    assert np.all(BIAS * TOKENS >= (Z + 3) * _pooled_sigma(result.tokens, exact))
+    assert result.moved_rows > 0 and max(result.accepted) >= 2
+
+
+def test_a_tree_rule_without_the_residual_is_detected(monkeypatch):
+    """After a rejected child, judging the next one (and drawing the token) against the
+    node's own p instead of the residual: the check sees it."""
+    from museflash.runtime import tree as tree_module
+
+    def no_residual(tree, p, q, rng):
+        children: dict[int, list[int]] = {}
+        for node in range(1, len(tree)):
+            children.setdefault(int(tree.parents[node]), []).append(node)
+        depths, path, node = tree.depths(), [], 0
+        while True:
+            target = p(node)
+            for child in children.get(node, []):
+                x = int(tree.tokens[child])
+                if rng.random() * q[depths[child] - 1][x] < target[x]:
+                    path.append(child)
+                    node = child
+                    break
+            else:
+                return path, int(tree_module.sample(target, rng))
+
+    monkeypatch.setattr(speculative, "accept_sampled", no_residual)
+    settings = CONFIGS[0]
+    # A gross bias: a fifth of the tokens shows it (the bound holds at any length).
+    found = _violations(_run("wrong", settings, tree=True, tokens=TOKENS // 5).tokens,
+                        _reference(LOGITS, settings.temperature, settings.top_p))
+    assert len(found) > 3, found
 
 
 def test_target_only_sampling_has_the_target_distribution():

@@ -20,11 +20,13 @@ docs/metadata.md and docs/positions.md:
             drafted by copying, which a drafter that predicts from its prior does not do
             (docs/demo.md). The proposal is deterministic, so sampled verification judges it
             with a one-hot q; the output's distribution is the target's either way.
-  tree      with a tree budget (greedy only), a step verifies a tree of candidates instead of
-            the chain (runtime/tree.py, docs/trees.md): the draft call's rows, the recycled
-            table of the target's own earlier rows and the lookup proposal merged best first,
-            verified by ONE target `tree` call; the longest path the target's argmax follows is
-            accepted, its cache rows moved to their own positions, its features injected.
+  tree      with a tree budget, a step verifies a tree of candidates instead of the chain
+            (runtime/tree.py, docs/trees.md): the draft call's rows, the recycled table of the
+            target's own earlier rows and the lookup proposal merged best first, verified by
+            ONE target `tree` call; the longest path the target's argmax follows is accepted,
+            its cache rows moved to their own positions, its features injected. Sampled, the
+            tree's tokens are drawn from the drafter's rows and judged by recursive rejection
+            (`fill_by_sampling`, `accept_sampled`).
   sampling  with a temperature > 0 the drafts are sampled from the drafter's rows and the
             speculative rejection rule (runtime/sampling.py) replaces "longest agreeing
             prefix", so the output is distributed as the target's own sampling; temperature 0
@@ -64,9 +66,11 @@ from museflash.runtime.tree import (
     RecycledTable,
     TokenTree,
     accept_greedy,
+    accept_sampled,
     build_tree,
     check_ancestor_mask,
     compact_tree_rows,
+    fill_by_sampling,
 )
 
 # --- Backends --------------------------------------------------------------------------------
@@ -796,15 +800,27 @@ class DecodeSession:
         its position."""
         target, block = self.target, self.block
         drafted = self._draft(anchor, anchor_pos, result)
-        tree = build_tree(anchor, self.tree_budget, draft_logits=drafted.logits[1:],
-                          recycled=self.recycled, lookup=copied, max_depth=block - 1)
+        if self.sampled:
+            # The drafter's tree shape, its tokens drawn from its rows: no recycled or copied
+            # candidates, each must come from the q it is judged by (docs/trees.md, Sampling).
+            q = probabilities(drafted.logits[1:], self.sampling)
+            tree = fill_by_sampling(build_tree(anchor, self.tree_budget,
+                                               draft_logits=drafted.logits[1:],
+                                               max_depth=block - 1), q, self.rng)
+        else:
+            tree = build_tree(anchor, self.tree_budget, draft_logits=drafted.logits[1:],
+                              recycled=self.recycled, lookup=copied, max_depth=block - 1)
         nodes = target.tree_length
         ids, positions, mask = tree_call_inputs(tree, nodes, anchor_pos, self.pad_token_id)
         logits, rows = target.verify_tree(ids, positions, mask)
         result.tree_calls += 1
         self.written_to = max(self.written_to, anchor_pos + nodes - 1)
         count = len(tree)
-        path, token = accept_greedy(tree, np.argmax(logits[:count], axis=-1))
+        if self.sampled:
+            path, token = accept_sampled(
+                tree, lambda node: probabilities(logits[node], self.sampling), q, self.rng)
+        else:
+            path, token = accept_greedy(tree, np.argmax(logits[:count], axis=-1))
         target.compact(anchor_pos, path)
         result.moved_rows += sum(node != depth for depth, node in enumerate(path, start=1))
         self.recycled.update(tree.tokens, logits[:count])
@@ -837,10 +853,6 @@ def check_tree_budget(budget: int | None, target: Target, drafter: Drafter | Non
     if not 1 <= budget <= target.tree_length:
         raise ValueError(f"--tree-budget {budget}: the bundle's tree function takes "
                          f"{target.tree_length} nodes; give 1 to {target.tree_length}")
-    if sampled:
-        raise ValueError("the Python loop verifies trees greedily; sample without "
-                         "--tree-budget (the chain keeps the target's distribution), or "
-                         "sample trees with swift-generate")
     return budget
 
 

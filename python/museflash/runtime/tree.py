@@ -26,11 +26,13 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 
 import numpy as np
+
+from museflash.runtime.sampling import sample
 
 DRAFT_TOP_K = 8  # a drafter row's likeliest tokens a node may take
 RECYCLED_TOP_K = 8  # the target's likeliest next tokens the table keeps per token
@@ -256,6 +258,71 @@ def accept_greedy(tree: TokenTree, choices: Sequence[int]) -> tuple[list[int], i
         path.append(next_node)
         node = next_node
     return path, int(choices[node])
+
+
+def fill_by_sampling(shape: TokenTree, q: np.ndarray, rng: np.random.Generator) -> TokenTree:
+    """A sampled generation's tree (docs/trees.md, "Sampling"): `shape` with each node's token
+    drawn from q[depth - 1], the drafter's sampling distribution at its depth, without its elder
+    siblings' tokens, in node order. A node whose depth's distribution its elder siblings have
+    exhausted (top-p) is dropped with its subtree. The shape depends on the drafter alone, so
+    each node's children are the sequential draws `accept_sampled` judges."""
+    depths = shape.depths()
+    tokens, parents = [int(shape.tokens[0])], [-1]
+    new_index: dict[int, int] = {0: 0}
+    drawn: dict[int, list[int]] = {}
+    for node in range(1, len(shape)):
+        parent = new_index.get(int(shape.parents[node]))
+        if parent is None or depths[node] > len(q):
+            continue
+        row = np.array(q[depths[node] - 1], np.float64)
+        row[drawn.get(parent, [])] = 0.0
+        if not row.sum() > 0:
+            continue
+        token = int(sample(row, rng))
+        drawn.setdefault(parent, []).append(token)
+        new_index[node] = len(tokens)
+        tokens.append(token)
+        parents.append(parent)
+    return TokenTree(np.array(tokens, np.int32), np.array(parents, np.int32),
+                     np.array([Source.ROOT] + [Source.DRAFTER] * (len(tokens) - 1), np.int8))
+
+
+def accept_sampled(tree: TokenTree, p: Callable[[int], np.ndarray], q: np.ndarray,
+                   rng: np.random.Generator) -> tuple[list[int], int]:
+    """Multi-candidate speculative sampling over `tree` (SpecInfer's recursive rejection, the
+    candidates drawn without replacement): (the accepted nodes, root's child first; the token
+    after them). From the root, a node's children are judged in order: child i, drawn from q_i
+    (its depth's q without its elder siblings' tokens, renormalised), is accepted when
+    u * q_i(x_i) < p_i(x_i), p_1 = p(node), the target's distribution after the node's path; on
+    rejection p_{i+1} = max(0, p_i - q_i), normalised. An accepted child becomes the node; when
+    every child is rejected, or there is none, the token is drawn from the last p_i. Each test
+    is the rejection rule's lemma, so the output is distributed as the target's own sampling.
+    One uniform per child judged, then one for the token (Swift's acceptTree, the same rule)."""
+    children: dict[int, list[int]] = {}
+    for node in range(1, len(tree)):
+        children.setdefault(int(tree.parents[node]), []).append(node)
+    depths = tree.depths()
+    path, node = [], 0
+    while True:
+        target = np.asarray(p(node), np.float64)
+        drawn: list[int] = []
+        accepted = None
+        for child in children.get(node, []):
+            proposal = np.array(q[depths[child] - 1], np.float64)
+            proposal[drawn] = 0.0
+            proposal /= proposal.sum()
+            x = int(tree.tokens[child])
+            if rng.random() * proposal[x] < target[x]:
+                accepted = child
+                break
+            drawn.append(x)
+            residual = np.maximum(target - proposal, 0.0)
+            if residual.sum() > 0:  # else target == proposal up to rounding: keep it
+                target = residual / residual.sum()
+        if accepted is None:
+            return path, int(sample(target, rng))
+        path.append(accepted)
+        node = accepted
 
 
 def compact_tree_rows(states: Sequence[np.ndarray], base: int, path: Sequence[int]) -> None:
