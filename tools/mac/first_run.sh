@@ -77,12 +77,13 @@ run_on() {  # run_on DIR NAME ARGS...: as run, on the export in DIR
          echo "{\"error\": $(python3 -c 'import json,sys; print(json.dumps(f"exit status {sys.argv[2]}: " + open(sys.argv[1]).read().strip()))' "${work}/${name}.err" "${status}")}" > "${work}/${name}.json"; }
 }
 
+# The chain (--no-tree) where the report's columns time main; the engine's own choice below.
 log "interpreter reference"
-run interpreter --backend interpreter
+run interpreter --backend interpreter --no-tree
 for units in cpu gpu ane all; do
   log "Core ML, --compute-units ${units} (first launch compiles, second reuses the cache)"
-  run "coreml-${units}-first" --backend coreml --compute-units "${units}" --model-cache "${cache}"
-  run "coreml-${units}" --backend coreml --compute-units "${units}" --model-cache "${cache}"
+  run "coreml-${units}-first" --backend coreml --compute-units "${units}" --model-cache "${cache}" --no-tree
+  run "coreml-${units}" --backend coreml --compute-units "${units}" --model-cache "${cache}" --no-tree
 done
 for k in 1 3 5 7; do
   log "draft length ${k}"
@@ -90,6 +91,9 @@ for k in 1 3 5 7; do
   run "draft-${k}-interpreter" --backend interpreter --num-draft-tokens "${k}"
 done
 run target-alone --backend coreml --compute-units all --model-cache "${cache}" --no-draft
+log "the step the engine chooses by measured cost (docs/trees.md)"
+run chosen --backend coreml --compute-units all --model-cache "${cache}"
+run chosen-interpreter --backend interpreter
 for budget in 2 4 8; do
   log "tree budget ${budget} (docs/trees.md: rows moved through MLState.withMultiArray)"
   run "tree-${budget}" --backend coreml --compute-units all --model-cache "${cache}" --tree-budget "${budget}"
@@ -160,6 +164,15 @@ for budget in (2, 4, 8):
         continue
     print(f"| {budget} | {c['tokens_per_second']:.1f} | {c['tokens_per_target_call']:.2f} | "
           f"{c['functions'].get('tree', {}).get('ms_per_call', 0):.2f} | {'yes' if c['tokens'] == i['tokens'] else 'no'} | {c['moved_rows']} |")
+chosen, chosen_ref = load("chosen"), load("chosen-interpreter")
+if "error" in chosen or "error" in chosen_ref:
+    print(f"\n**The step the engine chooses**: error: {chosen.get('error') or chosen_ref.get('error')}")
+else:
+    steps = lambda r: ", ".join(f"{kind} {count}" for kind, count in sorted(r["steps"].items()))
+    print(f"\n**The step the engine chooses** (StepPlanner, docs/trees.md; no budget given): Core ML (all) "
+          f"{chosen['tokens_per_second']:.1f} tokens/s, steps {steps(chosen)}, tokens equal the interpreter's: "
+          f"{'yes' if chosen['tokens'] == chosen_ref['tokens'] else 'no'}; its figures: {chosen.get('plan')}. "
+          f"The interpreter chose {steps(chosen_ref)}.")
 print("\n**KV write strategies** (docs/kv-write.md; the target alone, so every call is `main`):\n")
 blend_ref = load("kv-blend-interpreter")
 if "error" in blend_ref and "No such file" in blend_ref["error"]:
