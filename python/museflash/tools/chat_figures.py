@@ -62,7 +62,8 @@ def converse(binary: Path, export_dir: Path, messages: list[dict[str, str]], max
     try:
         done = subprocess.run(
             [str(binary), "--export-dir", str(export_dir), "--messages", path, "--format", "json",
-             "--max-new-tokens", str(max_new_tokens), "--backend", backend],
+             "--max-new-tokens", str(max_new_tokens), "--backend", backend,
+             "--no-tree"],  # the drafter's chain, whose acceptance per turn is the figure
             capture_output=True, text=True, check=False)
     except OSError as error:
         raise FiguresError(f"--swift-generate {binary} cannot be run ({error.strerror}); run "

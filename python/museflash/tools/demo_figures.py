@@ -229,8 +229,8 @@ def swift_run(binary: Path, export_dir: Path, prompt: list[int], new_tokens: int
             ",".join(map(str, prompt)), "--max-new-tokens", str(new_tokens), "--format", "json",
             "--no-compare", "--temperature", str(temperature), "--seed", str(seed),
             "--lookup-min-match", str(lookup_min_match)]
-    if not draft:
-        args.append("--no-draft")
+    # The drafter's chain (its figures measure the drafter), not the engine's choice of steps.
+    args.append("--no-tree" if draft else "--no-draft")
     done = subprocess.run(args, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise FiguresError(f"swift-generate failed on {export_dir}: {done.stderr.strip()}")

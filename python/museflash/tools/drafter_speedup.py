@@ -111,12 +111,14 @@ def check_target_only(export_dir: Path, drafted: list[Path]) -> None:
 
 def swift_generate_json(swift_generate: Path, export_dir: Path, ids: list[int],
                         max_new_tokens: int, mode: str) -> dict:
-    """`swift-generate` (no lookup) on one prompt, with `mode` (`--compare`: the drafter, then
-    the target alone; `--no-draft`), and its JSON report."""
+    """`swift-generate` (no lookup) on one prompt, with `mode` (`--compare`: the drafter's
+    chain, not the engine's own choice of steps, then the target alone; `--no-draft`), and its
+    JSON report."""
+    chain = ["--no-tree"] if mode == "--compare" else []
     result = subprocess.run(
         [str(swift_generate), "--export-dir", str(export_dir),
          "--prompt-ids", ",".join(map(str, ids)), "--max-new-tokens", str(max_new_tokens),
-         "--lookup-min-match", "0", "--format", "json", mode],
+         "--lookup-min-match", "0", "--format", "json", mode, *chain],
         capture_output=True, text=True, check=False)
     if result.returncode != 0:
         raise SpeedupError(f"swift-generate failed on {export_dir}: "

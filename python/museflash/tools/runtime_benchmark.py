@@ -90,8 +90,8 @@ PAD = [0]
 def swift_run(binary: Path, export_dir: Path, prompt, new_tokens, draft: bool):
     args = [str(binary), "--export-dir", str(export_dir), "--prompt-ids",
             ",".join(map(str, prompt)), "--max-new-tokens", str(new_tokens), "--format", "json"]
-    if not draft:
-        args.append("--no-draft")
+    # The drafter's chain, not the engine's own choice of steps: what the Python side times.
+    args.append("--no-tree" if draft else "--no-draft")
     done = subprocess.run(args, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise SystemExit(f"runtime_benchmark: swift-generate failed: {done.stderr.strip()}")
