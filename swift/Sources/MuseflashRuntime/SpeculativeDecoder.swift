@@ -792,6 +792,9 @@ public final class SpeculativeDecoder {
                 anchor = token
                 anchorPosition = last + 1 + (decoder.faults.skipRejectedSlot && accepted < proposals ? 1 : 0)
             }
+            // The drafter keeps every position the caches hold, as a conversation's next call
+            // assumes of the ids it keeps: target-alone steps at the end are injected now.
+            if automatic { try catchUp(through: anchorPosition - 1) }
         }
 
         /// One tree step at `anchorPosition` (the type's docs, `tree`): -> the next anchor, its

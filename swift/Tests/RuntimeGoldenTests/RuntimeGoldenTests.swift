@@ -235,7 +235,9 @@ final class RuntimeGoldenTests: XCTestCase {
             let fresh = try SpeculativeDecoder(bundle: bundle(), backend: InterpreterBackend())
             decoder.faults.skipCatchUp = skipCatchUp
             let alone = decoder.blockSize + 2
-            decoder.faults.plannedKinds = Array(repeating: .alone, count: alone) + Array(repeating: .chain, count: 64)
+            // Chain steps for every token the longest case decodes.
+            let longest = try cases().map(\.maxNewTokens).max() ?? 0
+            decoder.faults.plannedKinds = Array(repeating: .alone, count: alone) + Array(repeating: .chain, count: longest)
             var (same, acceptedAny) = (true, false)
             var prompts = Set<[Int32]>()
             // Two prompts: each decodes twice at a whole-bundle call's cost.
@@ -259,6 +261,41 @@ final class RuntimeGoldenTests: XCTestCase {
         XCTAssertTrue(good.same, "chain steps after target-alone steps accept what a fresh start accepts")
         guard good.acceptedAny else { throw XCTSkip("these goldens' drafts accept nothing here: a missed catch-up cannot show") }
         XCTAssertFalse(try check(skipCatchUp: true).same, "drafting without the alone steps' features went unnoticed")
+    }
+
+    /// A conversation's next call keeps the ids the caches hold and assumes the drafter holds
+    /// them too: a call that ended in target-alone steps injects them before it returns. The
+    /// next call's chain steps accept what a fresh start's accept.
+    func testACallEndingInAloneStepsLeavesTheDrafterCaughtUp() throws {
+        func same(skipCatchUp: Bool) throws -> (same: Bool, acceptedAny: Bool) {
+            let decoder = try SpeculativeDecoder(bundle: bundle(), backend: InterpreterBackend())
+            let fresh = try SpeculativeDecoder(bundle: bundle(), backend: InterpreterBackend())
+            decoder.faults.skipCatchUp = skipCatchUp
+            // More alone steps than the next call's own inject block reaches back over.
+            let first = 2 * decoder.blockSize + 3
+            // A prompt of a prefill chunk or more: a shorter one is prefilled padded, from 0.
+            guard let golden = try cases().first(where: {
+                $0.speculative && $0.maxNewTokens > first + 4 && $0.prompt.count >= decoder.prefillLength
+            }) else { throw XCTSkip("no speculative case long enough after a prompt of a chunk") }
+            var options = options(golden)
+            (options.treeBudget, options.automatic, options.lookupMinMatch, options.maxNewTokens) = (nil, true, 0, first)
+            decoder.faults.plannedKinds = Array(repeating: .alone, count: first)
+            let opening = try decoder.generate(prompt: golden.prompt, options: options)
+            XCTAssertEqual(opening.steps, ["alone": first - 1], "the first token comes from prefill, then alone steps")
+            decoder.faults.plannedKinds = Array(repeating: .chain, count: golden.maxNewTokens)
+            options.maxNewTokens = golden.maxNewTokens - first
+            let next = try decoder.generate(prompt: golden.prompt + opening.tokens, options: options, keepingCaches: true)
+            XCTAssertGreaterThan(next.reusedTokens, golden.prompt.count, "the second call kept the first's caches")
+            var chain = self.options(golden)
+            (chain.treeBudget, chain.lookupMinMatch, chain.maxNewTokens) = (nil, 0, golden.maxNewTokens - first)
+            let restart = try fresh.generate(prompt: golden.prompt + opening.tokens, options: chain)
+            XCTAssertEqual(next.tokens, restart.tokens, "tokens")
+            return (next.accepted == restart.accepted, restart.accepted.contains { $0 > 0 })
+        }
+        let good = try same(skipCatchUp: false)
+        XCTAssertTrue(good.same, "the kept drafter caches accept what a fresh start's accept")
+        guard good.acceptedAny else { throw XCTSkip("these goldens' drafts accept nothing here: a missed catch-up cannot show") }
+        XCTAssertFalse(try same(skipCatchUp: true).same, "a call ending in alone steps left the drafter behind, unnoticed")
     }
 
     // MARK: Function by function
