@@ -38,6 +38,16 @@ def _export(out: Path, builtin: str, **options) -> Path:
                          Progress(echo=lambda _: None))
 
 
+def _refused(out: Path, target: Path, drafter: Path, pattern: str) -> None:
+    """Exporting the pair into `out` stops in one line matching `pattern`, writing nothing."""
+    with pytest.raises(ExportError, match=pattern) as error:
+        export_bundle(ExportOptions(output_dir=out, checkpoint=target,
+                                    drafter_checkpoint=drafter, **SMALL),
+                      Progress(echo=lambda _: None))
+    assert "\n" not in str(error.value)
+    assert not out.exists()
+
+
 def _verify(export_dir: Path) -> tuple[int, list[str]]:
     lines: list[str] = []
     status = run_verify(VerifyOptions(export_dir=export_dir, echo=lines.append, new_tokens=16))
@@ -170,12 +180,8 @@ def test_logits_beyond_fp16_are_refused_by_the_audit_and_nothing_written(tmp_pat
     target, drafter = demo_checkpoint.write_tiny_checkpoints(tmp_path / "pair", tokenizer=True)
     record = _audit(tmp_path / "plain")
     _scale_tensor(target, "lm_head.weight", 2e5 / max(record.peak_after_scaling, 1.0))
-    out = tmp_path / "export"
-    with pytest.raises(ExportError, match=r"logits .* peaks at .*cannot be exported in fp16"):
-        export_bundle(ExportOptions(output_dir=out, checkpoint=target,
-                                    drafter_checkpoint=drafter, **SMALL),
-                      Progress(echo=lambda _: None))
-    assert not out.exists()
+    _refused(tmp_path / "export", target, drafter,
+             r"logits .* peaks at .*cannot be exported in fp16")
 
 
 def test_the_audit_records_the_logits_peak(tmp_path):
@@ -322,14 +328,8 @@ def test_a_tokenizer_that_cannot_tokenize_is_refused_naming_the_file(tmp_path):
     tokenizer = json.loads(path.read_text())
     tokenizer["model"]["unk_token"] = "[NOT-IN-VOCAB]"
     path.write_text(json.dumps(tokenizer))
-    out = tmp_path / "out"
-    with pytest.raises(ExportError, match=r"tokenizer\.json: the fp16 audit could not tokenize"
-                       r".*unk_token") as error:
-        export_bundle(ExportOptions(output_dir=out, checkpoint=target,
-                                    drafter_checkpoint=drafter, **SMALL),
-                      Progress(echo=lambda _: None))
-    assert "\n" not in str(error.value)
-    assert not out.exists()
+    _refused(tmp_path / "out", target, drafter,
+             r"tokenizer\.json: the fp16 audit could not tokenize.*unk_token")
 
 
 def test_calibration_prompts_are_what_the_audit_runs(tmp_path):
@@ -513,14 +513,9 @@ def test_small_channels_below_fp16s_normal_range_are_refused_naming_the_norm(tmp
     ordinary = torch.arange(tensors[key].shape[1]) != demo_checkpoint.MASSIVE
     tensors[key][:, ordinary] *= 1e-3
     save_file(tensors, str(shard), metadata=metadata)
-    out = tmp_path / "refused"
-    with pytest.raises(ExportError, match=r"target layers\.2\.input_layernorm loses its small "
-                       r"channels.*folded it is still off by") as error:
-        export_bundle(ExportOptions(output_dir=out, checkpoint=target,
-                                    drafter_checkpoint=drafter, **SMALL),
-                      Progress(echo=lambda _: None))
-    assert "\n" not in str(error.value)
-    assert not out.exists()
+    _refused(tmp_path / "refused", target, drafter,
+             r"target layers\.2\.input_layernorm loses its small channels.*folded it is still "
+             r"off by")
 
 
 def test_a_norm_no_form_can_hold_is_refused_naming_it_and_nothing_written(tmp_path,
