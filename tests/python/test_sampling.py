@@ -270,13 +270,10 @@ def test_a_tree_rule_without_the_residual_is_detected(monkeypatch):
     from museflash.runtime import tree as tree_module
 
     def no_residual(tree, p, q, rng):
-        children: dict[int, list[int]] = {}
-        for node in range(1, len(tree)):
-            children.setdefault(int(tree.parents[node]), []).append(node)
-        depths, path, node = tree.depths(), [], 0
+        children, depths, path, node = tree.children(), tree.depths(), [], 0
         while True:
             target = p(node)
-            for child in children.get(node, []):
+            for child in children[node]:
                 x = int(tree.tokens[child])
                 if rng.random() * q[depths[child] - 1][x] < target[x]:
                     path.append(child)

@@ -100,6 +100,13 @@ class TokenTree:
             mask[node] |= mask[self.parents[node]]
         return mask
 
+    def children(self) -> list[list[int]]:
+        """Each node's children, in node order."""
+        children: list[list[int]] = [[] for _ in range(len(self))]
+        for node in range(1, len(self)):
+            children[int(self.parents[node])].append(node)
+        return children
+
     def path(self, node: int) -> list[int]:
         """The nodes from the root's child down to `node` (empty for the root)."""
         nodes = []
@@ -298,16 +305,14 @@ def accept_sampled(tree: TokenTree, p: Callable[[int], np.ndarray], q: np.ndarra
     every child is rejected, or there is none, the token is drawn from the last p_i. Each test
     is the rejection rule's lemma, so the output is distributed as the target's own sampling.
     One uniform per child judged, then one for the token (Swift's acceptTree, the same rule)."""
-    children: dict[int, list[int]] = {}
-    for node in range(1, len(tree)):
-        children.setdefault(int(tree.parents[node]), []).append(node)
+    children = tree.children()
     depths = tree.depths()
     path, node = [], 0
     while True:
         target = np.asarray(p(node), np.float64)
         drawn: list[int] = []
         accepted = None
-        for child in children.get(node, []):
+        for child in children[node]:
             proposal = np.array(q[depths[child] - 1], np.float64)
             proposal[drawn] = 0.0
             proposal /= proposal.sum()

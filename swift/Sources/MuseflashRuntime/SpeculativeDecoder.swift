@@ -741,12 +741,12 @@ public final class SpeculativeDecoder {
                 let copied = options.lookupMinMatch > 0
                     ? ContextLookup.proposal(contextTail(), count: block - 1, minMatch: options.lookupMinMatch) : nil
                 if kind == .tree {
-                    let accepted: Int, chain: Int
+                    let accepted: Int, chain: Int?
                     (anchor, anchorPosition, accepted, chain) = try treeStep(
                         anchor: anchor, at: anchorPosition, budget: treeBudget > 0 ? treeBudget : decoder.treeLength,
-                        copied: copied, proposals: proposals)
+                        copied: copied, chainOf: kinds.contains(.chain) ? proposals : nil)
                     decoder.planner.record(.tree, accepted: accepted)
-                    decoder.planner.record(.chain, accepted: chain, estimated: true)
+                    if let chain { decoder.planner.record(.chain, accepted: chain, estimated: true) }
                     continue
                 }
                 if let copied = copied {
@@ -798,11 +798,12 @@ public final class SpeculativeDecoder {
         }
 
         /// One tree step at `anchorPosition` (the type's docs, `tree`): -> the next anchor, its
-        /// position, the drafts accepted, and how many of them the drafter's top-1 chain of
-        /// `proposals` would have accepted (at least; the planner's estimate for the chain).
+        /// position, the drafts accepted, and, given `chainOf` (a chain's proposals, when the
+        /// planner weighs the chain), how many the drafter's top-1 chain of that many would have
+        /// accepted (at least; the planner's estimate for the chain).
         /// python/museflash/runtime/speculative.py `_tree_step`, call for call.
         mutating func treeStep(anchor: Int32, at anchorPosition: Int, budget: Int, copied: [Int32]?,
-                               proposals: Int) throws -> (Int32, Int, Int, Int) {
+                               chainOf proposals: Int? = nil) throws -> (Int32, Int, Int, Int?) {
             let block = decoder.blockSize
             let vocab = decoder.vocabSize
             let drafted = try draft(anchor: anchor, at: anchorPosition)
@@ -870,9 +871,12 @@ public final class SpeculativeDecoder {
             if copied != nil { result.lookupAccepted.append(accepted) }
             let taken = path.map { tree.tokens[$0] } + [token]
             emit(taken)
-            let topOne = rows.map { argmax($0[...]) }
-            var chain = 0
-            while chain < min(proposals, taken.count), topOne[chain] == taken[chain] { chain += 1 }
+            var chain: Int?
+            if let proposals {
+                var matched = 0
+                while matched < min(proposals, taken.count), argmax(rows[matched][...]) == taken[matched] { matched += 1 }
+                chain = matched
+            }
             // The path's rows at their own positions; the inject window's positions past it (a
             // prompt shorter than a block) take the last path row as a placeholder.
             let last = anchorPosition + accepted

@@ -87,15 +87,21 @@ public struct StepPlanner: Sendable {
         return Double(list.reduce(0, +)) / Double(list.count)
     }
 
+    /// The target function a step of `kind` calls: `decode` (or `main`), `main` or `tree`.
+    func targetFunction(_ kind: Kind) -> String {
+        switch kind {
+        case .alone: return aloneFunction
+        case .chain: return "main"
+        case .tree: return "tree"
+        }
+    }
+
     /// Seconds per step of `kind`, from the costs known so far.
     public func secondsPerStep(_ kind: Kind) -> Double? {
-        switch kind {
-        case .alone: return cost(aloneFunction)
-        case .chain, .tree:
-            guard let draft = cost("draft"), let inject = cost("inject_kv"),
-                  let verify = cost(kind == .tree ? "tree" : "main") else { return nil }
-            return draft + verify + inject
-        }
+        guard let verify = cost(targetFunction(kind)) else { return nil }
+        if kind == .alone { return verify }
+        guard let draft = cost("draft"), let inject = cost("inject_kv") else { return nil }
+        return draft + verify + inject
     }
 
     /// Tokens per step of `kind`: 1 alone, 1 + the mean accepted otherwise.
@@ -113,7 +119,7 @@ public struct StepPlanner: Sendable {
     /// `warmupSteps` of its own steps taken.
     func exploring(_ kind: Kind) -> Bool {
         if secondsPerStep(kind) == nil || tokensPerStep(kind) == nil { return true }
-        if fixedCosts == nil, calls[kind == .alone ? aloneFunction : (kind == .tree ? "tree" : "main"), default: 0] < 2 { return true }
+        if fixedCosts == nil, calls[targetFunction(kind), default: 0] < 2 { return true }
         return kind != .alone && taken[kind, default: 0] < StepPlanner.warmupSteps
     }
 
