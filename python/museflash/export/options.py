@@ -68,6 +68,10 @@ class ExportOptions:
     kv_write: str = KVWrite.BLEND.value
     # The target's context buckets (docs/buckets.md); None: plan.context_buckets' default.
     context_buckets: tuple[int, ...] | None = None
+    # A bucketed function is converted once, at a template span, and each bucket's package is
+    # written from it (export/spans.py). Not a flag: False converts every bucket, for the tests
+    # and the benchmark that compare the two.
+    span_templates: bool = True
     # Nodes of the target's `tree` function (docs/trees.md); None: the block of a DFlash
     # export (none without one); 0: no tree function.
     tree_nodes: int | None = None

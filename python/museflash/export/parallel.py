@@ -111,7 +111,7 @@ class HelperError(RuntimeError):
 def conversion_helpers(options, plan, progress, numerics) -> Iterator[list[HelperProcess]]:
     """Starts the helper processes this export wants (they load while this process does) and
     stops them on the way out, whatever happened."""
-    jobs = sum(len(package.functions) for package in plan.assets)
+    jobs = sum(len(package.conversions) for package in plan.assets)
     count = process_count(options.conversion_processes, jobs) - 1
     request = {
         # A helper only converts: what else the export writes is this process's business.

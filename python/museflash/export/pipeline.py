@@ -225,7 +225,7 @@ def convert(run: ExportRun, helpers: list[HelperProcess]) -> None:
     """Every function traced and converted into a single-function package, here or in a
     helper process, whichever is free first."""
     jobs = [(asset, function, part_path(run.parts_dir, asset, function))
-            for asset in run.plan.assets for function in asset.functions]
+            for asset in run.plan.assets for function in asset.conversions]
 
     def convert_here(job) -> None:
         for each in run.bundles:  # e.g. a NaN weight: no need to go on

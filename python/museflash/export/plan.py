@@ -46,6 +46,7 @@ from museflash.export.options import (
 )
 from museflash.export.placeholders import PlaceholderWeights, compressed_weights
 from museflash.export.progress import Progress
+from museflash.export.spans import integers_of, template_span
 from museflash.models.base import fold_norm_weights
 from museflash.models.dflash import ENCODER_PREFIX, ZLAB_ENCODER_KEYS, DFlashConfig
 from museflash.models.dflash2 import DFlash2Config
@@ -73,6 +74,9 @@ class FunctionPlan:
     query_length: int
     function: FunctionName | None = None  # what it computes; None: `name` itself
     bucket: int | None = None  # the global cache slots it attends to; None: all of them
+    # A template (export/spans.py): the functions, (name, span) each, written from its one
+    # conversion at the template span `bucket`.
+    written: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
         self.function = FunctionName(self.function or self.name)
@@ -100,12 +104,20 @@ class AssetPlan:
     path: str = ""
     # The context buckets below the capacity (docs/buckets.md); `functions` has each one's.
     buckets: tuple[int, ...] = ()
+    # What is converted instead of `functions` when they are written from templates
+    # (export/spans.py): one template per function of the whole capacity.
+    templates: list[FunctionPlan] = dataclasses.field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.path = self.path or AssetRole(self.role).package
 
     def function(self, name: str) -> FunctionPlan:
-        return next(f for f in self.functions if f.name == name)
+        return next(f for f in self.functions + self.templates if f.name == name)
+
+    @property
+    def conversions(self) -> list[FunctionPlan]:
+        """The functions traced and converted: the templates, or else every function."""
+        return self.templates or self.functions
 
 
 @dataclass(frozen=True)
@@ -173,15 +185,34 @@ def plan_export(options: ExportOptions, target_dir: Path, drafter_dir: Path | No
     tree_nodes = tree_node_count(options, block, context)
     max_query = max(options.prefill_length, decode_length, block, tree_nodes)
     buckets = context_buckets(options, context, max_query, configs.target)
+    assets = _asset_plans(options, spec, decode_length, configs.target.layer_types, buckets,
+                          tree_nodes, drafter_buckets=(
+                              buckets if options.dflash_drafter
+                              and configs.drafter.sliding_window is None else ()))
+    if buckets and options.span_templates:
+        span = template_span(context, max_query,
+                             integers_of(configs.target, configs.drafter, spec))
+        for asset in assets:
+            if asset.buckets and span is not None:
+                asset.templates = span_templates(asset, span, context)
     return ExportPlan(Path(target_dir), Path(drafter_dir) if drafter_dir else None, configs,
-                      spec, max_query,
-                      _asset_plans(options, spec, decode_length, configs.target.layer_types,
-                                   buckets, tree_nodes, drafter_buckets=(
-                                       buckets if options.dflash_drafter
-                                       and configs.drafter.sliding_window is None else ())),
+                      spec, max_query, assets,
                       compression_plan(options, Path(target_dir),
                                        Path(drafter_dir) if drafter_dir else None),
                       context, kv_write_strategy(options, configs.target))
+
+
+def span_templates(asset: AssetPlan, span: int, capacity: int) -> list[FunctionPlan]:
+    """One template per whole-capacity function of a bucketed asset, converted at `span`;
+    each bucket's function and the whole-capacity one (its span the capacity) are written
+    from it (export/spans.py)."""
+    templates = []
+    for whole in (f for f in asset.functions if f.bucket is None):
+        written = tuple((bucket_function_name(whole.function, b), b) for b in asset.buckets)
+        templates.append(dataclasses.replace(
+            whole, name=f"{whole.function}_template", bucket=span,
+            written=written + ((whole.name, capacity),)))
+    return templates
 
 
 def tree_node_count(options: ExportOptions, block: int, context: int) -> int:
