@@ -14,7 +14,8 @@ load      the modules to trace, the large weights replaced by placeholders (plan
           each package's weight file (weights)
 convert   per function, here or in a helper process (parallel): one small entry-point view
           traced with torch.export and converted (coremltools, ML program, iOS18, fp16 states)
-          into a single-function package (convert)
+          into a single-function package (convert); a function with context buckets once,
+          at a template span, each bucket's package written from that conversion (spans)
 merge     each package's functions into one multifunction package, its consts pointed at the
           real weights (merge); each --also-export bundle gets its own weights and merge of the
           same converted functions
