@@ -21,12 +21,14 @@ so functions of one multifunction package (e.g. `inject_kv` and `draft`) can sha
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import re
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,10 +38,12 @@ import numpy as np
 from museflash.bundle import COMPRESSION_OPS, PACKAGE_WEIGHTS_DIR, CompressionMode
 from museflash.compression import depalettize, dequantize_affine, dequantize_linear
 from museflash.runtime.mil_kernels import (  # noqa: F401 (SUPPORTED_OP_TYPES: re-exported)
+    DATA_MOVEMENT_OPS,
     KERNELS,
     SUPPORTED_OP_TYPES,
     InterpreterError,
     Kernel,
+    slice_update_into,
 )
 
 
@@ -153,6 +157,30 @@ def load_program(package_path: str | Path,
     return program
 
 
+@contextmanager
+def _blobs_read_once(milproto_load: Any) -> Iterator[None]:
+    """coremltools' loader reads a stored constant anew for every const op naming it, so each
+    function of a multifunction package held its own copy of every weight: SmolLM2 exported
+    with buckets (30 functions) took 43 s and 7.4 GB to load. While one program loads, each
+    blob (file, offset, dtype) is read once and its array shared, read-only, by every op naming
+    it; the interpreter only reads constants."""
+    original = milproto_load._load_file_value
+    read: dict[tuple[Any, ...], np.ndarray] = {}
+
+    def once(context: Any, value: Any, dtype: Any) -> np.ndarray:
+        key = (context.weights_dir, value.fileName, value.offset, dtype)
+        if key not in read:
+            read[key] = original(context, value, dtype)
+            read[key].setflags(write=False)
+        return read[key]
+
+    milproto_load._load_file_value = once
+    try:
+        yield
+    finally:
+        milproto_load._load_file_value = original
+
+
 def _load_spec_program(package_path: Path, spec: Any, function_name: str | Sequence[str] | None,
                        weights: tuple[Any, ...] | None) -> Any:
     from coremltools.converters.mil.frontend.milproto import load as milproto_load
@@ -171,11 +199,12 @@ def _load_spec_program(package_path: Path, spec: Any, function_name: str | Seque
         if isinstance(function_name, str) or default not in wanted:
             default = wanted[0]
     weights_dir = package_path / PACKAGE_WEIGHTS_DIR
-    program = milproto_load.load(
-        spec,
-        specification_version=spec.specificationVersion,
-        file_weights_dir=str(weights_dir),
-    )
+    with _blobs_read_once(milproto_load):
+        program = milproto_load.load(
+            spec,
+            specification_version=spec.specificationVersion,
+            file_weights_dir=str(weights_dir),
+        )
     program.default_function_name = default
     # What lets Interpreters of this program's functions share their constants (see
     # Interpreter): the stored bytes each constant is made from, and the files they are in.
@@ -183,6 +212,45 @@ def _load_spec_program(package_path: Path, spec: Any, function_name: str | Seque
                             for name in spec.mlProgram.functions}
     program.weights_identity = weights
     return program
+
+
+class LazyInterpreters(Mapping[str, "Interpreter"]):
+    """Interpreters of some functions of one package, each loaded when a call first asks for
+    it. A bundle with context buckets has dozens of functions (SmolLM2 exported with the
+    default buckets: 30, 43 s and 7.4 GB to load all of them here) and a conversation runs the
+    few of the buckets it reaches. Functions loaded apart still share their constants while
+    they live (`Interpreter`). The package must hold every name (checked here, so a missing
+    function is refused before the first call)."""
+
+    def __init__(self, package_path: str | Path, function_names: Iterable[str]):
+        self.path = Path(package_path)
+        self.names = list(function_names)
+        held = set(_coremltools().utils.load_spec(str(self.path)).mlProgram.functions)
+        missing = [name for name in self.names if name not in held]
+        if missing:
+            raise KeyError(f"{self.path} has no function {missing[0]!r}; it has {sorted(held)}")
+        self._loaded: dict[str, Interpreter] = {}
+
+    def __getitem__(self, name: str) -> Interpreter:
+        if name not in self._loaded:
+            if name not in self.names:
+                raise KeyError(name)
+            self._loaded[name] = Interpreter(load_program(self.path, name), name)
+        return self._loaded[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.names
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    @property
+    def loaded(self) -> list[str]:
+        """The functions loaded so far, in the order they were."""
+        return list(self._loaded)
 
 
 def load_interpreters(package_path: str | Path,
@@ -306,6 +374,7 @@ class _Step:
     inputs: tuple[tuple[str, Any, bool], ...]  # (param, var name or names, is a list)
     fixed: dict[str, np.ndarray]  # params bound at load time (linear's float64 weight)
     outputs: tuple[tuple[str, np.dtype, tuple[int, ...] | None], ...]
+    frees: tuple[str, ...] = ()  # inputs no later step reads (and no output of the function)
 
 
 def _all_finite(value: np.ndarray) -> bool:
@@ -384,6 +453,24 @@ class Interpreter:
             outputs = tuple((var.name, _numpy_dtype(var.dtype), _static_shape(var))
                             for var in op.outputs)
             self._plan.append(_Step(op, KERNELS[op.op_type], inputs, fixed, outputs))
+        self._free_dead_values()
+
+    def _free_dead_values(self) -> None:
+        """Marks each value at the last step that reads it, so `_run_plan` lets it go there:
+        a KV cache's blend makes one whole-capacity value per layer, and holding them all
+        held the cache once per layer."""
+        kept = {var.name for var in self.function.outputs}
+        last: dict[str, int] = {}
+        for index, step in enumerate(self._plan):
+            for _, names, many in step.inputs:
+                for name in names if many else (names,):
+                    last[name] = index
+        frees: dict[int, list[str]] = {}
+        for name, index in last.items():
+            if name not in kept:
+                frees.setdefault(index, []).append(name)
+        self._plan = [dataclasses.replace(step, frees=tuple(frees.get(index, ())))
+                      for index, step in enumerate(self._plan)]
 
     def _load_constant(self, op: Any) -> None:
         keys = [self._shared_keys.get(var.name) for var in op.outputs]
@@ -425,8 +512,14 @@ class Interpreter:
             args = dict(step.fixed)
             for param, name, many in step.inputs:
                 args[param] = [env[n] for n in name] if many else env[name]
+            kernel = step.kernel
+            if step.op.op_type == "slice_update" and self._writable(env, step, args["x"]):
+                # x is read by nothing after this op: write into it rather than copy it (a
+                # KV cache's blend updates the whole-capacity cache once per layer).
+                def kernel(a, x=args["x"]):
+                    return slice_update_into(x, a)
             try:
-                result = step.kernel(args)
+                result = kernel(args)
             except InterpreterError:
                 raise
             except Exception as error:
@@ -442,9 +535,24 @@ class Interpreter:
                 )
             for (name, dtype, expected), value in zip(step.outputs, results, strict=True):
                 env[name] = self._conform(step.op, name, dtype, expected, value)
-                if not _all_finite(env[name]):
+                if step.op.op_type not in DATA_MOVEMENT_OPS and not _all_finite(env[name]):
                     raise NonFiniteError(self.function_name, step.op.op_type, step.op.name,
                                          self._nearest_weight(step))
+            for name in step.frees:
+                env.pop(name, None)
+
+    def _writable(self, env: dict[str, Any], step: _Step, x: Any) -> bool:
+        """Whether a slice_update may write into its `x`: a value this run made (not a
+        constant, input or state), read by no later step, sharing memory with no other value
+        still held."""
+        name = next(n for param, n, _ in step.inputs if param == "x")
+        if (name not in step.frees or name in self.constants or name in self.input_specs
+                or name in self.state_specs or not isinstance(x, np.ndarray)
+                or not x.flags.writeable or not x.flags.owndata):
+            return False
+        return not any(other is not x and isinstance(other, np.ndarray)
+                       and np.may_share_memory(other, x)
+                       for key, other in env.items() if key not in self.constants)
 
     def _nearest_weight(self, failed: _Step) -> str | None:
         """The name of the named weight (`p_...`, as torch.export names parameters) that the

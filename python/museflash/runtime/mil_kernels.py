@@ -282,7 +282,11 @@ def _slice_by_size(a: dict[str, Any]) -> np.ndarray:
 
 
 def _slice_update(a: dict[str, Any]) -> np.ndarray:
-    out = np.array(a["x"], copy=True)
+    return slice_update_into(np.array(a["x"], copy=True), a)
+
+
+def slice_update_into(out: np.ndarray, a: dict[str, Any]) -> np.ndarray:
+    """slice_update writing into `out` (x itself, when nothing else reads it: Interpreter)."""
     index = _slice_index(out.shape, a)
     target_shape = out[index].shape
     out[index] = np.asarray(a["update"]).astype(out.dtype).reshape(target_shape)
@@ -531,3 +535,10 @@ KERNELS: dict[str, Kernel] = {
 }
 
 SUPPORTED_OP_TYPES = frozenset(KERNELS) | {"const"}
+
+# Ops whose results hold only values of their inputs (moved, selected or copied, not computed):
+# their results are finite when their inputs are, so the interpreter checks neither.
+DATA_MOVEMENT_OPS = frozenset({
+    "concat", "stack", "split", "reshape", "transpose", "expand_dims", "squeeze", "tile",
+    "slice_by_index", "slice_by_size", "slice_update", "gather", "gather_along_axis",
+    "gather_nd", "select", "identity", "read_state", "coreml_update_state"})

@@ -60,7 +60,7 @@ from museflash.bundle import (
     target_states,
 )
 from museflash.runtime.choices import DEFAULT_LOOKUP_MIN_MATCH
-from museflash.runtime.interpreter import Interpreter, load_interpreters
+from museflash.runtime.interpreter import Interpreter, LazyInterpreters
 from museflash.runtime.sampling import Sampling, accept_drafts, probabilities, sample
 from museflash.runtime.tree import (
     RecycledTable,
@@ -160,8 +160,11 @@ class _Package:
         self.asset = asset
         names = [row.name for row in asset.function_table()]
         if interpreters is None:
-            interpreters = load_interpreters(self.path, names)
-        self.functions = {name: interpreters[name] for name in names}
+            interpreters = LazyInterpreters(self.path, names)
+        # Each function loads on first use (a LazyInterpreters): a short conversation never
+        # loads the large buckets.
+        self.functions = (interpreters if isinstance(interpreters, LazyInterpreters)
+                          else {name: interpreters[name] for name in names})
         self.query_length = {name: f.query_length for name, f in asset.functions.items()}
         self.states = next(iter(self.functions.values())).zero_states()
         # The Core ML function each call ran, in order (the context bucket it picked).
@@ -188,7 +191,7 @@ class ExportedTarget:
 
     def __init__(self, export_dir: str | Path, metadata: Metadata | None = None,
                  interpreters: Mapping[str, Interpreter] | None = None):
-        """`interpreters`: the package's functions already loaded (load_interpreters)."""
+        """`interpreters`: the package's functions (load_role_interpreters), or loaded here."""
         export_dir = Path(export_dir)
         metadata = metadata or Metadata.read(export_dir)
         asset = metadata.asset(AssetRole.TARGET)
@@ -959,17 +962,12 @@ def ring_slack(metadata: Metadata) -> int | None:
 
 
 def load_role_interpreters(export_dir: Path, metadata: Metadata,
-               roles: list[AssetRole]) -> dict[AssetRole, dict[str, Interpreter]]:
-    """The interpreters of each role's functions, every package parsed once (a fused bundle's
-    target and drafter may share one), so the checks and the decoding loop reuse them."""
-    by_path: dict[str, list[str]] = {}
-    for role in roles:
-        asset = metadata.asset(role)
-        by_path.setdefault(asset.path, []).extend(row.name for row in asset.function_table())
-    loaded = {path: load_interpreters(export_dir / path, names)
-              for path, names in by_path.items()}
-    return {role: {row.name: loaded[metadata.asset(role).path][row.name]
-                   for row in metadata.asset(role).function_table()} for role in roles}
+                           roles: list[AssetRole]) -> dict[AssetRole, LazyInterpreters]:
+    """The interpreters of each role's functions, each loaded on first use, so the checks and
+    the decoding loop reuse them."""
+    return {role: LazyInterpreters(export_dir / metadata.asset(role).path,
+                                   [row.name for row in metadata.asset(role).function_table()])
+            for role in roles}
 
 
 def load_exported_pair(export_dir: str | Path) -> tuple[ExportedTarget, ExportedDrafter,
