@@ -28,7 +28,6 @@ import re
 import weakref
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -157,30 +156,6 @@ def load_program(package_path: str | Path,
     return program
 
 
-@contextmanager
-def _blobs_read_once(milproto_load: Any) -> Iterator[None]:
-    """coremltools' loader reads a stored constant anew for every const op naming it, so each
-    function of a multifunction package held its own copy of every weight: SmolLM2 exported
-    with buckets (30 functions) took 43 s and 7.4 GB to load. While one program loads, each
-    blob (file, offset, dtype) is read once and its array shared, read-only, by every op naming
-    it; the interpreter only reads constants."""
-    original = milproto_load._load_file_value
-    read: dict[tuple[Any, ...], np.ndarray] = {}
-
-    def once(context: Any, value: Any, dtype: Any) -> np.ndarray:
-        key = (context.weights_dir, value.fileName, value.offset, dtype)
-        if key not in read:
-            read[key] = original(context, value, dtype)
-            read[key].setflags(write=False)
-        return read[key]
-
-    milproto_load._load_file_value = once
-    try:
-        yield
-    finally:
-        milproto_load._load_file_value = original
-
-
 def _load_spec_program(package_path: Path, spec: Any, function_name: str | Sequence[str] | None,
                        weights: tuple[Any, ...] | None) -> Any:
     from coremltools.converters.mil.frontend.milproto import load as milproto_load
@@ -199,12 +174,11 @@ def _load_spec_program(package_path: Path, spec: Any, function_name: str | Seque
         if isinstance(function_name, str) or default not in wanted:
             default = wanted[0]
     weights_dir = package_path / PACKAGE_WEIGHTS_DIR
-    with _blobs_read_once(milproto_load):
-        program = milproto_load.load(
-            spec,
-            specification_version=spec.specificationVersion,
-            file_weights_dir=str(weights_dir),
-        )
+    program = milproto_load.load(
+        spec,
+        specification_version=spec.specificationVersion,
+        file_weights_dir=str(weights_dir),
+    )
     program.default_function_name = default
     # What lets Interpreters of this program's functions share their constants (see
     # Interpreter): the stored bytes each constant is made from, and the files they are in.
