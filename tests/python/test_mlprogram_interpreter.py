@@ -30,6 +30,7 @@ from museflash.runtime.interpreter import (
     SUPPORTED_OP_TYPES,
     Interpreter,
     InterpreterError,
+    LazyInterpreters,
     UnsupportedOpError,
     _all_finite,
     list_functions,
@@ -224,6 +225,42 @@ def test_functions_of_one_package_share_their_stored_weights(exported):
                for interpreter in (prefill, unshared)]
     for name in outputs[0]:
         np.testing.assert_array_equal(outputs[0][name], outputs[1][name])
+
+
+def test_lazy_interpreters_load_a_function_when_first_asked_for_it(exported):
+    lazy = LazyInterpreters(exported["target_package"], ["main", "prefill"])
+    assert list(lazy) == ["main", "prefill"] and "prefill" in lazy and lazy.loaded == []
+    prefill = lazy["prefill"]
+    assert lazy.loaded == ["prefill"] and lazy["prefill"] is prefill
+    assert prefill.function_name == "prefill"
+    with pytest.raises(KeyError, match="no function 'main_64'"):
+        LazyInterpreters(exported["target_package"], ["main", "main_64"])
+
+
+def test_a_slice_update_writes_into_its_x_only_when_nothing_reads_x_later(tmp_path):
+    class Overwrite(torch.nn.Module):
+        def __init__(self, keep: bool):
+            super().__init__()
+            self.keep = keep
+
+        def forward(self, x):
+            doubled = x * 2
+            zeroed = doubled.clone()
+            zeroed[:, 1:3] = 0  # a slice_update of `doubled`
+            return zeroed + doubled if self.keep else zeroed
+
+    x = torch.arange(1, 13, dtype=torch.float32).reshape(3, 4)
+    for keep in (True, False):
+        exported_program = torch.export.export(Overwrite(keep), (x,))
+        model = ct.convert(exported_program.run_decompositions({}),
+                           inputs=[ct.TensorType(name="x", shape=(3, 4))],
+                           minimum_deployment_target=ct.target.iOS18, skip_model_load=True)
+        model.save(str(tmp_path / f"overwrite_{keep}.mlpackage"))
+        interpreter = Interpreter(load_program(tmp_path / f"overwrite_{keep}.mlpackage"))
+        ops = [op.op_type for op in interpreter.function.operations]
+        assert "slice_update" in ops, ops
+        (got,) = interpreter.run({"x": x.numpy()}).values()
+        np.testing.assert_allclose(got, Overwrite(keep)(x).numpy(), rtol=1e-3)
 
 
 def test_a_rewritten_package_is_read_again_not_shared(exported, tmp_path):
