@@ -107,3 +107,26 @@ def test_a_blob_written_in_pieces_in_any_order_is_the_blob_written_whole(tmp_pat
         for writer in files.values():
             writer.close()
     assert (tmp_path / "whole.bin").read_bytes() == (tmp_path / "pieces.bin").read_bytes()
+
+
+def test_a_copied_blob_keeps_its_dtype_payload_and_padding_bits(tmp_path):
+    source, copy = tmp_path / "source.bin", tmp_path / "copy.bin"
+    writer = BlobFileWriter(source)
+    offsets = [writer.write(blobfile.INT32, np.arange(5, dtype=np.int32)),
+               writer.write(blobfile.UINT4, np.arange(7, dtype=np.uint8) % 16)]  # odd: padded
+    writer.close()
+    data = source.read_bytes()
+    writer = BlobFileWriter(copy)
+    copied = [writer.copy(data, offset) for offset in reversed(offsets)]
+    with pytest.raises(ValueError, match="no blob record"):
+        writer.copy(data, offsets[0] + 8)
+    writer.close()
+    again = copy.read_bytes()
+    for old, new in zip(reversed(offsets), copied, strict=True):
+        # The record: sentinel, dtype and payload bytes (0-16), padding bits (24-32); only
+        # the payload's own offset (16-24) moves.
+        assert data[old:old + 16] == again[new:new + 16]
+        assert data[old + 24:old + 32] == again[new + 24:new + 32]
+        size, start_old = blobfile.read_record(data, old)[2:]
+        start_new = blobfile.read_record(again, new)[3]
+        assert data[start_old:start_old + size] == again[start_new:start_new + size]

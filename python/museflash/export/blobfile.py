@@ -74,6 +74,16 @@ class BlobFileWriter:
         blob.write_payload(0, payload)
         return blob.finish()
 
+    def copy(self, data: bytes, offset: int) -> int:
+        """Appends, as it is, the blob whose metadata record is at `offset` of weight-file
+        bytes `data` (its dtype, payload and padding bits); returns its offset here."""
+        sentinel, dtype, nbytes, start, padding = _METADATA.unpack_from(data, offset)
+        if sentinel != SENTINEL:
+            raise ValueError(f"no blob record at offset {offset}")
+        record = self._record(dtype, nbytes, padding)
+        self.end = self._write_at(record + _METADATA.size, memoryview(data)[start:start + nbytes])
+        return record
+
     def reserve(self, dtype: int, count: int) -> Blob:
         """Appends the metadata record of a blob of `count` values and leaves room for its
         payload, which the returned `Blob` then takes in pieces (so a large weight need not be

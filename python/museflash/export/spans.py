@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -95,12 +94,6 @@ def template_span(capacity: int, longest_call: int, taken: set[int]) -> int | No
     return None
 
 
-@dataclass(frozen=True)
-class _ArangeBlob:
-    dtype: int
-    shape: tuple[int, ...]
-
-
 class SpanSites:
     """The places of a template part's program that hold its span, found by value."""
 
@@ -113,7 +106,7 @@ class SpanSites:
         self.weights = (self.template / PACKAGE_WEIGHT_FILE).read_bytes()
         # (message, field, index or None) of every integer equal to the span
         self.integers: list[tuple] = []
-        self.aranges: dict[int, _ArangeBlob] = {}  # by blob offset
+        self.aranges: dict[int, int] = {}  # blob offset -> dtype of an arange(span)
         function = next(iter(self.spec.mlProgram.functions.values()))
         self._blobs = blob_constants(function)
         self._blob_values = 0
@@ -190,7 +183,7 @@ class SpanSites:
         if not np.array_equal(values, np.arange(self.span)):
             raise SpanError(f"{self.template.name}: a constant of shape {dims} has a dimension "
                             f"of the template span {self.span} and is not an arange of it")
-        self.aranges[offset] = _ArangeBlob(dtype, dims)
+        self.aranges[offset] = dtype
 
     def _check_blobs(self) -> None:
         """No other integer constant of the weight file holds the span."""
@@ -235,16 +228,9 @@ class SpanSites:
         writer = blobfile.BlobFileWriter(staging / PACKAGE_WEIGHT_FILE)
         try:
             for blob in self._blobs:
-                arange = self.aranges.get(blob.offset)
-                if arange is not None:
-                    offset = writer.write(arange.dtype,
-                                          np.arange(span, dtype=_INT_BLOB_TYPES[arange.dtype]))
-                else:
-                    _, dtype, nbytes, start = blobfile.read_record(self.weights, blob.offset)
-                    reserved = writer.reserve(dtype, blob_count(dtype, nbytes, self.weights,
-                                                                blob.offset))
-                    reserved.write_payload(0, memoryview(self.weights)[start:start + nbytes])
-                    offset = reserved.finish()
+                dtype = self.aranges.get(blob.offset)
+                offset = (writer.copy(self.weights, blob.offset) if dtype is None else
+                          writer.write(dtype, np.arange(span, dtype=_INT_BLOB_TYPES[dtype])))
                 for op in blob.ops:
                     op.attributes["val"].blobFileValue.offset = offset
         finally:
@@ -252,14 +238,6 @@ class SpanSites:
         (staging / PACKAGE_SPEC).write_bytes(self.spec.SerializeToString())
         shutil.rmtree(destination, ignore_errors=True)
         staging.rename(destination)
-
-
-def blob_count(dtype: int, nbytes: int, weights: bytes, offset: int) -> int:
-    """Values of a blob from its payload bytes (sub-byte dtypes: from its padding bits)."""
-    if dtype in blobfile._ELEMENT_BYTES:
-        return nbytes // blobfile._ELEMENT_BYTES[dtype]
-    padding = int.from_bytes(weights[offset + 24:offset + 32], "little")
-    return nbytes * 2 - padding // 4
 
 
 def _repeated(field) -> bool:

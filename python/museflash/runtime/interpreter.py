@@ -199,7 +199,7 @@ class LazyInterpreters(Mapping[str, "Interpreter"]):
     def __init__(self, package_path: str | Path, function_names: Iterable[str]):
         self.path = Path(package_path)
         self.names = list(function_names)
-        held = set(_coremltools().utils.load_spec(str(self.path)).mlProgram.functions)
+        held, _ = list_functions(self.path)
         missing = [name for name in self.names if name not in held]
         if missing:
             raise KeyError(f"{self.path} has no function {missing[0]!r}; it has {sorted(held)}")
