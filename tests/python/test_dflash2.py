@@ -335,8 +335,8 @@ def test_path_gaps_are_zero_on_the_greedy_path_and_positive_off_it(models):
 
 
 def test_verify_accepts_a_selector_near_tie_and_refuses_a_wrong_path(models):
-    from museflash.checks.parity import Discrepancy, ParityReport
     from museflash.checks.verify import OUTPUT_TOLERANCE, _accept_selector_near_tie
+    from museflash.runtime.parity import Discrepancy, ParityReport
 
     _, drafter = models
     drafter.reset_caches()

@@ -1,5 +1,5 @@
 """The package's import graph: no cycles (lazy imports inside functions count too), and the
-layers point one way: bundle <- models <- checkpoint <- builtin <- export / runtime <- checks,
+layers point one way: bundle <- models <- checkpoint <- builtin <- runtime <- export <- checks,
 training <- tools <- cli."""
 
 import ast
@@ -95,7 +95,7 @@ LAYERS = {
     "models": set(),
     "checkpoint": {"bundle", "models"},
     "builtin": {"bundle", "checkpoint", "models"},
-    "export": {"bundle", "checkpoint", "builtin", "models"},
+    "export": {"bundle", "checkpoint", "builtin", "models", "runtime"},
     "runtime": {"bundle", "checkpoint", "builtin", "models"},
     "checks": {"bundle", "checkpoint", "builtin", "models", "export", "runtime"},
     "training": {"bundle", "checkpoint", "builtin", "models", "runtime"},

@@ -21,7 +21,6 @@ from museflash.builtin.demo_checkpoint import (
     build_tiny_models,
 )
 from museflash.bundle import StateName
-from museflash.checks.parity import ParityError, Tolerance, module_states, parity_step, sync_states
 from museflash.export.coreml_patches import validated_once_per_pipeline
 from museflash.export.merge import merge_packages
 from museflash.models.dflash import DFlashRingDrafter
@@ -37,6 +36,7 @@ from museflash.runtime.interpreter import (
     load_interpreters,
     load_program,
 )
+from museflash.runtime.parity import ParityError, Tolerance, module_states, parity_step, sync_states
 
 ct = pytest.importorskip("coremltools")
 

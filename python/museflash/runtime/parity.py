@@ -33,6 +33,15 @@ class Tolerance:
     abs_tol: float = 0.0
 
 
+# Relative to each tensor's largest magnitude (parity.Tolerance). The packages keep every
+# activation, weight and cache entry in fp16 (unit roundoff ~4.9e-4) while the reference
+# computes in fp32; the roundings accumulate through the residual stream of the 8 demo layers
+# to a few 1e-3 at positions below ~100 (RoPE angles are also formed in fp16). A real defect
+# (swapped or wrong weights, a mis-addressed cache slot) moves outputs by O(1) of scale.
+OUTPUT_TOLERANCE = Tolerance(rel_tol=3e-2)
+STATE_TOLERANCE = Tolerance(rel_tol=2e-2)
+
+
 @dataclass(frozen=True)
 class Discrepancy:
     name: str
