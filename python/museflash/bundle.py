@@ -629,6 +629,18 @@ class Fp16Range:
 
 
 @dataclass(frozen=True)
+class SelfCheck:
+    """The export's self-check: the converted target's `prefill` and `main` run in the numpy
+    interpreter on calibration tokens against fp32 eager before publishing (docs/fp16.md)."""
+    checked: bool = _doc("false with --no-self-check, or when the target was too large")
+    reason: str | None = _doc("why it was not checked; null when it was", default=None)
+    functions: list[str] = _doc("the functions run", default_factory=list)
+    tokens: int = _doc("tokens fed through them", default=0)
+    output_rel: float | None = _doc("largest relative error of an output", default=None)
+    state_rel: float | None = _doc("largest relative error of a written cache", default=None)
+
+
+@dataclass(frozen=True)
 class Metadata:
     """`metadata.json`: the bundle's description for the app that loads it."""
     schema_version: int = _doc("major version of this contract; readers reject one they do not "
@@ -649,6 +661,8 @@ class Metadata:
     kv_write: KVWrite | None = _doc("how `main` and `prefill` write the global KV caches; "
                                     "null (bundles written before it existed) is `blend`",
                                     default=None)
+    self_check: SelfCheck | None = _doc("the export's self-check; null in bundles written "
+                                        "before it existed", default=None)
 
     def asset(self, role: AssetRole) -> Asset:
         if role not in self.assets:

@@ -531,3 +531,130 @@ def test_a_norm_no_form_can_hold_is_refused_naming_it_and_nothing_written(tmp_pa
         _export(out, "tiny-small-channels")
     assert "\n" not in str(error.value)
     assert not out.exists()
+
+
+# --- A weight that multiplies fp16's rounding, and the export's self-check ------------------
+
+
+def _post_norm_class(out: Path, first: float, second: float, final: float, seed: int = 0):
+    """Issue 72's class: Muse Glimmer, 4 layers (three sliding, one global), vocabulary 256,
+    every weight (norm weights too, stored without the (1 + w) offset) drawn N(0, 0.05);
+    `layers.0/1.post_feedforward_layernorm.weight[7]` = `first`/`second`, and the final norm
+    `final` everywhere but 0 at channel 7. The massive channel grows through the post-MLP norms
+    alone, with a sign that varies by token."""
+    import copy
+
+    from museflash.checkpoint.load import drafter_checkpoint_tensors, target_checkpoint_tensors
+    from museflash.checkpoint.tensor_files import write_safetensors
+
+    target_config, drafter_config = demo_checkpoint.shallow_tiny_pair_configs()
+    target_config = copy.deepcopy(target_config)
+    target_config["text_config"].update(vocab_size=256, qk_scale_factor=0.5,
+                                        output_multiplier=0.8, final_logit_softcapping=30.0)
+    target_config["bos_token_id"] = 1
+    drafter_config = dict(drafter_config, mask_token_id=255)
+    target, drafter = demo_checkpoint.build_tiny_models(seed, target_config, drafter_config)
+    generator = torch.Generator().manual_seed(seed + 7)
+    with torch.no_grad():
+        for module in (target, drafter.layers, drafter.norm):
+            for param in module.parameters():
+                param.copy_(0.05 * torch.randn(param.shape, generator=generator))
+        target.layers[0].post_feedforward_layernorm.weight[7] = first
+        target.layers[1].post_feedforward_layernorm.weight[7] = second
+        target.norm.weight.fill_(final)
+        target.norm.weight[7] = 0.0
+    tensors = target_checkpoint_tensors(target)
+    tensors.update({key: torch.zeros(shape) for key, shape in
+                    demo_checkpoint._VISION_SHAPES.items()})
+    write_safetensors(tensors, out / "target", target_config, dtype="bf16")
+    write_safetensors(drafter_checkpoint_tensors(drafter, target.encoder), out / "drafter",
+                      drafter_config, dtype="bf16")
+    demo_checkpoint.write_word_tokenizer(out / "target", 256, {"<mask>": 255, "<bos>": 1})
+    return out / "target", out / "drafter"
+
+
+@pytest.mark.parametrize("first, second, final", [(1000.0, 25000.0, 300.0),
+                                                  (500.0, 25000.0, 300.0),
+                                                  (1000.0, 12000.0, 100.0)])
+def test_a_norm_weight_multiplying_fp16_rounding_is_refused_naming_it(tmp_path, first, second,
+                                                                      final):
+    """Issue 72's class at its stated values and two others: refused by the audit, before any
+    conversion, naming the layer, the channel and the norm; nothing is written. Exported as it
+    was, `//:verify` failed it (main logits rel 0.36 and 0.91, caches 0.15 to 0.22)."""
+    target, drafter = _post_norm_class(tmp_path / "pair", first, second, final)
+    _refused(tmp_path / "out", target, drafter,
+             r"channel 7 after target layers\.1 changes sign.*"
+             r"layers\.1\.post_feedforward_layernorm")
+
+
+def test_the_sensitivity_run_passes_the_pairs_that_verify():
+    """The planted pairs that verify, among them a channel that is massive on every token
+    (tiny-muted) and one grown through attention, predict errors far under the limit."""
+    from museflash.export.fp16_range import RangeAudit, bos_token_id, calibration_sequences
+    from museflash.export.fp16_sensitivity import SENSITIVITY_LIMIT, fp16_sensitivity
+
+    for name in ("tiny-muted", "tiny-muted-attention", "tiny-small-channels"):
+        with demo_checkpoint.builtin_checkpoints(name) as (target, drafter):
+            audit = RangeAudit(target, drafter, fused=True, with_drafter=True, context=64,
+                               block=4)
+            sequences = calibration_sequences(target, bos_token_id(target, read_config(target)),
+                                              512, None, 64)
+            found = fp16_sensitivity(audit.target, sequences, audit.around_layer)
+            assert found.error < SENSITIVITY_LIMIT / 10, (name, found)
+
+
+def _self_check(bundle: Path):
+    from museflash.export.fp16_range import bos_token_id, calibration_sequences
+    from museflash.export.self_check import self_check
+
+    metadata = Metadata.read(bundle)
+    with demo_checkpoint.builtin_checkpoints("tiny") as (target, drafter):
+        sequences = calibration_sequences(target, bos_token_id(target, read_config(target)),
+                                          metadata.vocab_size, None, metadata.context_length)
+        return self_check(bundle / "target.mlpackage", metadata, target, drafter, sequences, {})
+
+
+def test_the_self_check_passes_the_built_bundle_and_refuses_it_planted_wrong(tmp_path):
+    """The build's tiny bundle was self-checked by its export (metadata.json says so) and
+    passes again; with one weight's signs flipped in its weight file (the program unchanged),
+    the check refuses in one line naming the function, the output and the first layer off."""
+    from package_surgery import negate_fp16_blob
+    from prebuilt import prebuilt_bundle
+
+    bundle = prebuilt_bundle(tmp_path)
+    record = Metadata.read(bundle).self_check
+    assert record.checked and {"prefill", "main"} <= set(record.functions)
+    again = _self_check(bundle)
+    assert again.checked and again.output_rel < 0.03 and again.state_rel < 0.02
+    negate_fp16_blob(bundle / "target.mlpackage", "layers_2_self_attn_v_proj")
+    with pytest.raises(ExportError, match=r"target\.prefill .* off by rel .*first off at "
+                                          r"layer 2 ") as error:
+        _self_check(bundle)
+    assert "\n" not in str(error.value)
+
+
+def test_an_export_whose_program_is_wrong_is_refused_and_nothing_written(tmp_path, monkeypatch):
+    """Between the merge and the publish one weight of the staged program is planted wrong:
+    the export's self-check refuses it and the destination is not created."""
+    from package_surgery import negate_fp16_blob
+
+    from museflash.export import pipeline
+
+    merge = pipeline.merge
+
+    def planted(run, functions):
+        merge(run, functions)
+        negate_fp16_blob(run.staging / "target.mlpackage", "layers_1_mlp_down_proj")
+
+    monkeypatch.setattr(pipeline, "merge", planted)
+    target_config, drafter_config = demo_checkpoint.shallow_tiny_pair_configs()
+    target, _ = demo_checkpoint.write_tiny_checkpoints(tmp_path / "pair", tokenizer=True,
+                                                       target_config=target_config,
+                                                       drafter_config=drafter_config)
+    out = tmp_path / "out"
+    with pytest.raises(ExportError, match=r"self-check: target\.prefill") as error:
+        export_bundle(ExportOptions(output_dir=out, checkpoint=target, max_context_length=64,
+                                    prefill_length=8, conversion_processes=1),
+                      Progress(echo=lambda _: None))
+    assert "\n" not in str(error.value)
+    assert not out.exists()

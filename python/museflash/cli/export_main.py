@@ -105,6 +105,12 @@ flags.DEFINE_string("kv-write", "blend",
                     "O(query) per call; it crashes Apple's 2026 betas, untested on a Mac). The "
                     "sliding rings use the blend either way. See docs/kv-write.md.")
 
+flags.DEFINE_boolean("self-check", True,
+                     "Before publishing, run the converted target's prefill and main in the fp16 "
+                     "interpreter on the calibration tokens against fp32 eager, and refuse a "
+                     "program that disagrees (docs/fp16.md). --no-self-check skips it; "
+                     "metadata.json and check-contract then say so.")
+
 FLAGS = flags.FLAGS
 
 
@@ -132,6 +138,7 @@ def options_from_flags() -> ExportOptions:
         kv_write=FLAGS["kv-write"].value,
         context_buckets=parse_context_buckets(FLAGS["context-buckets"].value),
         tree_nodes=FLAGS["tree-nodes"].value,
+        self_check=FLAGS["self-check"].value,
         also_export=tuple((preset, resolve_user_path(str(directory)))
                           for preset, directory in also),
     )

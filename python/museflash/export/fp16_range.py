@@ -33,6 +33,7 @@ from torch import nn
 from museflash.bundle import Fp16Range, LayerPeaks, NormFold, NormForm
 from museflash.checkpoint.load import load_drafter, load_target
 from museflash.checkpoint.weight_values import unholdable, weight_value_error
+from museflash.export.fp16_sensitivity import fp16_sensitivity
 from museflash.export.options import ExportError
 from museflash.export.placeholders import PlaceholderWeights
 from museflash.models.base import RMSNorm
@@ -344,6 +345,10 @@ class RangeAudit:
             self.modules.update({f"{prefix}.{n}": m for n, m in root.named_modules()})
         self.roots = roots
 
+    def around_layer(self, layer_id: int):
+        """Target layer `layer_id`'s real weights in place while the block runs."""
+        return _real_weights(self.target.layers[layer_id], self.placeholders)
+
     def scale(self, target_scale: float, drafter_scale: float) -> None:
         self.target.scale_residual(target_scale)
         if self.drafter is not None:
@@ -357,10 +362,7 @@ class RangeAudit:
             ids = torch.tensor(sequences)
             layers = tuple(range(target.config.num_hidden_layers))
 
-            def around(layer_id: int):
-                return _real_weights(target.layers[layer_id], self.placeholders)
-
-            _, captured = target.batch_hidden_states(ids, layers, around_layer=around)
+            _, captured = target.batch_hidden_states(ids, layers, around_layer=self.around_layer)
             for layer_id, out in enumerate(captured):
                 inside = run.peaks.inputs.get(
                     f"target.layers.{layer_id}.pre_feedforward_layernorm", 0.0)
@@ -542,6 +544,8 @@ def audit_checkpoint(target_dir: Path, drafter_dir: Path | None, *, fused: bool,
             "can hold with margin; no residual scale can fix a projection this large, so this "
             "checkpoint cannot be exported in fp16")
     folds = choose_folds(checked) if scale else []
+    if scale:
+        fp16_sensitivity(audit.target, sequences, audit.around_layer)
     everything = [*checked.peaks.inputs.values(), *checked.peaks.outputs.values(),
                   *checked.target_residual, *checked.drafter_residual, checked.logits]
     ranked = sorted(first.token_peaks, key=lambda t: -first.token_peaks[t])

@@ -78,6 +78,9 @@ class ExportOptions:
     # More bundles from the same conversion: (compression preset, output directory) each. The
     # functions are traced and converted once; each bundle gets its own weights and merge.
     also_export: tuple[tuple[str, Path], ...] = ()
+    # Run the converted target's prefill and main against fp32 eager before publishing
+    # (export/self_check.py); --no-self-check skips it, and metadata.json records that.
+    self_check: bool = True
     # Today's graph before the fp16 work: plain RMSNorms and no residual scaling. Not a flag:
     # for the tests that show it failing on large activations and for the figures.
     legacy_fp16: bool = False

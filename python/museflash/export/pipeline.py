@@ -19,6 +19,9 @@ convert   per function, here or in a helper process (parallel): one small entry-
 merge     each package's functions into one multifunction package, its consts pointed at the
           real weights (merge); each --also-export bundle gets its own weights and merge of the
           same converted functions
+check     the staged target's prefill and main run in the fp16 interpreter on the
+          calibration tokens against fp32 eager; a program that disagrees is refused before
+          anything is published (self_check)
 describe  metadata.json, embedded in every package, and the checkpoint's tokenizer files
           copied beside it (describe)
 """
@@ -40,6 +43,7 @@ from museflash.bundle import (
     Fp16Range,
     Metadata,
     NormForm,
+    SelfCheck,
     Source,
     builtin_source,
 )
@@ -52,7 +56,9 @@ from museflash.export.describe import bundle_metadata, embed_metadata, stable_ma
 from museflash.export.fp16_range import (
     GraphNumerics,
     audit_checkpoint,
+    bos_token_id,
     calibration_name,
+    calibration_sequences,
     read_calibration_prompts,
     summary,
 )
@@ -70,6 +76,7 @@ from museflash.export.plan import (
 )
 from museflash.export.progress import Progress, human_bytes, tree_bytes
 from museflash.export.publish import check_destination, publish_directories
+from museflash.export.self_check import self_check
 from museflash.export.weights import StoredWeight, WeightsAhead
 
 
@@ -97,6 +104,7 @@ def export_bundle(options: ExportOptions, progress: Progress | None = None) -> P
                     merge(each, run.parts_dir)
             for each in run.bundles:
                 shutil.rmtree(each.parts_dir)
+                check(each)
                 describe(each)
         for directory in options.output_dirs:
             progress.say(f"[export] wrote {directory} ({human_bytes(tree_bytes(directory))}); "
@@ -130,8 +138,10 @@ class ExportRun:
     needed: dict[str, dict[bytes, WeightLocation]] = field(default_factory=dict)
     # Per package, under its owner's role: the real weights its merge wrote, by checkpoint key.
     stored: dict[AssetRole, dict[str, StoredWeight]] = field(default_factory=dict)
-    # What the fp16 range audit found and decided.
+    # What the fp16 range audit found and decided, and the sequences it ran.
     fp16_range: Fp16Range | None = None
+    calibration: list[list[int]] = field(default_factory=list)
+    self_check: SelfCheck | None = None
     numerics: GraphNumerics = field(default_factory=GraphNumerics)
     writer: WeightsAhead | None = None  # writes the real weights while the parts convert
     # The --also-export bundles (`also_export_run`): each shares this run's conversion and has
@@ -202,6 +212,9 @@ def audit(run: ExportRun) -> None:
             norm=NormForm.PLAIN if options.legacy_fp16 else NormForm.MAX_ABS,
             scale=not options.legacy_fp16)
         info["summary"] = summary(run.fp16_range)
+    run.calibration = calibration_sequences(
+        plan.target_dir, bos_token_id(plan.target_dir, config), plan.configs.target.vocab_size,
+        prompts, plan.context_length)
 
 
 def load(run: ExportRun) -> None:
@@ -260,11 +273,35 @@ def merge(run: ExportRun, functions: Path) -> None:
             info["bytes"] = tree_bytes(destination)
 
 
+def _metadata(run: ExportRun) -> Metadata:
+    return replace(bundle_metadata(run.plan, run.modules, run.source, run.plan.context_length,
+                                   run.options.model_name, run.stored, run.fp16_range),
+                   self_check=run.self_check)
+
+
+def check(run: ExportRun) -> None:
+    """The self-check (`self_check.self_check`): the staged target's prefill and main against
+    fp32 eager on the calibration tokens; a program that disagrees is refused here, before
+    anything is published. --no-self-check records that it was skipped."""
+    if not run.options.self_check:
+        run.self_check = SelfCheck(checked=False, reason="--no-self-check")
+        return
+    metadata = _metadata(run)
+    package = run.staging / metadata.asset(AssetRole.TARGET).path
+    detail = f"{package.name}, {run.label}" if run.label else package.name
+    with run.progress.stage("check", detail) as info:
+        run.self_check = self_check(package, metadata, run.plan.target_dir, run.plan.drafter_dir,
+                                    run.calibration, dict(run.schemes))
+        record = run.self_check
+        info["summary"] = (f"{', '.join(record.functions)} on {record.tokens} tokens: outputs "
+                           f"rel {record.output_rel:.2g}, caches rel {record.state_rel:.2g}"
+                           if record.checked else f"not run: {record.reason}")
+
+
 def describe(run: ExportRun) -> None:
     """metadata.json, embedded in every package too, and the checkpoint's tokenizer files
     copied beside it."""
-    metadata = bundle_metadata(run.plan, run.modules, run.source, run.plan.context_length,
-                               run.options.model_name, run.stored, run.fp16_range)
+    metadata = _metadata(run)
     for path in run.plan.packages():
         embed_metadata(run.staging / path, metadata)
         stable_manifest(run.staging / path)

@@ -222,6 +222,7 @@ struct LoadedBundle {
         results += targetProperties()
         results += kvWriteProperties()
         results += normFormProperties()
+        results.append(selfCheckRecord())
         results += bucketProperties()
         if metadata.assets[.dflashDrafter] != nil {
             results += dflashDrafterProperties()

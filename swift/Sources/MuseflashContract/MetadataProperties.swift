@@ -12,6 +12,35 @@ extension LoadedBundle {
         }
     }
 
+    /// Whether the export ran its own program before publishing (`self_check`, docs/fp16.md):
+    /// reported, never failed, since bundles written before the check have no record. A bundle
+    /// exported with --no-self-check, or whose target was too large, says so here, with the
+    /// export's reason, so a user knows to run `//:verify`.
+    func selfCheckRecord() -> PropertyResult {
+        evaluate("metadata.self_check") {
+            guard case .object(let top) = metadataJSON, case .object(let record)? = top["self_check"] else {
+                return "NOT self-checked: metadata.json has no self_check record (written before the export "
+                    + "checked its own program); run //:verify"
+            }
+            guard case .bool(let checked)? = record["checked"] else {
+                throw Violation(detail: "self_check.checked is \(record["checked"].map { "\($0)" } ?? "missing"), not a boolean")
+            }
+            guard checked else {
+                let reason: String
+                if case .string(let text)? = record["reason"] { reason = text } else { reason = "no reason recorded" }
+                return "NOT self-checked (\(reason)); run //:verify before shipping it"
+            }
+            var functions: [String] = []
+            if case .array(let names)? = record["functions"] {
+                functions = names.compactMap { if case .string(let name) = $0 { return name } else { return nil } }
+            }
+            guard !functions.isEmpty else {
+                throw Violation(detail: "self_check.checked is true but self_check.functions names no function")
+            }
+            return "self-checked: \(functions.joined(separator: ", ")) against fp32 eager before publishing"
+        }
+    }
+
     /// Every package an asset names exists (a shared package once, naming all its roles).
     /// Before schema version 3 every asset has a package of its own, so two naming the same
     /// path fail.
