@@ -7,15 +7,12 @@ struct ProgramFunction {
     var block: MILBlock
 }
 
-/// A block's operations in order, which operation produces each value, and the types of values
-/// and states.
+/// A block's operations in order, which operation produces each value, and the values' types.
 struct GraphIndex {
     let operations: [MILOperation]
     /// Value name -> index in `operations` of the operation that produces it.
     let producer: [String: Int]
     let types: [String: MILTensorType]
-    /// State name (a function input) -> its tensor's shape.
-    let stateShapes: [String: [UInt64]]
 
     init(_ graph: ProgramFunction) {
         operations = graph.block.allOperations
@@ -27,14 +24,11 @@ struct GraphIndex {
                 if let type = output.tensorType { types[output.name] = type }
             }
         }
-        var states: [String: [UInt64]] = [:]
         for input in graph.function.inputs + graph.block.inputs {
-            if let tensor = input.type?.stateTensorType { states[input.name] = tensor.shape }
             if let tensor = input.tensorType { types[input.name] = tensor }
         }
         self.producer = producer
         self.types = types
-        self.stateShapes = states
     }
 
     func producerOperation(_ name: String) -> MILOperation? {
@@ -79,15 +73,17 @@ extension LoadedBundle {
     static let passThroughOps: Set<String> = ["reshape", "identity", "expand_dims", "squeeze", "cast", "transpose"]
     static let compareOps: Set<String> = ["equal", "not_equal", "greater", "greater_equal", "less", "less_equal"]
     static let gatherOps: Set<String> = ["gather", "gather_along_axis", "gather_nd"]
-    /// What a full-cache blend is computed with: `select` (where) or a mul-add.
+    /// What a blend is computed with: `select` (where) or a mul-add.
     static let blendOps: Set<String> = ["select", "add", "sub", "mul"]
+    /// Ops that take a part of their `x` (or, `slice_update`, write into it).
+    static let viewOps: Set<String> = ["slice_by_index", "slice_by_size", "slice_update"]
 
     // MARK: KV writes
 
     enum WriteKind: String, CaseIterable {
         /// `slice_update`s of rows into the state (Anemll's and CoreML-LLM's pattern).
         case slice
-        /// A whole layer or cache computed with select or mul-add over runtime compares.
+        /// Old contents mixed with new ones by a select or mul-add over runtime compares.
         case blend
         /// The state written back as read.
         case copy
@@ -123,27 +119,52 @@ extension LoadedBundle {
                 break
             }
         }
-        let layer = graph.stateShapes[write.state]
-        if pieces.contains(where: { isBlend($0, layer: layer, in: graph) }) { return .blend }
+        if pieces.contains(where: { isBlend($0, state: write.state, in: graph) }) { return .blend }
         if computedWhole { return .other }
         return sliced ? .slice : .copy
     }
 
-    /// `value` is a blend: made by a `blendOps` op, at least one layer of the state in size with
-    /// the state's capacity among its dimensions, and computed from a runtime compare.
-    static func isBlend(_ value: String, layer stateShape: [UInt64]?, in graph: GraphIndex) -> Bool {
+    /// `value` is a blend: new values mixed with the state's old ones under a runtime mask, as a
+    /// `select` (where) of a view of the state, or a mul-add with one, whose mask comes from a
+    /// compare. Rows written at a position never read the old contents they replace.
+    static func isBlend(_ value: String, state: String, in graph: GraphIndex) -> Bool {
+        guard let operation = graph.producerOperation(skippingPassThrough(value, in: graph)),
+              blendOps.contains(operation.type) else { return false }
+        let operands = ["x", "y", "a", "b"].compactMap(operation.boundName)
+        let mixesOld = operands.contains { operand in
+            if isView(operand, of: state, in: graph) { return true }
+            // A mul-add: the old contents scaled by a mask, added to the new ones.
+            guard let product = graph.producerOperation(skippingPassThrough(operand, in: graph)),
+                  product.type == "mul" else { return false }
+            return ["x", "y"].compactMap(product.boundName).contains { isView($0, of: state, in: graph) }
+        }
+        return mixesOld && dependsOnCompare(operation, in: graph)
+    }
+
+    static func skippingPassThrough(_ value: String, in graph: GraphIndex) -> String {
         var current = value
-        while let operation = graph.producerOperation(current), passThroughOps.contains(operation.type),
-              let x = operation.boundName("x") {
+        var steps = 0
+        while steps < graph.operations.count, let operation = graph.producerOperation(current),
+              passThroughOps.contains(operation.type), let x = operation.boundName("x") {
+            current = x
+            steps += 1
+        }
+        return current
+    }
+
+    /// `value` is the state's contents, or a part of them, as read (through slices, re-addressing
+    /// and earlier writes of it).
+    static func isView(_ value: String, of state: String, in graph: GraphIndex) -> Bool {
+        var current = value
+        var steps = 0
+        while steps < graph.operations.count, let operation = graph.producerOperation(current) {
+            steps += 1
+            if operation.type == "read_state" { return operation.boundName("input") == state }
+            guard passThroughOps.contains(operation.type) || viewOps.contains(operation.type),
+                  let x = operation.boundName("x") else { return false }
             current = x
         }
-        guard let operation = graph.producerOperation(current), blendOps.contains(operation.type) else { return false }
-        if let state = stateShape, state.count >= 2, let shape = graph.types[current]?.shape {
-            let capacity = state[state.count - 2]
-            let layerElements = (state.count >= 3 ? state.dropFirst() : state[...]).reduce(1, *)
-            guard shape.contains(capacity), shape.reduce(1, *) >= layerElements else { return false }
-        }
-        return dependsOnCompare(operation, in: graph)
+        return false
     }
 
     /// Whether a compare op is among what `operation` is computed from (bounded search).

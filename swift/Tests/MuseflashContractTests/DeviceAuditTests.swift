@@ -57,7 +57,10 @@ final class DeviceAuditTests: XCTestCase {
     }
 
     private enum Mutation {
-        case none, blendWrite, rankFive, readAfterWrite, outputIsWriteSource, cpuOps, longTopk
+        case none, rankFive, readAfterWrite, outputIsWriteSource, cpuOps, longTopk
+        /// The first `slots` slots of a layer blended (all 64, or a context bucket's), by a
+        /// `select` or a mul-add.
+        case blendWrite(slots: Int64, mulAdd: Bool)
     }
 
     /// One state `kvCache`, written with T rows at a runtime `begin` (or, `.blendWrite`, with a
@@ -69,14 +72,24 @@ final class DeviceAuditTests: XCTestCase {
         graph.input("begin", Graph.int32, [4])
         graph.input("end", Graph.int32, [4])
         graph.op("read_state", [("input", "kvCache")], "cache", Graph.fp16, cacheShape)
-        if mutation == .blendWrite {
-            graph.input("slots", Graph.int32, layerShape)
-            graph.input("position", Graph.int32, layerShape)
-            graph.input("newLayer", Graph.fp16, layerShape)
+        if case .blendWrite(let slots, let mulAdd) = mutation {
+            let shape: [Int64] = [1, 1, slots, 32]
+            graph.input("slots", Graph.int32, shape)
+            graph.input("position", Graph.int32, shape)
+            graph.input("newLayer", Graph.fp16, shape)
             graph.constant("layerBegin", [0, 0, 0, 0])
-            graph.op("equal", [("x", "slots"), ("y", "position")], "hit", Graph.bool, layerShape)
-            graph.op("slice_by_index", [("x", "cache"), ("begin", "layerBegin")], "layer", Graph.fp16, layerShape)
-            graph.op("select", [("cond", "hit"), ("a", "newLayer"), ("b", "layer")], "blended", Graph.fp16, layerShape)
+            graph.op("equal", [("x", "slots"), ("y", "position")], "hit", Graph.bool, shape)
+            graph.op("slice_by_index", [("x", "cache"), ("begin", "layerBegin")], "layer", Graph.fp16, shape)
+            if mulAdd {
+                graph.op("cast", [("x", "hit")], "hitHalf", Graph.fp16, shape)
+                graph.op("not_equal", [("x", "slots"), ("y", "position")], "miss", Graph.bool, shape)
+                graph.op("cast", [("x", "miss")], "missHalf", Graph.fp16, shape)
+                graph.op("mul", [("x", "newLayer"), ("y", "hitHalf")], "newPart", Graph.fp16, shape)
+                graph.op("mul", [("x", "layer"), ("y", "missHalf")], "oldPart", Graph.fp16, shape)
+                graph.op("add", [("x", "newPart"), ("y", "oldPart")], "blended", Graph.fp16, shape)
+            } else {
+                graph.op("select", [("cond", "hit"), ("a", "newLayer"), ("b", "layer")], "blended", Graph.fp16, shape)
+            }
             graph.op("slice_update", [("x", "cache"), ("update", "blended"), ("begin", "layerBegin")], "updated",
                      Graph.fp16, cacheShape)
         } else {
@@ -200,10 +213,16 @@ final class DeviceAuditTests: XCTestCase {
     }
 
     func testBlendWriteFailsOnTheNeuralEngineAndPassesOnGPU() throws {
-        let audit = try audit(Self.export(.blendWrite))
-        // The blend's compare is also one of the ops the CPU runs.
-        assertRule(.kvWrite, [.fail, .fail, .pass], value: 4, in: audit)  // one write in each of the 4 functions
+        let audit = try audit(Self.export(.blendWrite(slots: 64, mulAdd: false)))
+        // One write in each of the 4 functions; the blend's compare is also an op the CPU runs.
+        assertRule(.kvWrite, [.fail, .fail, .pass], value: 4, in: audit)
         XCTAssertEqual(audit.finding(.cpuOps)?.value, 1)
+    }
+
+    /// A context bucket blends only its first slots, and a mul-add blends as a select does.
+    func testBucketAndMulAddBlendsAreBlends() throws {
+        assertRule(.kvWrite, [.fail, .fail, .pass], value: 4, in: try audit(Self.export(.blendWrite(slots: 16, mulAdd: false))))
+        assertRule(.kvWrite, [.fail, .fail, .pass], value: 4, in: try audit(Self.export(.blendWrite(slots: 64, mulAdd: true))))
     }
 
     func testRankFiveFailsOnTheNeuralEngine() throws {
