@@ -1,10 +1,18 @@
 import MLPackage
 
-/// One function of a package's ML program, as the audit's graph rules read it.
+/// One function of a package's ML program, as the audit's graph rules read it, indexed once.
 struct ProgramFunction {
     var label: String
     var function: MILFunction
     var block: MILBlock
+    var index: GraphIndex
+
+    init(label: String, function: MILFunction, block: MILBlock) {
+        self.label = label
+        self.function = function
+        self.block = block
+        self.index = GraphIndex(function: function, block: block)
+    }
 }
 
 /// A block's operations in order, which operation produces each value, and the values' types.
@@ -14,8 +22,8 @@ struct GraphIndex {
     let producer: [String: Int]
     let types: [String: MILTensorType]
 
-    init(_ graph: ProgramFunction) {
-        operations = graph.block.allOperations
+    init(function: MILFunction, block: MILBlock) {
+        operations = block.allOperations
         var producer: [String: Int] = [:]
         var types: [String: MILTensorType] = [:]
         for (index, operation) in operations.enumerated() {
@@ -24,7 +32,7 @@ struct GraphIndex {
                 if let type = output.tensorType { types[output.name] = type }
             }
         }
-        for input in graph.function.inputs + graph.block.inputs {
+        for input in function.inputs + block.inputs {
             if let tensor = input.tensorType { types[input.name] = tensor }
         }
         self.producer = producer
@@ -188,7 +196,7 @@ extension LoadedBundle {
         var totals: [WriteKind: Int] = [:]
         var perFunction: [(String, String)] = []
         for graph in graphs {
-            let index = GraphIndex(graph)
+            let index = graph.index
             let writes = StateWrite.all(in: index)
             guard !writes.isEmpty else { continue }
             var kinds: [WriteKind: [String]] = [:]
@@ -220,7 +228,7 @@ extension LoadedBundle {
         var found: [(String, String)] = []
         var count = 0
         for graph in graphs {
-            let index = GraphIndex(graph)
+            let index = graph.index
             let writes = Dictionary(StateWrite.all(in: index).map { ($0.index, $0) }) { first, _ in first }
             var written = Set<String>()
             var reread: [String] = []
@@ -250,7 +258,7 @@ extension LoadedBundle {
         var found: [(String, String)] = []
         for graph in graphs {
             let outputs = Set(graph.block.outputs)
-            let sources = StateWrite.all(in: GraphIndex(graph)).filter { outputs.contains($0.source) }
+            let sources = StateWrite.all(in: graph.index).filter { outputs.contains($0.source) }
             if !sources.isEmpty {
                 found.append((graph.label, sources.map { "\($0.source) (written to \($0.state))" }.joined(separator: ", ")))
             }
@@ -285,7 +293,7 @@ extension LoadedBundle {
         var example = ""
         var perFunction: [(String, String)] = []
         for graph in graphs {
-            let tensors = computedTensors(graph, GraphIndex(graph))
+            let tensors = computedTensors(graph, graph.index)
             let high = tensors.filter { $0.tensor.dimensions.count > 4 }
             for tensor in tensors where tensor.tensor.dimensions.count > highest {
                 highest = tensor.tensor.dimensions.count
@@ -304,7 +312,7 @@ extension LoadedBundle {
         var most = 0
         var perFunction: [(String, String)] = []
         for graph in graphs {
-            let index = GraphIndex(graph)
+            let index = graph.index
             var counts: [String: Int] = [:]
             for operation in index.operations {
                 let outputType = operation.outputs.first?.tensorType?.dataType
@@ -348,7 +356,7 @@ extension LoadedBundle {
         var longest: UInt64 = 0
         var found: [(String, String)] = []
         for graph in graphs {
-            let index = GraphIndex(graph)
+            let index = graph.index
             var lengths: [UInt64] = []
             for operation in index.operations where operation.type == "topk" {
                 guard let x = operation.boundName("x"), let shape = index.types[x]?.shape, !shape.isEmpty else { continue }
@@ -393,7 +401,7 @@ extension LoadedBundle {
         var example = ""
         var perFunction: [(String, String)] = []
         for graph in graphs {
-            let tensors = computedTensors(graph, GraphIndex(graph))
+            let tensors = computedTensors(graph, graph.index)
             var above = 0
             for tensor in tensors {
                 let size = tensor.tensor.shape?.max() ?? 0
