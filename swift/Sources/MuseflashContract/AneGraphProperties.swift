@@ -249,7 +249,7 @@ extension LoadedBundle {
         }
         let detail = found.isEmpty ? "no function reads a state again after writing it"
             : grouped(found) + " read again after a write (remove_redundant_ops may merge the reads)"
-        return AuditFinding(rule: .readAfterWrite, value: Int64(count), figure: "\(count) reads", detail: detail,
+        return AuditFinding(rule: .readAfterWrite, value: Int64(count), figure: "\(count) re-reads", detail: detail,
                             status: count > 0 ? .fail : .pass)
     }
 
@@ -281,6 +281,10 @@ extension LoadedBundle {
         }
     }
 
+    static func tensorCount(_ count: Int) -> String {
+        count == 1 ? "1 tensor" : "\(count) tensors"
+    }
+
     static func shapeText(_ tensor: MILTensorType) -> String {
         "[" + tensor.dimensions.map { dimension -> String in
             if case .constant(let size) = dimension { return String(size) }
@@ -299,7 +303,7 @@ extension LoadedBundle {
                 highest = tensor.tensor.dimensions.count
                 example = "\(graph.label) \(tensor.type) \(tensor.name) \(shapeText(tensor.tensor))"
             }
-            if !high.isEmpty { perFunction.append((graph.label, "\(high.count) tensors of rank 5 or more")) }
+            if !high.isEmpty { perFunction.append((graph.label, tensorCount(high.count) + " of rank 5 or more")) }
         }
         let detail = perFunction.isEmpty ? "every tensor of rank 4 or less" + (example.isEmpty ? "" : " (e.g. \(example))")
             : grouped(perFunction) + "; highest: \(example)"
@@ -411,10 +415,10 @@ extension LoadedBundle {
                     example = "\(graph.label) \(tensor.type) \(tensor.name) \(shapeText(tensor.tensor))"
                 }
             }
-            if above > 0 { perFunction.append((graph.label, "\(above) tensors")) }
+            if above > 0 { perFunction.append((graph.label, tensorCount(above))) }
         }
         let detail = perFunction.isEmpty ? "no dimension above \(largeDimension)" + (example.isEmpty ? "" : "; largest: \(example)")
-            : grouped(perFunction) + " with a dimension above \(largeDimension); largest: \(example) (an unproven limit, so a WARN)"
+            : "above \(largeDimension): " + grouped(perFunction) + "; largest: \(example) (an unproven limit, so a WARN)"
         return AuditFinding(rule: .largeDimensions, value: Int64(largest), figure: "largest \(largest)", detail: detail,
                             status: largest > largeDimension ? .warn : .pass)
     }
