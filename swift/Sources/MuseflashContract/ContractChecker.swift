@@ -82,7 +82,7 @@ public struct ContractChecker {
         }
 
         return ContractReport(exportDirectory: exportDirectory, metadata: metadata,
-                              packages: bundle.packages, results: bundle.evaluateAll())
+                              packages: bundle.packages, results: bundle.evaluateAll(), audit: bundle.deviceAudit())
     }
 }
 

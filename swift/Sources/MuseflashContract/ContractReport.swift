@@ -26,6 +26,8 @@ public struct ContractReport: Sendable {
     /// 3) map to the same interface, read once.
     public var packages: [ExportMetadata.AssetRole: PackageInterface]
     public var results: [PropertyResult]
+    /// The Neural Engine audit (docs/ane.md); it never changes `allHold`.
+    public var audit: DeviceAudit = DeviceAudit()
 
     public var allHold: Bool { results.allSatisfy(\.holds) }
     public var passedCount: Int { results.filter(\.holds).count }

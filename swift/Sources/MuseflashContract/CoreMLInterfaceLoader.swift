@@ -43,7 +43,8 @@ public enum CoreMLInterfaceLoader {
         return PackageInterface(url: packageURL, functions: functions,
                                 defaultFunctionName: specInterface.defaultFunctionName,
                                 userDefinedMetadata: userDefined, stateCreationFailures: stateFailures,
-                                program: specInterface.program, modelURL: specInterface.modelURL)
+                                program: specInterface.program, modelURL: specInterface.modelURL,
+                                specificationVersion: specInterface.specificationVersion)
     }
 
     /// Makes the function's state and checks every buffer has the declared

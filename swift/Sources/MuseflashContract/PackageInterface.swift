@@ -19,10 +19,12 @@ public struct PackageInterface: Sendable, Equatable {
     public var program: MLProgram?
     /// The model spec file, against which the program's `@model_path/...` weight files resolve.
     public var modelURL: URL?
+    /// `Model.specificationVersion` of the spec; nil when the source does not say.
+    public var specificationVersion: Int?
 
     public init(url: URL, functions: [FunctionDescription], defaultFunctionName: String,
                 userDefinedMetadata: [String: String], stateCreationFailures: [String: String] = [:],
-                program: MLProgram? = nil, modelURL: URL? = nil) {
+                program: MLProgram? = nil, modelURL: URL? = nil, specificationVersion: Int? = nil) {
         self.url = url
         self.functions = functions
         self.defaultFunctionName = defaultFunctionName
@@ -30,6 +32,7 @@ public struct PackageInterface: Sendable, Equatable {
         self.stateCreationFailures = stateCreationFailures
         self.program = program
         self.modelURL = modelURL
+        self.specificationVersion = specificationVersion
     }
 
     /// Core ML's name for the function of a package that declares none, which the contract
@@ -54,12 +57,14 @@ extension PackageInterface {
                                            outputs: description.outputs, states: description.states)
             self.init(url: package.url, functions: [main], defaultFunctionName: Self.singleFunctionName,
                       userDefinedMetadata: package.userDefinedMetadata,
-                      program: package.specification.program, modelURL: package.modelURL)
+                      program: package.specification.program, modelURL: package.modelURL,
+                      specificationVersion: package.specificationVersion)
         } else {
             self.init(url: package.url, functions: description.functions,
                       defaultFunctionName: description.defaultFunctionName,
                       userDefinedMetadata: package.userDefinedMetadata,
-                      program: package.specification.program, modelURL: package.modelURL)
+                      program: package.specification.program, modelURL: package.modelURL,
+                      specificationVersion: package.specificationVersion)
         }
     }
 

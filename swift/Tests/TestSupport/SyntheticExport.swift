@@ -149,6 +149,11 @@ public struct PackageSpec {
     /// The weights the ML program stores (as const or constexpr ops over blobs of weight.bin).
     /// Empty: the program has no functions and weight.bin is filler, never read.
     public var weights: [WeightSpec]
+    /// A test's own ML program (the body of `Model.mlProgram`, `MILBytes.program`) in place of
+    /// the one `weights` make.
+    public var program: [UInt8]?
+    /// `Model.specificationVersion`.
+    public var specificationVersion: Int64 = 9
 
     public init(path: String, functions: [FunctionSpec], isMultiFunction: Bool, defaultFunction: String,
                 embeddedMetadata: String? = nil, weights: [WeightSpec] = []) {
@@ -182,8 +187,8 @@ public struct PackageSpec {
                                           shortDescription: "synthetic \(path)", version: "0.0.0",
                                           userDefined: userDefined)
         let description = interface + SpecBytes.message(100, metadata)                   // ModelDescription.metadata
-        return SpecBytes.model(version: 9, description: description,
-                               extra: SpecBytes.message(502, storage().program + SpecBytes.unknownFields))  // Model.mlProgram
+        return SpecBytes.model(version: specificationVersion, description: description,
+                               extra: SpecBytes.message(502, (program ?? storage().program) + SpecBytes.unknownFields))  // Model.mlProgram
     }
 
     public func write(to packageURL: URL, metadataText: String) throws {
