@@ -380,7 +380,7 @@ def fit(target, drafter, rows, heldout, recipe: Recipe, ranks: ddp.Ranks, out: P
                                  for k, v in figures["acceptance"].items()))
         ddp.barrier(ranks)
 
-    if step == 0 and schedule.eval_every:
+    if step == 0:
         evaluate()
     began, window_loss, window_tokens, window_rows = time.monotonic(), 0.0, 0, 0
     window_start, finished = time.monotonic(), False
