@@ -42,6 +42,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from museflash.bundle import LayerType
 from museflash.checkpoint.configs import check_configs
 from museflash.checkpoint.load import drafter_checkpoint_tensors
 from museflash.checkpoint.tensor_files import write_safetensors
@@ -170,7 +171,7 @@ def drafter_config(target_dir: Path, recipe: Recipe) -> dict[str, Any]:
     config["dflash_config"]["target_layer_ids"] = ids
     config["block_size"] = OUTPUT_BLOCK
     if recipe.window is not None:
-        config.update(layer_types=["sliding_attention"] * recipe.layers,
+        config.update(layer_types=[LayerType.SLIDING_ATTENTION.value] * recipe.layers,
                       sliding_window=recipe.window, use_sliding_window=True)
     return config
 
