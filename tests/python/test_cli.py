@@ -35,6 +35,7 @@ COMMANDS = {
     "train_demo_dflash2_main": "--selector-rank:",
     "train_demo_drafter_main": "--target-layer-ids:",
     "train_demo_main": "--kv-heads:",
+    "train_drafter_main": "--anchors-per-row:",
     "train_smollm2_drafter_main": "--corpus-cache:",
     "traffic_main": "--geometry-context:",
     "tree_figures_main": "--budgets:",

@@ -66,14 +66,16 @@ REPORT_FILE = "train_demo_dflash2.json"
 
 def dflash2_config(target_dir: Path, *, layers: int, window: int, kernel: int, group: int,
                    rank: int, top_k: int, target_layer_ids: list[int] | None = None,
-                   block_size: int = v1.BLOCK_SIZE) -> dict[str, Any]:
+                   block_size: int = v1.BLOCK_SIZE,
+                   mask_token_id: int | None = None) -> dict[str, Any]:
     """A DFlash2 config.json in z-lab's layout (the keys of demo_checkpoint.TINY_DFLASH2_CONFIG)
     for the target in `target_dir`: v1's sizes (`train_demo_drafter.drafter_config`), the
     DFlash2 settings under `dflash_config`, the target's soft cap on the draft logits."""
     from museflash.checkpoint.configs import check_configs
 
     flat = v1.drafter_config(target_dir, layers=layers, window=window,
-                             target_layer_ids=target_layer_ids, block_size=block_size)
+                             target_layer_ids=target_layer_ids, block_size=block_size,
+                             mask_token_id=mask_token_id)
     target = check_configs(target_dir).target
     dflash = {name: flat.pop(name) for name in ("block_size", "mask_token_id",
                                                 "target_layer_ids")}

@@ -337,13 +337,17 @@ def spread_layer_ids(depth: int, count: int = 3) -> list[int]:
 
 def drafter_config(target_dir: Path, *, layers: int, window: int,
                    target_layer_ids: list[int] | None = None,
-                   block_size: int = BLOCK_SIZE) -> dict[str, Any]:
+                   block_size: int = BLOCK_SIZE,
+                   mask_token_id: int | None = None) -> dict[str, Any]:
     """A flat DFlash config.json (like demo_checkpoint.TINY_DRAFTER_CONFIG) for the target in
-    `target_dir`: its hidden size, heads and MLP width, the tokenizer's `<mask>` as mask token
-    (the last vocabulary id when the checkpoint has no tokenizer, as in the random demo)."""
+    `target_dir`: its hidden size, heads and MLP width, `mask_token_id` or else the tokenizer's
+    `<mask>` as mask token (the last vocabulary id when the checkpoint has no tokenizer, as in
+    the random demo)."""
     checked = check_configs(target_dir)
     target = checked.target
-    if checked.tokenizer is not None:
+    if mask_token_id is not None:
+        mask = mask_token_id
+    elif checked.tokenizer is not None:
         if "<mask>" not in checked.tokenizer.special_tokens:
             raise ValueError(f"{target_dir}: the tokenizer has no <mask> special token "
                              f"({sorted(checked.tokenizer.special_tokens)})")
