@@ -589,6 +589,7 @@ def test_progress_has_one_line_per_stage(bundle):
     stages = [line.split(" ")[1] for line in stage_lines]
     assert stages.count("load") == 2
     assert stages.count("audit") == 1  # the fp16 range audit, with its scales
+    assert stages.count("check") == 2  # each bundle's own program run before publishing
     audit = next(line for line in stage_lines if line.startswith("[export] audit"))
     assert re.search(r"scale 1; drafter peak [\d.e+]+, scale 1;", audit)  # tiny: no scaling
     assert stages.count("trace") == stages.count("convert") == 6  # once for both bundles
@@ -603,7 +604,7 @@ def test_progress_has_one_line_per_stage(bundle):
     assert any(", helper 1)" in line for line in stage_lines)  # the second process's work
     assert all(re.search(r": \d+\.\d s", line) for line in stage_lines)
     assert all(re.search(r"\d (B|KB|MB)", line) for line in stage_lines
-               if line.split(" ")[1] not in ("trace", "audit"))
+               if line.split(" ")[1] not in ("trace", "audit", "check"))
     assert lines[-1].startswith("[export] wrote")
 
 

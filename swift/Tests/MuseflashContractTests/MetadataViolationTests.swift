@@ -13,6 +13,23 @@ final class MetadataViolationTests: XCTestCase {
         try ContractAssertions.check(export)
     }
 
+    /// check-contract reports a bundle the export did not self-check (docs/fp16.md, section 4),
+    /// without failing it, and fails a record that claims a check of no function.
+    func testSelfCheckRecordIsReported() throws {
+        export.setMetadata(["self_check"], to: ["checked": false, "reason": "--no-self-check"])
+        var report = try report()
+        XCTAssertTrue(report.result(named: "metadata.self_check")?.holds ?? false)
+        XCTAssertTrue(ContractAssertions.detail("metadata.self_check", in: report).hasPrefix("NOT self-checked"))
+        XCTAssertTrue(ContractAssertions.detail("metadata.self_check", in: report).contains("--no-self-check"))
+        export.setMetadata(["self_check"], to: ["checked": true, "functions": ["prefill", "main"]])
+        report = try self.report()
+        XCTAssertTrue(report.result(named: "metadata.self_check")?.holds ?? false)
+        XCTAssertFalse(ContractAssertions.detail("metadata.self_check", in: report).contains("NOT"))
+        export.setMetadata(["self_check"], to: ["checked": true, "functions": [String]()])
+        report = try self.report()
+        ContractAssertions.assertFailing(["metadata.self_check"], in: report)
+    }
+
     func testWrongVocabSizeFailsEveryLogitsWidthCheck() throws {
         export.setMetadata(["vocab_size"], to: 65)
         let report = try report()
@@ -89,7 +106,9 @@ final class MetadataViolationTests: XCTestCase {
             try FileManager.default.removeItem(at: ContractAssertions.packageURL(directory, role: "target"))
         }
         let expected = ContractAssertions.dflashBundleProperties
-        ContractAssertions.assertFailing(Set(expected).subtracting(["metadata.schema_version", "metadata.drafter_kind"]),
+        // The metadata-only properties hold without any package.
+        ContractAssertions.assertFailing(Set(expected).subtracting(["metadata.schema_version", "metadata.drafter_kind",
+                                                                    "metadata.self_check"]),
                                          in: report)
         let missing = ContractAssertions.detail("metadata.assets_exist", in: report)
         XCTAssertTrue(missing.contains("target, dflash_drafter: target.mlpackage does not exist"), missing)
