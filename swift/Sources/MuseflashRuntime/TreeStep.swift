@@ -1,0 +1,99 @@
+import ExportMetadata
+import Foundation
+
+/// A tree step of `SpeculativeDecoder` (docs/trees.md, "A tree step"), apart from the chain
+/// and target-alone steps of SpeculativeDecoder.swift.
+extension SpeculativeDecoder.Run {
+    /// One tree step at `anchorPosition` (the type's docs, `tree`): -> the next anchor, its
+    /// position, the drafts accepted, and, given `chainOf` (a chain's proposals, when the
+    /// planner weighs the chain), how many the drafter's top-1 chain of that many would have
+    /// accepted (at least; the planner's estimate for the chain).
+    /// python/museflash/runtime/speculative.py `_tree_step`, call for call.
+    mutating func treeStep(anchor: Int32, at anchorPosition: Int, budget: Int, copied: [Int32]?,
+                           chainOf proposals: Int? = nil) throws -> (Int32, Int, Int, Int?) {
+        let block = decoder.blockSize
+        let vocab = decoder.vocabSize
+        let drafted = try draft(anchor: anchor, at: anchorPosition)
+        guard let draftLogits = drafted["logits"], draftLogits.count == block * vocab else {
+            throw RuntimeError.badOutput(function: "draft", reason: "no logits of \(block) x \(vocab)")
+        }
+        let draftValues = draftLogits.floats
+        let rows = (1..<block).map { Array(draftValues[($0 * vocab)..<(($0 + 1) * vocab)]) }
+        var tree: TokenTree
+        var q: [[Double]] = []
+        if options.sampled, let sampling = options.sampling {
+            // Sampled: the drafter's tree shape, its tokens drawn from the drafter's rows
+            // (no recycled or copied candidates: each must come from the q it is judged by).
+            q = rows.map { probabilities(sampling, $0[...]) }
+            tree = try TokenTree.build(anchor: anchor, budget: budget, draftLogits: rows, maxDepth: block - 1)
+                .filledBySampling(q: q, &generator)
+        } else {
+            tree = try TokenTree.build(anchor: anchor, budget: budget, draftLogits: rows, recycled: decoder.recycled,
+                                       lookup: copied, maxDepth: block - 1)
+        }
+        // The tree's nodes, then pad nodes that only the root and themselves see.
+        let nodes = decoder.treeLength, count = tree.count
+        let depths = tree.depths + [Int](repeating: 1, count: nodes - count)
+        var mask = [Int32](repeating: 0, count: nodes * nodes)
+        let ancestors = tree.ancestorMask
+        for row in 0..<nodes {
+            for column in 0..<nodes {
+                let sees = row < count
+                    ? (column < count && (ancestors[row][column] || (decoder.faults.treeMaskSeesEarlierNodes && column <= row)))
+                    : (column == 0 || column == row)
+                mask[row * nodes + column] = sees ? 1 : 0
+            }
+        }
+        let outputs = try call(.tree, of: decoder.targetFunctions, [
+            "input_ids": ShapedArray(int32: tree.tokens + [Int32](repeating: pad, count: nodes - count), shape: [1, nodes]),
+            "position_ids": ShapedArray(int32: depths.map { Int32(anchorPosition + $0) }, shape: [nodes]),
+            "tree_mask": ShapedArray(int32: mask, shape: [nodes, nodes]),
+        ], first: anchorPosition, length: nodes)
+        guard let logits = outputs["logits"], logits.count == nodes * vocab else {
+            throw RuntimeError.badOutput(function: "tree", reason: "no logits of \(nodes) x \(vocab)")
+        }
+        guard let features = outputs["drafter_features"], features.count % nodes == 0, features.count > 0 else {
+            throw RuntimeError.badOutput(function: "tree", reason: "no drafter_features of \(nodes) rows")
+        }
+        let values = logits.floats
+        let path: [Int], token: Int32
+        if options.sampled, let sampling = options.sampling {
+            // The generator apart from self while the closure reads self.
+            var draws = generator
+            (path, token) = SpeculativeSampling.acceptTree(tree, p: { probabilities(sampling, values[($0 * vocab)..<(($0 + 1) * vocab)]) },
+                                                           q: q, faults: decoder.faults.treeSampling, &draws)
+            generator = draws
+        } else {
+            let choices = (0..<count).map { argmax(values[($0 * vocab)..<(($0 + 1) * vocab)]) }
+            (path, token) = try tree.acceptGreedy(choices: choices)
+        }
+        let moves = path.enumerated().compactMap { index, node in
+            node == index + 1 ? nil : (from: anchorPosition + node, to: anchorPosition + index + 1 + decoder.faults.treeMoveShift)
+        }
+        if !moves.isEmpty { try decoder.targetFunctions.state.moveRows(moves, inStates: decoder.targetStateNames) }
+        result.movedRows += moves.count
+        decoder.recycled.update(tokens: tree.tokens, logits: (0..<count).map { Array(values[($0 * vocab)..<(($0 + 1) * vocab)]) })
+        let accepted = path.count
+        result.accepted.append(accepted)
+        if copied != nil { result.lookupAccepted.append(accepted) }
+        let taken = path.map { tree.tokens[$0] } + [token]
+        emit(taken)
+        var chain: Int?
+        if let proposals {
+            var matched = 0
+            while matched < min(proposals, taken.count), argmax(rows[matched][...]) == taken[matched] { matched += 1 }
+            chain = matched
+        }
+        // The path's rows at their own positions; the inject window's positions past it (a
+        // prompt shorter than a block) take the last path row as a placeholder.
+        let last = anchorPosition + accepted
+        let width = features.count / nodes
+        let featureValues = features.floats
+        let pathRows = ([0] + path).map { featureValues[($0 * width)..<(($0 + 1) * width)] }
+        for (offset, row) in pathRows.enumerated() { self.features[anchorPosition + offset] = row }
+        try inject(first: max(0, last - block + 1), fallback: pathRows.last!)
+        injectedThrough = last
+        for position in self.features.keys where position <= last - block { self.features[position] = nil }
+        return (token, last + 1, accepted, chain)
+    }
+}
