@@ -78,6 +78,18 @@ public struct FunctionStats: Sendable, Equatable {
     public var seconds = 0.0
 }
 
+/// Whole steps of one kind (`StepPlanner.Kind`): how many, their wall time from each start until
+/// its tokens were handed back (loading a function and catching the drafter up left out), the
+/// part of it spent in model calls, and the tokens they gave.
+public struct StepStats: Sendable, Equatable {
+    public var steps = 0
+    public var seconds = 0.0
+    public var callSeconds = 0.0
+    public var tokens = 0
+    /// The host's own work: the steps' time outside model calls.
+    public var hostSeconds: Double { seconds - callSeconds }
+}
+
 public struct GenerationResult: Sendable {
     public var promptIDs: [Int32]
     /// Generated ids, the prompt excluded (ending with the end-of-sequence token when that
@@ -106,6 +118,14 @@ public struct GenerationResult: Sendable {
     public var movedRows = 0
     /// Steps after the prompt by kind (`StepPlanner.Kind`: tree, chain, alone).
     public var steps: [String: Int] = [:]
+    /// Steps after the prompt by kind, timed whole (`StepStats`).
+    public var stepStats: [String: StepStats] = [:]
+    /// The host's work in those steps by kind, then by part (`lookup`, `top_k`: the drafter's
+    /// rows, `tree`: building it and its inputs, `accept`, `recycled`: the table's update,
+    /// `move`: the accepted rows, `features`: the path's to the drafter), in seconds.
+    public var hostSeconds: [String: [String: Double]] = [:]
+    /// Seconds spent catching the drafter up after target-alone steps (left out of the steps).
+    public var catchUpSeconds = 0.0
     /// With `GenerationOptions.automatic`: the planner's figures when the generation ended
     /// (`StepPlanner.summary`).
     public var plan: String?

@@ -59,6 +59,8 @@ public final class SpeculativeDecoder {
     /// acceptance by step kind: what `GenerationOptions.automatic` chooses by. Set
     /// `planner.fixedCosts` to choose by a stored calibration instead.
     public var planner: StepPlanner
+    /// What steps, calls and the host's work are timed by (a test's fake clock, or the system's).
+    public var clock: any StepClock = SystemStepClock()
 
     /// The target's `prefill` and `main` of every context bucket, on one state; the DFlash
     /// drafter's `inject_kv` and `draft` on another (nil without one; a full-attention
@@ -101,6 +103,8 @@ public final class SpeculativeDecoder {
         var skipCatchUp = false
         /// Step kinds taken in this order (then the planner's), in place of the planner's.
         var plannedKinds: [StepPlanner.Kind] = []
+        /// Run in every tree step's host work (a test's planted delay: it advances a fake clock).
+        var treeHostWork: (() -> Void)?
     }
     var faults = Faults()
 
@@ -293,8 +297,7 @@ public final class SpeculativeDecoder {
         let budget = try checkTreeBudget(options)
         let keep = keepingCaches ? reusable(prompt) : 0
         if !keepingCaches { recycled = TokenTree.RecycledTable() }
-        let clock = ContinuousClock()
-        let start = clock.now
+        let start = clock.now()
         if keep == 0 { try resetCaches() }
         var run = Run(decoder: self, prompt: prompt, options: options, onTokens: onTokens, keep: keep, writtenTo: writtenTo)
         run.result.numDraftTokens = proposals
@@ -309,7 +312,7 @@ public final class SpeculativeDecoder {
         }
         heldIDs = prompt + run.result.tokens.dropLast()
         writtenTo = run.writtenTo
-        run.result.seconds = (clock.now - start).seconds
+        run.result.seconds = clock.now() - start
         return run.result
     }
 
@@ -352,6 +355,8 @@ public final class SpeculativeDecoder {
         /// The last position whose features the drafter's ring holds from its true token (later
         /// slots may hold a verify block's unaccepted rows).
         var injectedThrough = -1
+        /// The step under way's timing (`beginStep`, `endStep`).
+        var timing = StepTiming()
 
         init(decoder: SpeculativeDecoder, prompt: [Int32], options: GenerationOptions, onTokens: (([Int32]) -> Void)?,
              keep: Int = 0, writtenTo: Int = -1) {
@@ -403,9 +408,12 @@ public final class SpeculativeDecoder {
         /// on the asset's state, counted and traced under `name` (a bucket's `main_512` as `main`).
         mutating func call(_ name: ExportMetadata.FunctionName, of asset: AssetFunctions, _ inputs: [String: ShapedArray],
                            first: Int, length: Int) throws -> [String: ShapedArray] {
+            let clock = decoder.clock
+            let loading = clock.now()
             let function = try asset.function(name, lastPosition: first + length - 1)
-            let clock = ContinuousClock()
-            let start = clock.now
+            let start = clock.now()
+            // Loading a function (its first use) is no step's cost.
+            timing.excluded += start - loading
             let outputs: [String: ShapedArray]
             do {
                 outputs = try function.predict(inputs, state: asset.state)
@@ -415,7 +423,8 @@ public final class SpeculativeDecoder {
                 throw RuntimeError.backend(function: function.name, reason: "\(error)")
             }
             result.functions[name.rawValue, default: FunctionStats()].calls += 1
-            let seconds = (clock.now - start).seconds
+            let seconds = clock.now() - start
+            timing.calls += seconds
             result.functions[name.rawValue, default: FunctionStats()].seconds += seconds
             decoder.planner.observe(name.rawValue, seconds: seconds)
             result.ranFunctions[function.name, default: 0] += 1
@@ -495,9 +504,19 @@ public final class SpeculativeDecoder {
         }
 
         /// Injects the features of target-alone steps (positions after `injectedThrough`
-        /// through `last`) in blocks, so the next draft sees them.
+        /// through `last`) in blocks, so the next draft sees them. Its time is left out of the
+        /// step under way and charged to the alone steps it caught up (`observeCatchUp`).
         mutating func catchUp(through last: Int) throws {
             guard injectedThrough < last, !decoder.faults.skipCatchUp else { return }
+            let mark = self.mark()
+            let steps = last - injectedThrough
+            defer {
+                let seconds = decoder.clock.now() - mark.time - (timing.excluded - mark.excluded)
+                timing.excluded += seconds
+                timing.calls = mark.calls
+                result.catchUpSeconds += seconds
+                decoder.planner.observeCatchUp(seconds: seconds, steps: steps)
+            }
             let block = decoder.blockSize
             if last + 1 < block {
                 try inject(first: 0, fallback: features[last])
@@ -600,6 +619,7 @@ public final class SpeculativeDecoder {
             }
             let planned = decoder.faults.plannedKinds
             while !done {
+                beginStep()
                 var kind: StepPlanner.Kind = treeBudget > 0 ? .tree : .chain
                 if automatic {
                     // The kinds whose call still fits the context; none: the context is full.
@@ -616,14 +636,17 @@ public final class SpeculativeDecoder {
                 result.steps[kind.rawValue, default: 0] += 1
                 if kind == .alone {
                     (anchor, anchorPosition) = try aloneStep(anchor: anchor, at: anchorPosition)
+                    endStep(.alone)
                     continue
                 }
                 try catchUp(through: anchorPosition - 1)
                 // A copy from the context, judged (sampled) with a one-hot q; else a draft.
                 var guesses: [Int32]
                 var q: [[Double]] = []
+                let looking = mark()
                 let copied = options.lookupMinMatch > 0
                     ? ContextLookup.proposal(contextTail(), count: block - 1, minMatch: options.lookupMinMatch) : nil
+                charge("lookup", of: kind, since: looking)
                 if kind == .tree {
                     let accepted: Int, chain: Int?
                     (anchor, anchorPosition, accepted, chain) = try treeStep(
@@ -631,6 +654,7 @@ public final class SpeculativeDecoder {
                         copied: copied, chainOf: kinds.contains(.chain) ? proposals : nil)
                     decoder.planner.record(.tree, accepted: accepted)
                     if let chain { decoder.planner.record(.chain, accepted: chain, estimated: true) }
+                    endStep(.tree)
                     continue
                 }
                 if let copied = copied {
@@ -675,6 +699,7 @@ public final class SpeculativeDecoder {
                 for position in features.keys where position <= last - block { features[position] = nil }
                 anchor = token
                 anchorPosition = last + 1 + (decoder.faults.skipRejectedSlot && accepted < proposals ? 1 : 0)
+                endStep(.chain)
             }
             // The drafter keeps every position the caches hold, as a conversation's next call
             // assumes of the ids it keeps: target-alone steps at the end are injected now.
@@ -691,10 +716,12 @@ public final class SpeculativeDecoder {
             emit([token])
             var position = prompt.count
             while !done, roomFor(first: position, length: block) {
+                beginStep()
                 let out = try target(step, ids: [token] + [Int32](repeating: pad, count: block - 1), first: position)
                 token = next(out.logits[0..<vocab])
                 emit([token])
                 position += 1
+                endStep(.alone, planned: false)
             }
         }
     }

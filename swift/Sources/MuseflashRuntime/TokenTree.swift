@@ -113,9 +113,20 @@ public struct TokenTree: Equatable, Sendable {
                              draftTopK: Int = TokenTree.draftTopK,
                              lookupProbability: Double = TokenTree.lookupProbability,
                              recycledWeight: Double = TokenTree.recycledWeight) throws -> TokenTree {
+        try build(anchor: anchor, budget: budget, draftRows: draftLogits.map { $0.map { topLogProbabilities($0, k: draftTopK) } },
+                  recycled: recycled, lookup: lookup, maxDepth: maxDepth, lookupProbability: lookupProbability,
+                  recycledWeight: recycledWeight)
+    }
+
+    /// `build` on the drafter's rows already cut to their likeliest tokens
+    /// (`topLogProbabilities`): `draftRows[d - 1]` at depth d.
+    public static func build(anchor: Int32, budget: Int, draftRows: [(ids: [Int32], logProbabilities: [Double])]?,
+                             recycled: RecycledTable? = nil, lookup: [Int32]? = nil, maxDepth: Int? = nil,
+                             lookupProbability: Double = TokenTree.lookupProbability,
+                             recycledWeight: Double = TokenTree.recycledWeight) throws -> TokenTree {
         guard budget >= 1 else { throw RuntimeError.badTree(reason: "a tree budget is at least 1 node (the root), got \(budget)") }
-        let rows = (draftLogits ?? []).map { topLogProbabilities($0, k: draftTopK) }
-        let depthLimit = maxDepth ?? (draftLogits != nil ? rows.count : nil)
+        let rows = draftRows ?? []
+        let depthLimit = maxDepth ?? (draftRows != nil ? rows.count : nil)
         let lookup = lookup ?? []
         let lookupLog = log(lookupProbability)
         let recycledLog = log(recycledWeight)

@@ -17,20 +17,25 @@ extension SpeculativeDecoder.Run {
         guard let draftLogits = drafted["logits"], draftLogits.count == block * vocab else {
             throw RuntimeError.badOutput(function: "draft", reason: "no logits of \(block) x \(vocab)")
         }
+        var part = mark()
         let draftValues = draftLogits.floats
         let rows = (1..<block).map { Array(draftValues[($0 * vocab)..<(($0 + 1) * vocab)]) }
-        var tree: TokenTree
+        let top = rows.map { TokenTree.topLogProbabilities($0, k: TokenTree.draftTopK) }
         var q: [[Double]] = []
-        if options.sampled, let sampling = options.sampling {
+        if options.sampled, let sampling = options.sampling { q = rows.map { probabilities(sampling, $0[...]) } }
+        charge("top_k", of: .tree, since: part)
+        part = mark()
+        var tree: TokenTree
+        if options.sampled {
             // Sampled: the drafter's tree shape, its tokens drawn from the drafter's rows
             // (no recycled or copied candidates: each must come from the q it is judged by).
-            q = rows.map { probabilities(sampling, $0[...]) }
-            tree = try TokenTree.build(anchor: anchor, budget: budget, draftLogits: rows, maxDepth: block - 1)
+            tree = try TokenTree.build(anchor: anchor, budget: budget, draftRows: top, maxDepth: block - 1)
                 .filledBySampling(q: q, &generator)
         } else {
-            tree = try TokenTree.build(anchor: anchor, budget: budget, draftLogits: rows, recycled: decoder.recycled,
+            tree = try TokenTree.build(anchor: anchor, budget: budget, draftRows: top, recycled: decoder.recycled,
                                        lookup: copied, maxDepth: block - 1)
         }
+        decoder.faults.treeHostWork?()
         // The tree's nodes, then pad nodes that only the root and themselves see.
         let nodes = decoder.treeLength, count = tree.count
         let depths = tree.depths + [Int](repeating: 1, count: nodes - count)
@@ -44,17 +49,20 @@ extension SpeculativeDecoder.Run {
                 mask[row * nodes + column] = sees ? 1 : 0
             }
         }
-        let outputs = try call(.tree, of: decoder.targetFunctions, [
+        let inputs: [String: ShapedArray] = [
             "input_ids": ShapedArray(int32: tree.tokens + [Int32](repeating: pad, count: nodes - count), shape: [1, nodes]),
             "position_ids": ShapedArray(int32: depths.map { Int32(anchorPosition + $0) }, shape: [nodes]),
             "tree_mask": ShapedArray(int32: mask, shape: [nodes, nodes]),
-        ], first: anchorPosition, length: nodes)
+        ]
+        charge("tree", of: .tree, since: part)
+        let outputs = try call(.tree, of: decoder.targetFunctions, inputs, first: anchorPosition, length: nodes)
         guard let logits = outputs["logits"], logits.count == nodes * vocab else {
             throw RuntimeError.badOutput(function: "tree", reason: "no logits of \(nodes) x \(vocab)")
         }
         guard let features = outputs["drafter_features"], features.count % nodes == 0, features.count > 0 else {
             throw RuntimeError.badOutput(function: "tree", reason: "no drafter_features of \(nodes) rows")
         }
+        part = mark()
         let values = logits.floats
         let path: [Int], token: Int32
         if options.sampled, let sampling = options.sampling {
@@ -67,12 +75,17 @@ extension SpeculativeDecoder.Run {
             let choices = (0..<count).map { argmax(values[($0 * vocab)..<(($0 + 1) * vocab)]) }
             (path, token) = try tree.acceptGreedy(choices: choices)
         }
+        charge("accept", of: .tree, since: part)
+        part = mark()
         let moves = path.enumerated().compactMap { index, node in
             node == index + 1 ? nil : (from: anchorPosition + node, to: anchorPosition + index + 1 + decoder.faults.treeMoveShift)
         }
         if !moves.isEmpty { try decoder.targetFunctions.state.moveRows(moves, inStates: decoder.targetStateNames) }
         result.movedRows += moves.count
+        charge("move", of: .tree, since: part)
+        part = mark()
         decoder.recycled.update(tokens: tree.tokens, logits: (0..<count).map { Array(values[($0 * vocab)..<(($0 + 1) * vocab)]) })
+        charge("recycled", of: .tree, since: part)
         let accepted = path.count
         result.accepted.append(accepted)
         if copied != nil { result.lookupAccepted.append(accepted) }
@@ -86,6 +99,7 @@ extension SpeculativeDecoder.Run {
         }
         // The path's rows at their own positions; the inject window's positions past it (a
         // prompt shorter than a block) take the last path row as a placeholder.
+        part = mark()
         let last = anchorPosition + accepted
         let width = features.count / nodes
         let featureValues = features.floats
@@ -94,6 +108,7 @@ extension SpeculativeDecoder.Run {
         try inject(first: max(0, last - block + 1), fallback: pathRows.last!)
         injectedThrough = last
         for position in self.features.keys where position <= last - block { self.features[position] = nil }
+        charge("features", of: .tree, since: part)
         return (token, last + 1, accepted, chain)
     }
 }
