@@ -127,8 +127,9 @@ public struct GenerationResult: Sendable {
     /// Seconds spent catching the drafter up after target-alone steps (left out of the steps).
     public var catchUpSeconds = 0.0
     /// With `GenerationOptions.automatic`: the planner's figures when the generation ended
-    /// (`StepPlanner.summary`).
+    /// (`StepPlanner.summary`), and its expected tokens per second by kind.
     public var plan: String?
+    public var expectedTokensPerSecond: [String: Double] = [:]
     public var tokensPerTargetCall: Double { targetCalls == 0 ? 0 : Double(tokens.count) / Double(targetCalls) }
     public var meanAcceptedLength: Double { accepted.isEmpty ? 0 : Double(accepted.reduce(0, +)) / Double(accepted.count) }
     /// Mean fraction of the judged drafts that were accepted.

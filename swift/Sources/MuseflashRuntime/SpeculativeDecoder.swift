@@ -306,7 +306,10 @@ public final class SpeculativeDecoder {
         heldIDs = []
         if speculative {
             try run.speculative(proposals: proposals, treeBudget: budget, automatic: options.automatic)
-            if options.automatic { run.result.plan = planner.summary(among: run.kinds) }
+            if options.automatic {
+                run.result.plan = planner.summary(among: run.kinds)
+                for kind in run.kinds { run.result.expectedTokensPerSecond[kind.rawValue] = planner.tokensPerSecond(kind) }
+            }
         } else {
             try run.targetOnly()
         }

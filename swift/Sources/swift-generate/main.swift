@@ -330,7 +330,7 @@ func report(_ result: GenerationResult, options: Options, backend: String, bundl
         "top_p": options.topP,
         "seed": options.seed,
     ].merging(text.map { ["text": $0] } ?? [:]) { a, _ in a }
-        .merging(result.plan.map { ["plan": $0] } ?? [:]) { a, _ in a }
+        .merging(result.plan.map { ["plan": $0, "expected_tokens_per_second": result.expectedTokensPerSecond] } ?? [:]) { a, _ in a }
         .merging(alone.map { ["target_alone_seconds": $0.seconds, "target_alone_tokens_per_second": $0.tokensPerSecond,
                               "speedup": $0.tokensPerSecond > 0 ? result.tokensPerSecond / $0.tokensPerSecond : 0] } ?? [:]) { a, _ in a }
 }

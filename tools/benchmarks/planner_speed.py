@@ -1,0 +1,133 @@
+"""The engine's choice of steps against a bundle exported without a drafter, on held-out chat
+prompts, side by side in one run (docs/trees.md, "Speed with the choice").
+
+  PYTHONPATH=python VENV_PYTHON tools/benchmarks/planner_speed.py \
+      --mode 'solo|BIN|SOLO_DIR|--no-draft' --mode 'default|BIN|DEFAULT_DIR|' \
+      --mode 'solo2|BIN|SOLO_DIR|--no-draft' --mode 'recommended|BIN|REC_DIR|' \
+      [--max-new-tokens 64] [--json OUT.json]
+
+Each --mode is `label|swift-generate binary|export dir|extra flags` (flags split on spaces).
+Every prompt below (written for this benchmark: neither training/chat_prompts.py's evaluation
+prompts nor its templates' kinds) is rendered with the first bundle's chat template and
+decoded greedily by every mode in the order given, prompt by prompt, so drift on a shared
+machine falls on all modes alike; give the baseline twice to see the drift. A mode's speed is
+its tokens per second over the decoding (the prompt's `prefill` calls apart); the table sets
+each against the first mode's on the same prompt, and refuses modes whose tokens differ
+(greedy decoding gives the target's own tokens whatever the steps).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+from museflash.checkpoint.chat_template import user_turn_ids
+
+PROMPTS = (
+    "Describe how the gears on a bicycle help a rider climb a steep hill.",
+    "Write a short product description for a reusable steel water bottle.",
+    "What should I pack for a three-day hiking trip in the mountains?",
+    "I need a small Python script that counts how many vowels are in a sentence. Can you write it?",
+    "How does a refrigerator keep the food inside it cold?",
+    "Suggest a name and a slogan for a small neighborhood bakery.",
+    "List the steps to change a flat tire on a car.",
+    "My tomato plants have yellow leaves. What could be wrong?",
+)
+
+
+def run(binary: str, export_dir: str, flags: list[str], ids: list[int], new_tokens: int) -> dict:
+    command = [binary, "--export-dir", export_dir, "--prompt-ids", ",".join(map(str, ids)),
+               "--max-new-tokens", str(new_tokens), "--format", "json", "--no-compare", *flags]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        sys.exit(f"planner_speed: {' '.join(command[:3])} ... failed: {done.stderr.strip()[-400:]}")
+    return json.loads(done.stdout)
+
+
+def decode_speed(report: dict) -> float:
+    """Tokens per second over the decoding: the run's seconds without its prefill calls."""
+    prefill = report["functions"].get("prefill", {}).get("seconds", 0.0)
+    return len(report["tokens"]) / (report["seconds"] - prefill)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mode", action="append", required=True, help="label|binary|export dir|flags")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--prompts", type=int, default=len(PROMPTS))
+    parser.add_argument("--json", help="write every report here")
+    args = parser.parse_args()
+    modes = []
+    for text in args.mode:
+        label, binary, export_dir, flags = text.split("|")
+        modes.append((label, binary, export_dir, flags.split()))
+    ids = user_turn_ids(Path(modes[0][2]), list(PROMPTS[:args.prompts]))
+    if ids is None:
+        sys.exit(f"planner_speed: {modes[0][2]} has no chat template")
+    reports: dict[str, list[dict]] = {label: [] for label, *_ in modes}
+    for index, prompt in enumerate(ids):
+        for label, binary, export_dir, flags in modes:
+            report = run(binary, export_dir, flags, prompt, args.max_new_tokens)
+            reports[label].append(report)
+            print(f"prompt {index + 1} {label}: {len(report['tokens'])} tokens, "
+                  f"{decode_speed(report):.2f} tokens/s, steps {report.get('steps', {})}",
+                  file=sys.stderr, flush=True)
+        first = [tuple(reports[label][-1]["tokens"]) for label, *_ in modes]
+        if len(set(first)) != 1:
+            sys.exit(f"planner_speed: prompt {index + 1}: the modes decoded different tokens")
+    if args.json:
+        Path(args.json).write_text(json.dumps(reports, indent=1))
+    base = modes[0][0]
+    print(f"{len(ids)} prompts x {args.max_new_tokens} new tokens, greedy; tokens/s over the "
+          f"decoding (prefill apart), against {base} on the same prompt")
+    print("| prompt | " + " | ".join(label for label, *_ in modes) + " |")
+    print("| --- |" + " --- |" * len(modes))
+    for index in range(len(ids)):
+        reference = decode_speed(reports[base][index])
+        cells = [f"{decode_speed(reports[label][index]):.1f} ({decode_speed(reports[label][index]) / reference:.2f}x)"
+                 for label, *_ in modes]
+        print(f"| {index + 1} | " + " | ".join(cells) + " |")
+    ratios = {label: [decode_speed(r) / decode_speed(b) for r, b in zip(reports[label], reports[base])]
+              for label, *_ in modes}
+    print("| mean ratio | " + " | ".join(f"{statistics.mean(ratios[label]):.3f}x" for label, *_ in modes) + " |")
+    print("| min ratio | " + " | ".join(f"{min(ratios[label]):.3f}x" for label, *_ in modes) + " |")
+    print("| pooled tokens/s | " + " | ".join(
+        f"{sum(len(r['tokens']) for r in reports[label]) / sum(len(r['tokens']) / decode_speed(r) for r in reports[label]):.2f}"
+        for label, *_ in modes) + " |")
+    # The planner's expected tokens/s (its best kind's, when the run ended) beside what the
+    # run's steps delivered (their tokens over their seconds, catching up included).
+    for label, *_ in modes:
+        rows = []
+        for report in reports[label]:
+            expected = report.get("expected_tokens_per_second")
+            times = report.get("step_times", {})
+            if not expected or not times:
+                continue
+            steps = sum(t["steps"] * t["ms_per_step"] / 1000 for t in times.values()) + report.get("catch_up_seconds", 0)
+            delivered = sum(t["tokens"] for t in times.values()) / steps
+            best = max(expected, key=expected.get)
+            rows.append((best, expected[best], delivered, report.get("steps", {})))
+        if rows:
+            print(f"{label}: expected against delivered over the steps: " + "; ".join(
+                f"{best} {e:.1f}/{d:.1f} ({d / e:.2f})" for best, e, d, _ in rows))
+        tree = [r["step_times"]["tree"] for r in reports[label] if "tree" in r.get("step_times", {})]
+        if tree:
+            steps = sum(t["steps"] for t in tree)
+            parts: dict[str, float] = {}
+            for t in tree:
+                for part, ms in t["host_ms_per_step_by_part"].items():
+                    parts[part] = parts.get(part, 0.0) + ms * t["steps"]
+            whole = sum(t["ms_per_step"] * t["steps"] for t in tree) / steps
+            calls = sum(t["call_ms_per_step"] * t["steps"] for t in tree) / steps
+            host = sum(t["host_ms_per_step"] * t["steps"] for t in tree) / steps
+            print(f"{label}: {steps} tree steps, {whole:.1f} ms a step: model calls {calls:.1f}, host {host:.1f} "
+                  f"({100 * host / whole:.1f}%): " + ", ".join(f"{p} {v / steps:.2f}" for p, v in sorted(parts.items())))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
