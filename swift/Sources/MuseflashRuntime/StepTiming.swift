@@ -42,8 +42,13 @@ extension SpeculativeDecoder.Run {
 
     /// The host's work since `mark` (model calls and what the step leaves out apart), charged
     /// to `part` of `kind`'s steps.
-    mutating func charge(_ part: String, of kind: StepPlanner.Kind, since mark: StepMark) {
+    /// `besides`: seconds within it already charged to another part.
+    mutating func charge(_ part: String, of kind: StepPlanner.Kind, since mark: StepMark, besides: Double = 0) {
         let seconds = decoder.clock.now() - mark.time - (timing.calls - mark.calls) - (timing.excluded - mark.excluded)
+        charge(part, of: kind, seconds: seconds - besides)
+    }
+
+    mutating func charge(_ part: String, of kind: StepPlanner.Kind, seconds: Double) {
         result.hostSeconds[kind.rawValue, default: [:]][part, default: 0] += seconds
     }
 }

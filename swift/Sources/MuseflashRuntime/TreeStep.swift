@@ -18,43 +18,47 @@ extension SpeculativeDecoder.Run {
             throw RuntimeError.badOutput(function: "draft", reason: "no logits of \(block) x \(vocab)")
         }
         var part = mark()
+        // The draft's rows in place (no copies), row d at depth d.
         let draftValues = draftLogits.floats
-        let rows = (1..<block).map { Array(draftValues[($0 * vocab)..<(($0 + 1) * vocab)]) }
-        let top = rows.map { TokenTree.topLogProbabilities($0, k: TokenTree.draftTopK) }
         var q: [[Double]] = []
-        if options.sampled, let sampling = options.sampling { q = rows.map { probabilities(sampling, $0[...]) } }
+        if options.sampled, let sampling = options.sampling {
+            q = (1..<block).map { probabilities(sampling, draftValues[($0 * vocab)..<(($0 + 1) * vocab)]) }
+        }
         charge("top_k", of: .tree, since: part)
         part = mark()
+        // Each depth's likeliest tokens, cut from its row when the tree first reaches it.
+        let clock = decoder.clock
+        var topSeconds = 0.0
+        let draftRow = { (index: Int) -> TokenTree.Top in
+            let start = clock.now()
+            defer { topSeconds += clock.now() - start }
+            return draftValues.withUnsafeBufferPointer {
+                TokenTree.topLogProbabilities(UnsafeBufferPointer(rebasing: $0[((index + 1) * vocab)..<((index + 2) * vocab)]),
+                                              k: TokenTree.draftTopK)
+            }
+        }
         var tree: TokenTree
         if options.sampled {
             // Sampled: the drafter's tree shape, its tokens drawn from the drafter's rows
             // (no recycled or copied candidates: each must come from the q it is judged by).
-            tree = try TokenTree.build(anchor: anchor, budget: budget, draftRows: top, maxDepth: block - 1)
+            tree = try TokenTree.build(anchor: anchor, budget: budget, draftDepth: block - 1, draftRow: draftRow, maxDepth: block - 1)
                 .filledBySampling(q: q, &generator)
         } else {
-            tree = try TokenTree.build(anchor: anchor, budget: budget, draftRows: top, recycled: decoder.recycled,
-                                       lookup: copied, maxDepth: block - 1)
+            tree = try TokenTree.build(anchor: anchor, budget: budget, draftDepth: block - 1, draftRow: draftRow,
+                                       recycled: decoder.recycled, lookup: copied, maxDepth: block - 1)
         }
         decoder.faults.treeHostWork?()
         // The tree's nodes, then pad nodes that only the root and themselves see.
         let nodes = decoder.treeLength, count = tree.count
         let depths = tree.depths + [Int](repeating: 1, count: nodes - count)
-        var mask = [Int32](repeating: 0, count: nodes * nodes)
-        let ancestors = tree.ancestorMask
-        for row in 0..<nodes {
-            for column in 0..<nodes {
-                let sees = row < count
-                    ? (column < count && (ancestors[row][column] || (decoder.faults.treeMaskSeesEarlierNodes && column <= row)))
-                    : (column == 0 || column == row)
-                mask[row * nodes + column] = sees ? 1 : 0
-            }
-        }
+        let mask = tree.treeMask(nodes: nodes, seesEarlierNodes: decoder.faults.treeMaskSeesEarlierNodes)
         let inputs: [String: ShapedArray] = [
             "input_ids": ShapedArray(int32: tree.tokens + [Int32](repeating: pad, count: nodes - count), shape: [1, nodes]),
             "position_ids": ShapedArray(int32: depths.map { Int32(anchorPosition + $0) }, shape: [nodes]),
             "tree_mask": ShapedArray(int32: mask, shape: [nodes, nodes]),
         ]
-        charge("tree", of: .tree, since: part)
+        charge("top_k", of: .tree, seconds: topSeconds)
+        charge("tree", of: .tree, since: part, besides: topSeconds)
         let outputs = try call(.tree, of: decoder.targetFunctions, inputs, first: anchorPosition, length: nodes)
         guard let logits = outputs["logits"], logits.count == nodes * vocab else {
             throw RuntimeError.badOutput(function: "tree", reason: "no logits of \(nodes) x \(vocab)")
@@ -84,7 +88,8 @@ extension SpeculativeDecoder.Run {
         result.movedRows += moves.count
         charge("move", of: .tree, since: part)
         part = mark()
-        decoder.recycled.update(tokens: tree.tokens, logits: (0..<count).map { Array(values[($0 * vocab)..<(($0 + 1) * vocab)]) })
+        // Every node's row: the target's likeliest tokens after it, once for the whole call.
+        decoder.recycled.update(tokens: tree.tokens, logits: values, width: vocab)
         charge("recycled", of: .tree, since: part)
         let accepted = path.count
         result.accepted.append(accepted)
@@ -94,7 +99,8 @@ extension SpeculativeDecoder.Run {
         var chain: Int?
         if let proposals {
             var matched = 0
-            while matched < min(proposals, taken.count), argmax(rows[matched][...]) == taken[matched] { matched += 1 }
+            while matched < min(proposals, taken.count),
+                  argmax(draftValues[((matched + 1) * vocab)..<((matched + 2) * vocab)]) == taken[matched] { matched += 1 }
             chain = matched
         }
         // The path's rows at their own positions; the inject window's positions past it (a
