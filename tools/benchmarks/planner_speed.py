@@ -58,9 +58,48 @@ def decode_speed(report: dict) -> float:
     return len(report["tokens"]) / (report["seconds"] - prefill)
 
 
+def step_seconds(times: dict) -> float:
+    return sum(t["steps"] * t["ms_per_step"] / 1000 for t in times.values())
+
+
+def planner_line(reports: list[dict]) -> str | None:
+    """The planner's expected tokens/s for the kind it led with when the run ended, beside what
+    that kind's steps delivered, and what all the run's steps delivered (catching up included)."""
+    cells = []
+    for report in reports:
+        expected, times = report.get("expected_tokens_per_second"), report.get("step_times", {})
+        if not expected or not times:
+            continue
+        best = max(expected, key=expected.get)
+        own = times[best]["tokens"] / step_seconds({best: times[best]})
+        steps = step_seconds(times) + report.get("catch_up_seconds", 0)
+        whole = sum(t["tokens"] for t in times.values()) / steps
+        cells.append(f"{best} {expected[best]:.1f}: {own:.1f} ({own / expected[best]:.2f}), "
+                     f"all steps {whole:.1f} ({whole / expected[best]:.2f})")
+    return "; ".join(cells) if cells else None
+
+
+def host_line(reports: list[dict]) -> str | None:
+    """ms per tree step: whole, model calls, host and the host's parts, over every tree step."""
+    tree = [r["step_times"]["tree"] for r in reports if "tree" in r.get("step_times", {})]
+    if not tree:
+        return None
+    steps = sum(t["steps"] for t in tree)
+    parts: dict[str, float] = {}
+    for t in tree:
+        for part, ms in t["host_ms_per_step_by_part"].items():
+            parts[part] = parts.get(part, 0.0) + ms * t["steps"]
+    whole, calls, host = (sum(t[key] * t["steps"] for t in tree) / steps
+                          for key in ("ms_per_step", "call_ms_per_step", "host_ms_per_step"))
+    split = ", ".join(f"{part} {ms / steps:.2f}" for part, ms in sorted(parts.items()))
+    return (f"{steps} tree steps, {whole:.1f} ms a step: model calls {calls:.1f}, "
+            f"host {host:.1f} ({100 * host / whole:.1f}%): {split}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mode", action="append", required=True, help="label|binary|export dir|flags")
+    parser.add_argument("--mode", action="append", required=True,
+                        help="label|binary|export dir|flags")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--prompts", type=int, default=len(PROMPTS))
     parser.add_argument("--repeats", type=int, default=1)
@@ -70,14 +109,15 @@ def main() -> int:
     for text in args.mode:
         label, binary, export_dir, flags = text.split("|")
         modes.append((label, binary, export_dir, flags.split()))
+    labels = [label for label, *_ in modes]
     ids = user_turn_ids(Path(modes[0][2]), list(PROMPTS[:args.prompts]))
     if ids is None:
         sys.exit(f"planner_speed: {modes[0][2]} has no chat template")
-    reports: dict[str, list[dict]] = {label: [] for label, *_ in modes}
-    repeated: dict[str, list[list[float]]] = {label: [] for label, *_ in modes}
-    base = modes[0][0]
+    reports: dict[str, list[dict]] = {label: [] for label in labels}
+    repeated: dict[str, list[list[float]]] = {label: [] for label in labels}
+    base = labels[0]
     for index, prompt in enumerate(ids):
-        for label in repeated:
+        for label in labels:
             repeated[label].append([])
         for _ in range(args.repeats):
             for label, binary, export_dir, flags in modes:
@@ -87,57 +127,38 @@ def main() -> int:
                 print(f"prompt {index + 1} {label}: {len(report['tokens'])} tokens, "
                       f"{decode_speed(report):.2f} tokens/s, steps {report.get('steps', {})}",
                       file=sys.stderr, flush=True)
-        differ = [label for label, *_ in modes if reports[label][-1]["tokens"] != reports[base][-1]["tokens"]]
+        differ = [label for label in labels
+                  if reports[label][-1]["tokens"] != reports[base][-1]["tokens"]]
         if differ:
             # Bundles exported apart may part at a near-tie in fp16; the same bundle never may.
-            print(f"planner_speed: prompt {index + 1}: {', '.join(differ)} decoded other tokens than {base}",
-                  file=sys.stderr)
+            print(f"planner_speed: prompt {index + 1}: {', '.join(differ)} decoded other "
+                  f"tokens than {base}", file=sys.stderr)
     if args.json:
         Path(args.json).write_text(json.dumps(reports, indent=1))
-    print(f"{len(ids)} prompts x {args.max_new_tokens} new tokens, greedy, {args.repeats} time(s) each; "
-          f"tokens/s over the decoding (prefill apart), against {base} on the same prompt")
-    speed = {label: [statistics.median(runs) for runs in repeated[label]] for label in repeated}
-    print("| prompt | " + " | ".join(label for label, *_ in modes) + f" | drift of {base} |")
+    print(f"{len(ids)} prompts x {args.max_new_tokens} new tokens, greedy, {args.repeats} "
+          f"time(s) each; tokens/s over the decoding (prefill apart), against {base}")
+    speed = {label: [statistics.median(runs) for runs in repeated[label]] for label in labels}
+    print("| prompt | " + " | ".join(labels) + f" | drift of {base} |")
     print("| --- |" + " --- |" * (len(modes) + 1))
     for index in range(len(ids)):
         reference = speed[base][index]
-        cells = [f"{speed[label][index]:.1f} ({speed[label][index] / reference:.2f}x)" for label, *_ in modes]
+        cells = [f"{speed[label][index]:.1f} ({speed[label][index] / reference:.2f}x)"
+                 for label in labels]
         drift = max(repeated[base][index]) / min(repeated[base][index])
         print(f"| {index + 1} | " + " | ".join(cells) + f" | {drift:.2f} |")
-    ratios = {label: [s / b for s, b in zip(speed[label], speed[base])] for label, *_ in modes}
-    print("| mean ratio | " + " | ".join(f"{statistics.mean(ratios[label]):.3f}x" for label, *_ in modes) + " | |")
-    print("| min ratio | " + " | ".join(f"{min(ratios[label]):.3f}x" for label, *_ in modes) + " | |")
-    print("| pooled tokens/s | " + " | ".join(
-        f"{sum(len(r['tokens']) for r in reports[label]) / sum(len(r['tokens']) / decode_speed(r) for r in reports[label]):.2f}"
-        for label, *_ in modes) + " | |")
-    # The planner's expected tokens/s (its best kind's, when the run ended) beside what the
-    # run's steps delivered (their tokens over their seconds, catching up included).
-    for label, *_ in modes:
-        rows = []
-        for report in reports[label]:
-            expected = report.get("expected_tokens_per_second")
-            times = report.get("step_times", {})
-            if not expected or not times:
-                continue
-            steps = sum(t["steps"] * t["ms_per_step"] / 1000 for t in times.values()) + report.get("catch_up_seconds", 0)
-            delivered = sum(t["tokens"] for t in times.values()) / steps
-            best = max(expected, key=expected.get)
-            rows.append((best, expected[best], delivered, report.get("steps", {})))
-        if rows:
-            print(f"{label}: expected against delivered over the steps: " + "; ".join(
-                f"{best} {e:.1f}/{d:.1f} ({d / e:.2f})" for best, e, d, _ in rows))
-        tree = [r["step_times"]["tree"] for r in reports[label] if "tree" in r.get("step_times", {})]
-        if tree:
-            steps = sum(t["steps"] for t in tree)
-            parts: dict[str, float] = {}
-            for t in tree:
-                for part, ms in t["host_ms_per_step_by_part"].items():
-                    parts[part] = parts.get(part, 0.0) + ms * t["steps"]
-            whole = sum(t["ms_per_step"] * t["steps"] for t in tree) / steps
-            calls = sum(t["call_ms_per_step"] * t["steps"] for t in tree) / steps
-            host = sum(t["host_ms_per_step"] * t["steps"] for t in tree) / steps
-            print(f"{label}: {steps} tree steps, {whole:.1f} ms a step: model calls {calls:.1f}, host {host:.1f} "
-                  f"({100 * host / whole:.1f}%): " + ", ".join(f"{p} {v / steps:.2f}" for p, v in sorted(parts.items())))
+    ratios = {label: [s / b for s, b in zip(speed[label], speed[base], strict=True)]
+              for label in labels}
+    print("| mean ratio | " + " | ".join(f"{statistics.mean(ratios[label]):.3f}x"
+                                          for label in labels) + " | |")
+    print("| min ratio | " + " | ".join(f"{min(ratios[label]):.3f}x" for label in labels) + " | |")
+    pooled = [sum(len(r["tokens"]) for r in reports[label])
+              / sum(len(r["tokens"]) / decode_speed(r) for r in reports[label]) for label in labels]
+    print("| pooled tokens/s | " + " | ".join(f"{value:.2f}" for value in pooled) + " | |")
+    for label in labels:
+        if (line := planner_line(reports[label])) is not None:
+            print(f"{label}: expected tokens/s, delivered by its kind's steps: {line}")
+        if (line := host_line(reports[label])) is not None:
+            print(f"{label}: {line}")
     return 0
 
 
