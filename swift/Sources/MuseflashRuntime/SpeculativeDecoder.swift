@@ -1,122 +1,6 @@
 import ExportMetadata
 import Foundation
 
-public struct GenerationOptions: Sendable {
-    public var maxNewTokens: Int
-    /// false: the target alone, one new token per `main` call (`--no-draft`).
-    public var useDrafter: Bool
-    /// Drafted tokens judged per step, 1 ... block_size - 1; nil: metadata.json's
-    /// `speculative_decoding.num_draft_tokens`.
-    public var numDraftTokens: Int?
-    /// Stop after the bundle's end-of-sequence token (the token is the last one returned).
-    public var stopAtEndOfSequence: Bool
-    /// More ids that end the generation the same way (a chat's end-of-turn tokens).
-    public var stopTokenIDs: Set<Int32> = []
-    /// nil or temperature 0: greedy, token for token the target's own greedy output. Otherwise
-    /// drafts are sampled from the drafter's rows and accepted by the rejection rule, so the
-    /// output is distributed as the target's own sampling.
-    public var sampling: Sampling?
-    /// The seed of the generation's only randomness (`SeededGenerator`).
-    public var seed: UInt64
-    /// A step whose context ends in this many tokens that occurred before proposes what
-    /// followed them (`ContextLookup.proposal`) instead of calling `draft`; 0 drafts every step.
-    public var lookupMinMatch: Int
-    /// Verify trees of up to this many nodes (the root counted) through the target's `tree`
-    /// function instead of the drafter's chain through `main` (docs/trees.md); nil or
-    /// 0: the chain (`--no-tree`).
-    public var treeBudget: Int?
-    /// Choose each step's kind by measured cost instead (`StepPlanner`): the target alone, the
-    /// chain of `numDraftTokens`, or a tree as large as the bundle's `tree` function.
-    /// A `treeBudget` given besides is refused.
-    public var automatic: Bool
-
-    /// The default `lookupMinMatch`, the same as the Python loop's DEFAULT_LOOKUP_MIN_MATCH
-    /// (tests/runtime's goldens check that they agree).
-    public static let defaultLookupMinMatch = 2
-
-    public init(maxNewTokens: Int = 64, useDrafter: Bool = true, numDraftTokens: Int? = nil,
-                stopAtEndOfSequence: Bool = true, sampling: Sampling? = nil, seed: UInt64 = 0,
-                lookupMinMatch: Int = GenerationOptions.defaultLookupMinMatch, treeBudget: Int? = nil,
-                automatic: Bool = false) {
-        self.maxNewTokens = maxNewTokens
-        self.treeBudget = treeBudget
-        self.automatic = automatic
-        self.useDrafter = useDrafter
-        self.numDraftTokens = numDraftTokens
-        self.stopAtEndOfSequence = stopAtEndOfSequence
-        self.sampling = sampling
-        self.seed = seed
-        self.lookupMinMatch = lookupMinMatch
-    }
-
-    var sampled: Bool { sampling.map { !$0.isGreedy } ?? false }
-}
-
-public enum StopReason: String, Sendable, Equatable {
-    case endOfSequence = "eos"
-    case maxNewTokens = "max_new_tokens"
-    /// The next step would write positions at or past the bundle's context_length.
-    case contextFull = "context_full"
-}
-
-/// One function call: which function, its first position and how many positions it covers.
-public struct FunctionCall: Sendable, Equatable, CustomStringConvertible {
-    public var function: String
-    public var firstPosition: Int
-    public var length: Int
-
-    public init(function: String, firstPosition: Int, length: Int) {
-        self.function = function
-        self.firstPosition = firstPosition
-        self.length = length
-    }
-
-    public var description: String { "\(function)@\(firstPosition)+\(length)" }
-}
-
-public struct FunctionStats: Sendable, Equatable {
-    public var calls = 0
-    public var seconds = 0.0
-}
-
-public struct GenerationResult: Sendable {
-    public var promptIDs: [Int32]
-    /// Generated ids, the prompt excluded (ending with the end-of-sequence token when that
-    /// stopped the generation).
-    public var tokens: [Int32] = []
-    /// Drafted tokens accepted at each verify step (empty without the drafter).
-    public var accepted: [Int] = []
-    /// Proposed tokens accepted at each step that copied from the context instead of drafting.
-    public var lookupAccepted: [Int] = []
-    public var lookupSteps: Int { lookupAccepted.count }
-    public var stopReason: StopReason = .maxNewTokens
-    /// Function name -> calls and seconds spent in them (a context bucket's calls count as
-    /// its function's: `main_512` as `main`).
-    public var functions: [String: FunctionStats] = [:]
-    /// Core ML function name -> calls: which context bucket each call ran in (docs/buckets.md).
-    public var ranFunctions: [String: Int] = [:]
-    public var trace: [FunctionCall] = []
-    public var numDraftTokens = 0
-    public var seconds = 0.0
-    /// Prompt ids whose cache entries a `keepingCaches` call kept from the decoder's earlier
-    /// calls; the call computed the other promptIDs.count - reusedTokens.
-    public var reusedTokens = 0
-
-    public var targetCalls: Int { ["prefill", "main", "decode", "tree"].reduce(0) { $0 + (functions[$1]?.calls ?? 0) } }
-    /// Accepted tree nodes whose cache rows were moved into place (docs/trees.md).
-    public var movedRows = 0
-    /// Steps after the prompt by kind (`StepPlanner.Kind`: tree, chain, alone).
-    public var steps: [String: Int] = [:]
-    /// With `GenerationOptions.automatic`: the planner's figures when the generation ended
-    /// (`StepPlanner.summary`).
-    public var plan: String?
-    public var tokensPerTargetCall: Double { targetCalls == 0 ? 0 : Double(tokens.count) / Double(targetCalls) }
-    public var meanAcceptedLength: Double { accepted.isEmpty ? 0 : Double(accepted.reduce(0, +)) / Double(accepted.count) }
-    /// Mean fraction of the judged drafts that were accepted.
-    public var acceptanceRate: Double { numDraftTokens == 0 ? 0 : meanAcceptedLength / Double(numDraftTokens) }
-    public var tokensPerSecond: Double { seconds > 0 ? Double(tokens.count) / seconds : 0 }
-}
-
 /// The DFlash cycle over an exported bundle, exactly as python/museflash/runtime/speculative.py
 /// states it (docs/positions.md):
 ///
@@ -167,19 +51,21 @@ public final class SpeculativeDecoder {
     /// Nodes of the target's `tree` function; 0 when the bundle has none.
     public let treeLength: Int
     /// The target's own states (its KV caches), which a tree step's rows move in.
-    private let targetStateNames: [String]
+    let targetStateNames: [String]
     /// The target's likeliest next tokens, from every tree call's rows; kept across the calls
     /// that keep the caches (a chat), new for every other.
-    private var recycled = TokenTree.RecycledTable()
+    var recycled = TokenTree.RecycledTable()
     /// What each function's calls have cost in this process, and the session's recent
     /// acceptance by step kind: what `GenerationOptions.automatic` chooses by. Set
     /// `planner.fixedCosts` to choose by a stored calibration instead.
     public var planner: StepPlanner
+    /// What steps, calls and the host's work are timed by (a test's fake clock, or the system's).
+    public var clock: any StepClock = SystemStepClock()
 
     /// The target's `prefill` and `main` of every context bucket, on one state; the DFlash
     /// drafter's `inject_kv` and `draft` on another (nil without one; a full-attention
     /// drafter's have buckets too).
-    private let targetFunctions: AssetFunctions
+    let targetFunctions: AssetFunctions
     private let drafterFunctions: AssetFunctions?
     private let fusedTarget: Bool
     private let maskTokenID: Int32
@@ -217,6 +103,8 @@ public final class SpeculativeDecoder {
         var skipCatchUp = false
         /// Step kinds taken in this order (then the planner's), in place of the planner's.
         var plannedKinds: [StepPlanner.Kind] = []
+        /// Run in every tree step's host work (a test's planted delay: it advances a fake clock).
+        var treeHostWork: (() -> Void)?
     }
     var faults = Faults()
 
@@ -409,8 +297,7 @@ public final class SpeculativeDecoder {
         let budget = try checkTreeBudget(options)
         let keep = keepingCaches ? reusable(prompt) : 0
         if !keepingCaches { recycled = TokenTree.RecycledTable() }
-        let clock = ContinuousClock()
-        let start = clock.now
+        let start = clock.now()
         if keep == 0 { try resetCaches() }
         var run = Run(decoder: self, prompt: prompt, options: options, onTokens: onTokens, keep: keep, writtenTo: writtenTo)
         run.result.numDraftTokens = proposals
@@ -419,13 +306,16 @@ public final class SpeculativeDecoder {
         heldIDs = []
         if speculative {
             try run.speculative(proposals: proposals, treeBudget: budget, automatic: options.automatic)
-            if options.automatic { run.result.plan = planner.summary(among: run.kinds) }
+            if options.automatic {
+                run.result.plan = planner.summary(among: run.kinds)
+                for kind in run.kinds { run.result.expectedTokensPerSecond[kind.rawValue] = planner.tokensPerSecond(kind) }
+            }
         } else {
             try run.targetOnly()
         }
         heldIDs = prompt + run.result.tokens.dropLast()
         writtenTo = run.writtenTo
-        run.result.seconds = (clock.now - start).seconds
+        run.result.seconds = clock.now() - start
         return run.result
     }
 
@@ -448,7 +338,7 @@ public final class SpeculativeDecoder {
     }
 
     /// One generation's mutable state.
-    private struct Run {
+    struct Run {
         let decoder: SpeculativeDecoder
         let prompt: [Int32]
         let options: GenerationOptions
@@ -468,6 +358,8 @@ public final class SpeculativeDecoder {
         /// The last position whose features the drafter's ring holds from its true token (later
         /// slots may hold a verify block's unaccepted rows).
         var injectedThrough = -1
+        /// The step under way's timing (`beginStep`, `endStep`).
+        var timing = StepTiming()
 
         init(decoder: SpeculativeDecoder, prompt: [Int32], options: GenerationOptions, onTokens: (([Int32]) -> Void)?,
              keep: Int = 0, writtenTo: Int = -1) {
@@ -519,9 +411,12 @@ public final class SpeculativeDecoder {
         /// on the asset's state, counted and traced under `name` (a bucket's `main_512` as `main`).
         mutating func call(_ name: ExportMetadata.FunctionName, of asset: AssetFunctions, _ inputs: [String: ShapedArray],
                            first: Int, length: Int) throws -> [String: ShapedArray] {
+            let clock = decoder.clock
+            let loading = clock.now()
             let function = try asset.function(name, lastPosition: first + length - 1)
-            let clock = ContinuousClock()
-            let start = clock.now
+            let start = clock.now()
+            // Loading a function (its first use) is no step's cost.
+            timing.excluded += start - loading
             let outputs: [String: ShapedArray]
             do {
                 outputs = try function.predict(inputs, state: asset.state)
@@ -531,7 +426,8 @@ public final class SpeculativeDecoder {
                 throw RuntimeError.backend(function: function.name, reason: "\(error)")
             }
             result.functions[name.rawValue, default: FunctionStats()].calls += 1
-            let seconds = (clock.now - start).seconds
+            let seconds = clock.now() - start
+            timing.calls += seconds
             result.functions[name.rawValue, default: FunctionStats()].seconds += seconds
             decoder.planner.observe(name.rawValue, seconds: seconds)
             result.ranFunctions[function.name, default: 0] += 1
@@ -611,9 +507,19 @@ public final class SpeculativeDecoder {
         }
 
         /// Injects the features of target-alone steps (positions after `injectedThrough`
-        /// through `last`) in blocks, so the next draft sees them.
+        /// through `last`) in blocks, so the next draft sees them. Its time is left out of the
+        /// step under way and charged to the alone steps it caught up (`observeCatchUp`).
         mutating func catchUp(through last: Int) throws {
             guard injectedThrough < last, !decoder.faults.skipCatchUp else { return }
+            let mark = self.mark()
+            let steps = last - injectedThrough
+            defer {
+                let seconds = decoder.clock.now() - mark.time - (timing.excluded - mark.excluded)
+                timing.excluded += seconds
+                timing.calls = mark.calls
+                result.catchUpSeconds += seconds
+                decoder.planner.observeCatchUp(seconds: seconds, steps: steps)
+            }
             let block = decoder.blockSize
             if last + 1 < block {
                 try inject(first: 0, fallback: features[last])
@@ -716,6 +622,7 @@ public final class SpeculativeDecoder {
             }
             let planned = decoder.faults.plannedKinds
             while !done {
+                beginStep()
                 var kind: StepPlanner.Kind = treeBudget > 0 ? .tree : .chain
                 if automatic {
                     // The kinds whose call still fits the context; none: the context is full.
@@ -732,14 +639,17 @@ public final class SpeculativeDecoder {
                 result.steps[kind.rawValue, default: 0] += 1
                 if kind == .alone {
                     (anchor, anchorPosition) = try aloneStep(anchor: anchor, at: anchorPosition)
+                    endStep(.alone)
                     continue
                 }
                 try catchUp(through: anchorPosition - 1)
                 // A copy from the context, judged (sampled) with a one-hot q; else a draft.
                 var guesses: [Int32]
                 var q: [[Double]] = []
+                let looking = mark()
                 let copied = options.lookupMinMatch > 0
                     ? ContextLookup.proposal(contextTail(), count: block - 1, minMatch: options.lookupMinMatch) : nil
+                charge("lookup", of: kind, since: looking)
                 if kind == .tree {
                     let accepted: Int, chain: Int?
                     (anchor, anchorPosition, accepted, chain) = try treeStep(
@@ -747,6 +657,7 @@ public final class SpeculativeDecoder {
                         copied: copied, chainOf: kinds.contains(.chain) ? proposals : nil)
                     decoder.planner.record(.tree, accepted: accepted)
                     if let chain { decoder.planner.record(.chain, accepted: chain, estimated: true) }
+                    endStep(.tree)
                     continue
                 }
                 if let copied = copied {
@@ -791,103 +702,11 @@ public final class SpeculativeDecoder {
                 for position in features.keys where position <= last - block { features[position] = nil }
                 anchor = token
                 anchorPosition = last + 1 + (decoder.faults.skipRejectedSlot && accepted < proposals ? 1 : 0)
+                endStep(.chain)
             }
             // The drafter keeps every position the caches hold, as a conversation's next call
             // assumes of the ids it keeps: target-alone steps at the end are injected now.
             if automatic { try catchUp(through: anchorPosition - 1) }
-        }
-
-        /// One tree step at `anchorPosition` (the type's docs, `tree`): -> the next anchor, its
-        /// position, the drafts accepted, and, given `chainOf` (a chain's proposals, when the
-        /// planner weighs the chain), how many the drafter's top-1 chain of that many would have
-        /// accepted (at least; the planner's estimate for the chain).
-        /// python/museflash/runtime/speculative.py `_tree_step`, call for call.
-        mutating func treeStep(anchor: Int32, at anchorPosition: Int, budget: Int, copied: [Int32]?,
-                               chainOf proposals: Int? = nil) throws -> (Int32, Int, Int, Int?) {
-            let block = decoder.blockSize
-            let vocab = decoder.vocabSize
-            let drafted = try draft(anchor: anchor, at: anchorPosition)
-            guard let draftLogits = drafted["logits"], draftLogits.count == block * vocab else {
-                throw RuntimeError.badOutput(function: "draft", reason: "no logits of \(block) x \(vocab)")
-            }
-            let draftValues = draftLogits.floats
-            let rows = (1..<block).map { Array(draftValues[($0 * vocab)..<(($0 + 1) * vocab)]) }
-            var tree: TokenTree
-            var q: [[Double]] = []
-            if options.sampled, let sampling = options.sampling {
-                // Sampled: the drafter's tree shape, its tokens drawn from the drafter's rows
-                // (no recycled or copied candidates: each must come from the q it is judged by).
-                q = rows.map { probabilities(sampling, $0[...]) }
-                tree = try TokenTree.build(anchor: anchor, budget: budget, draftLogits: rows, maxDepth: block - 1)
-                    .filledBySampling(q: q, &generator)
-            } else {
-                tree = try TokenTree.build(anchor: anchor, budget: budget, draftLogits: rows, recycled: decoder.recycled,
-                                           lookup: copied, maxDepth: block - 1)
-            }
-            // The tree's nodes, then pad nodes that only the root and themselves see.
-            let nodes = decoder.treeLength, count = tree.count
-            let depths = tree.depths + [Int](repeating: 1, count: nodes - count)
-            var mask = [Int32](repeating: 0, count: nodes * nodes)
-            let ancestors = tree.ancestorMask
-            for row in 0..<nodes {
-                for column in 0..<nodes {
-                    let sees = row < count
-                        ? (column < count && (ancestors[row][column] || (decoder.faults.treeMaskSeesEarlierNodes && column <= row)))
-                        : (column == 0 || column == row)
-                    mask[row * nodes + column] = sees ? 1 : 0
-                }
-            }
-            let outputs = try call(.tree, of: decoder.targetFunctions, [
-                "input_ids": ShapedArray(int32: tree.tokens + [Int32](repeating: pad, count: nodes - count), shape: [1, nodes]),
-                "position_ids": ShapedArray(int32: depths.map { Int32(anchorPosition + $0) }, shape: [nodes]),
-                "tree_mask": ShapedArray(int32: mask, shape: [nodes, nodes]),
-            ], first: anchorPosition, length: nodes)
-            guard let logits = outputs["logits"], logits.count == nodes * vocab else {
-                throw RuntimeError.badOutput(function: "tree", reason: "no logits of \(nodes) x \(vocab)")
-            }
-            guard let features = outputs["drafter_features"], features.count % nodes == 0, features.count > 0 else {
-                throw RuntimeError.badOutput(function: "tree", reason: "no drafter_features of \(nodes) rows")
-            }
-            let values = logits.floats
-            let path: [Int], token: Int32
-            if options.sampled, let sampling = options.sampling {
-                // The generator apart from self while the closure reads self.
-                var draws = generator
-                (path, token) = SpeculativeSampling.acceptTree(tree, p: { probabilities(sampling, values[($0 * vocab)..<(($0 + 1) * vocab)]) },
-                                                               q: q, faults: decoder.faults.treeSampling, &draws)
-                generator = draws
-            } else {
-                let choices = (0..<count).map { argmax(values[($0 * vocab)..<(($0 + 1) * vocab)]) }
-                (path, token) = try tree.acceptGreedy(choices: choices)
-            }
-            let moves = path.enumerated().compactMap { index, node in
-                node == index + 1 ? nil : (from: anchorPosition + node, to: anchorPosition + index + 1 + decoder.faults.treeMoveShift)
-            }
-            if !moves.isEmpty { try decoder.targetFunctions.state.moveRows(moves, inStates: decoder.targetStateNames) }
-            result.movedRows += moves.count
-            decoder.recycled.update(tokens: tree.tokens, logits: (0..<count).map { Array(values[($0 * vocab)..<(($0 + 1) * vocab)]) })
-            let accepted = path.count
-            result.accepted.append(accepted)
-            if copied != nil { result.lookupAccepted.append(accepted) }
-            let taken = path.map { tree.tokens[$0] } + [token]
-            emit(taken)
-            var chain: Int?
-            if let proposals {
-                var matched = 0
-                while matched < min(proposals, taken.count), argmax(rows[matched][...]) == taken[matched] { matched += 1 }
-                chain = matched
-            }
-            // The path's rows at their own positions; the inject window's positions past it (a
-            // prompt shorter than a block) take the last path row as a placeholder.
-            let last = anchorPosition + accepted
-            let width = features.count / nodes
-            let featureValues = features.floats
-            let pathRows = ([0] + path).map { featureValues[($0 * width)..<(($0 + 1) * width)] }
-            for (offset, row) in pathRows.enumerated() { self.features[anchorPosition + offset] = row }
-            try inject(first: max(0, last - block + 1), fallback: pathRows.last!)
-            injectedThrough = last
-            for position in self.features.keys where position <= last - block { self.features[position] = nil }
-            return (token, last + 1, accepted, chain)
         }
 
         mutating func targetOnly() throws {
@@ -900,10 +719,12 @@ public final class SpeculativeDecoder {
             emit([token])
             var position = prompt.count
             while !done, roomFor(first: position, length: block) {
+                beginStep()
                 let out = try target(step, ids: [token] + [Int32](repeating: pad, count: block - 1), first: position)
                 token = next(out.logits[0..<vocab])
                 emit([token])
                 position += 1
+                endStep(.alone, planned: false)
             }
         }
     }

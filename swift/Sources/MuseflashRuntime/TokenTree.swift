@@ -78,10 +78,13 @@ public struct TokenTree: Equatable, Sendable {
         return nodes.reversed()
     }
 
+    /// A row's likeliest ids and their log-probabilities, likeliest first.
+    public typealias Top = (ids: [Int32], logProbabilities: [Double])
+
     /// The target's likeliest next tokens after each token it has been called on.
     public final class RecycledTable {
         public let topK: Int
-        public private(set) var rows: [Int32: (ids: [Int32], logProbabilities: [Double])] = [:]
+        public private(set) var rows: [Int32: Top] = [:]
 
         public init(topK: Int = TokenTree.recycledTopK) { self.topK = topK }
 
@@ -90,19 +93,82 @@ public struct TokenTree: Equatable, Sendable {
             for (token, row) in zip(tokens, logits) { rows[token] = TokenTree.topLogProbabilities(row, k: topK) }
         }
 
-        public func successors(of token: Int32) -> (ids: [Int32], logProbabilities: [Double]) {
+        /// `update` from one call's logits, row i (`width` values from i * width) after
+        /// `tokens[i]`: the rows cut to their topK on the cores at hand, no row copied; a later
+        /// row of the same token replaces an earlier one, as in `update`.
+        public func update(tokens: [Int32], logits: [Float], width: Int) {
+            precondition(logits.count >= tokens.count * width, "\(tokens.count) rows of \(width) need that many logits")
+            let tops = TokenTree.topLogProbabilities(rows: tokens.count, of: logits, width: width, k: topK)
+            for (token, top) in zip(tokens, tops) { rows[token] = top }
+        }
+
+        public func successors(of token: Int32) -> Top {
             rows[token] ?? ([], [])
         }
     }
 
     /// The k likeliest ids of a logits row and their log-probabilities, likeliest first,
     /// equal ones by smaller id.
-    public static func topLogProbabilities(_ logits: [Float], k: Int) -> (ids: [Int32], logProbabilities: [Double]) {
-        let row = logits.map(Double.init)
-        guard let top = row.max() else { return ([], []) }
-        let logTotal = top + log(row.reduce(0) { $0 + exp($1 - top) })
-        let order = row.indices.sorted { row[$0] != row[$1] ? row[$0] > row[$1] : $0 < $1 }.prefix(k)
-        return (order.map { Int32($0) }, order.map { row[$0] - logTotal })
+    public static func topLogProbabilities(_ logits: [Float], k: Int) -> Top {
+        logits.withUnsafeBufferPointer { topLogProbabilities($0, k: k) }
+    }
+
+    /// `topLogProbabilities` of a row in place. One pass keeps the k best in a sorted list of k
+    /// (a value enters only above the k-th, so most of the row costs one comparison: no sort of
+    /// the row), a second adds up the softmax's denominator in float64 in index order.
+    public static func topLogProbabilities(_ row: UnsafeBufferPointer<Float>, k: Int) -> Top {
+        let k = min(k, row.count)
+        guard k > 0 else { return ([], []) }
+        var ids = [Int32](repeating: 0, count: k)
+        var values = [Float](repeating: 0, count: k)
+        var filled = 0
+        var threshold = -Float.infinity
+        for index in 0..<row.count {
+            let value = row[index]
+            if filled == k {
+                // Equal to the k-th: a larger id, after it.
+                guard value > threshold else { continue }
+            } else if value.isNaN {
+                continue
+            }
+            // Into its place; equal values keep the smaller id first.
+            var slot = filled == k ? k - 1 : filled
+            while slot > 0, values[slot - 1] < value {
+                values[slot] = values[slot - 1]
+                ids[slot] = ids[slot - 1]
+                slot -= 1
+            }
+            values[slot] = value
+            ids[slot] = Int32(index)
+            if filled < k { filled += 1 }
+            if filled == k { threshold = values[k - 1] }
+        }
+        guard filled > 0 else { return ([], []) }
+        let top = Double(values[0])
+        var total = 0.0
+        for value in row { total += exp(Double(value) - top) }
+        let logTotal = top + log(total)
+        return (Array(ids[..<filled]), values[..<filled].map { Double($0) - logTotal })
+    }
+
+    /// `topLogProbabilities` of rows 0 ..< rows of `logits` (row i: `width` values from
+    /// i * width), split across the cores: each row's figures are the same bits either way.
+    public static func topLogProbabilities(rows: Int, of logits: [Float], width: Int, k: Int) -> [Top] {
+        var tops = [Top](repeating: ([], []), count: rows)
+        logits.withUnsafeBufferPointer { all in
+            tops.withUnsafeMutableBufferPointer { buffer in
+                let out = buffer  // each row writes its own element
+                let body = { (row: Int) in
+                    out[row] = topLogProbabilities(UnsafeBufferPointer(rebasing: all[(row * width)..<((row + 1) * width)]), k: k)
+                }
+                if rows > 1, ProcessInfo.processInfo.activeProcessorCount > 1 {
+                    DispatchQueue.concurrentPerform(iterations: rows, execute: body)
+                } else {
+                    for row in 0..<rows { body(row) }
+                }
+            }
+        }
+        return tops
     }
 
     /// The tree of at most `budget` nodes (the root included) with the best scores.
@@ -113,9 +179,23 @@ public struct TokenTree: Equatable, Sendable {
                              draftTopK: Int = TokenTree.draftTopK,
                              lookupProbability: Double = TokenTree.lookupProbability,
                              recycledWeight: Double = TokenTree.recycledWeight) throws -> TokenTree {
+        try build(anchor: anchor, budget: budget, draftDepth: draftLogits?.count,
+                  draftRow: { topLogProbabilities(draftLogits![$0], k: draftTopK) },
+                  recycled: recycled, lookup: lookup, maxDepth: maxDepth, lookupProbability: lookupProbability,
+                  recycledWeight: recycledWeight)
+    }
+
+    /// `build` with the drafter's `draftDepth` rows (nil: none) cut to their likeliest tokens on
+    /// demand: `draftRow(d - 1)` (`topLogProbabilities`) at depth d, asked once, and only when a
+    /// node at depth d - 1 is placed while the budget has room for its children.
+    public static func build(anchor: Int32, budget: Int, draftDepth: Int?, draftRow: (Int) -> Top,
+                             recycled: RecycledTable? = nil, lookup: [Int32]? = nil, maxDepth: Int? = nil,
+                             lookupProbability: Double = TokenTree.lookupProbability,
+                             recycledWeight: Double = TokenTree.recycledWeight) throws -> TokenTree {
         guard budget >= 1 else { throw RuntimeError.badTree(reason: "a tree budget is at least 1 node (the root), got \(budget)") }
-        let rows = (draftLogits ?? []).map { topLogProbabilities($0, k: draftTopK) }
-        let depthLimit = maxDepth ?? (draftLogits != nil ? rows.count : nil)
+        let rowCount = draftDepth ?? 0
+        var rows = [Top?](repeating: nil, count: rowCount)
+        let depthLimit = maxDepth ?? draftDepth
         let lookup = lookup ?? []
         let lookupLog = log(lookupProbability)
         let recycledLog = log(recycledWeight)
@@ -135,15 +215,30 @@ public struct TokenTree: Equatable, Sendable {
         }
         var tokens: [Int32] = [anchor], parents = [-1], sources: [Source] = [.root]
         var depths = [0], scores = [0.0], onLookup = [true]
-        var children = Set<[Int64]>()
+        tokens.reserveCapacity(budget)
+        parents.reserveCapacity(budget)
+        sources.reserveCapacity(budget)
+        depths.reserveCapacity(budget)
+        scores.reserveCapacity(budget)
+        onLookup.reserveCapacity(budget)
+        // (parent, token) of the nodes placed, packed in one integer: no array per node.
+        var children = Set<Int64>(minimumCapacity: budget)
         var candidates: [Candidate] = []
+        candidates.reserveCapacity(64)
 
         func pushChildren(_ node: Int) {
             let depth = depths[node] + 1
             if let limit = depthLimit, depth > limit { return }
             let score = scores[node]
-            if depth <= rows.count {
-                for (token, logp) in zip(rows[depth - 1].ids, rows[depth - 1].logProbabilities) {
+            if depth <= rowCount {
+                let row: Top
+                if let known = rows[depth - 1] {
+                    row = known
+                } else {
+                    row = draftRow(depth - 1)
+                    rows[depth - 1] = row
+                }
+                for (token, logp) in zip(row.ids, row.logProbabilities) {
                     candidates.append(Candidate(score: score + logp, parent: node, token: token, source: .drafter))
                 }
             }
@@ -158,12 +253,12 @@ public struct TokenTree: Equatable, Sendable {
             }
         }
 
-        pushChildren(0)
+        if budget > 1 { pushChildren(0) }
         while !candidates.isEmpty, tokens.count < budget {
             var best = 0
             for index in 1..<candidates.count where candidates[index].before(candidates[best]) { best = index }
             let pick = candidates.remove(at: best)
-            guard children.insert([Int64(pick.parent), Int64(pick.token)]).inserted else { continue }
+            guard children.insert(Int64(pick.parent) << 32 | Int64(UInt32(bitPattern: pick.token))).inserted else { continue }
             let node = tokens.count
             tokens.append(pick.token)
             parents.append(pick.parent)
@@ -172,7 +267,8 @@ public struct TokenTree: Equatable, Sendable {
             scores.append(pick.score)
             let depth = depths[node]
             onLookup.append(onLookup[pick.parent] && depth <= lookup.count && lookup[depth - 1] == pick.token)
-            pushChildren(node)
+            // A full tree takes no more children: the loop ends here.
+            if tokens.count < budget { pushChildren(node) }
         }
         return try TokenTree(tokens: tokens, parents: parents, sources: sources)
     }
@@ -215,15 +311,39 @@ public struct TokenTree: Equatable, Sendable {
     /// the target's argmax after node i's path.
     public func acceptGreedy(choices: [Int32]) throws -> (path: [Int], token: Int32) {
         guard choices.count == count else { throw RuntimeError.badTree(reason: "\(choices.count) choices for a tree of \(count) nodes") }
-        var child: [[Int64]: Int] = [:]
-        for node in 1..<count { child[[Int64(parents[node]), Int64(tokens[node])]] = node }
         var path: [Int] = []
         var node = 0
-        while let next = child[[Int64(node), Int64(choices[node])]] {
+        // The child holding the target's choice (the latest, were two alike): children come
+        // after their parent.
+        while let next = stride(from: count - 1, to: node, by: -1).first(where: { parents[$0] == node && tokens[$0] == choices[node] }) {
             path.append(next)
             node = next
         }
         return (path, choices[node])
+    }
+
+    /// The `tree_mask` of a tree call of `nodes` nodes (row-major, 1 where a node sees another):
+    /// each node sees itself and its ancestors, and each pad node after the tree's sees the root
+    /// and itself. `seesEarlierNodes`: each node sees every earlier node instead (a test's fault).
+    public func treeMask(nodes: Int, seesEarlierNodes: Bool = false) -> [Int32] {
+        precondition(nodes >= count, "a tree of \(count) nodes does not fit a call of \(nodes)")
+        var mask = [Int32](repeating: 0, count: nodes * nodes)
+        for row in 0..<count {
+            if seesEarlierNodes {
+                for column in 0...row { mask[row * nodes + column] = 1 }
+                continue
+            }
+            var node = row
+            while node >= 0 {
+                mask[row * nodes + node] = 1
+                node = parents[node]
+            }
+        }
+        for row in count..<nodes {
+            mask[row * nodes] = 1
+            mask[row * nodes + row] = 1
+        }
+        return mask
     }
 
     /// Refuses a mask that is not some tree's ancestor mask: every node must see itself and the

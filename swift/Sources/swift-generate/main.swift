@@ -297,6 +297,8 @@ func report(_ result: GenerationResult, options: Options, backend: String, bundl
                            "ms_per_call": stats.calls == 0 ? 0 : 1000 * stats.seconds / Double(stats.calls)]
     }
     return [
+        "step_times": stepTimes(result),
+        "catch_up_seconds": result.catchUpSeconds,
         "prompt_ids": result.promptIDs.map(Int.init),
         "tokens": result.tokens.map(Int.init),
         "accepted": result.accepted,
@@ -328,9 +330,32 @@ func report(_ result: GenerationResult, options: Options, backend: String, bundl
         "top_p": options.topP,
         "seed": options.seed,
     ].merging(text.map { ["text": $0] } ?? [:]) { a, _ in a }
-        .merging(result.plan.map { ["plan": $0] } ?? [:]) { a, _ in a }
+        .merging(result.plan.map { ["plan": $0, "expected_tokens_per_second": result.expectedTokensPerSecond] } ?? [:]) { a, _ in a }
         .merging(alone.map { ["target_alone_seconds": $0.seconds, "target_alone_tokens_per_second": $0.tokensPerSecond,
                               "speedup": $0.tokensPerSecond > 0 ? result.tokensPerSecond / $0.tokensPerSecond : 0] } ?? [:]) { a, _ in a }
+}
+
+/// The host's parts of a step kind, in milliseconds per step: those timed, then `other`, the
+/// rest of the steps' time outside model calls.
+func hostParts(_ result: GenerationResult, _ kind: String) -> [(String, Double)] {
+    guard let stats = result.stepStats[kind], stats.steps > 0 else { return [] }
+    let timed = (result.hostSeconds[kind] ?? [:]).sorted { $0.key < $1.key }
+    let other = stats.hostSeconds - timed.reduce(0) { $0 + $1.value }
+    return (timed + [("other", other)]).map { ($0.0, 1000 * $0.1 / Double(stats.steps)) }
+}
+
+/// Per step kind: steps, tokens, milliseconds per step whole, in model calls and on the host
+/// (by part), and the tokens per second the steps delivered (JSON `step_times`).
+func stepTimes(_ result: GenerationResult) -> [String: Any] {
+    var times: [String: Any] = [:]
+    for (kind, stats) in result.stepStats {
+        let per = { (seconds: Double) in 1000 * seconds / Double(max(stats.steps, 1)) }
+        times[kind] = ["steps": stats.steps, "tokens": stats.tokens, "ms_per_step": per(stats.seconds),
+                       "call_ms_per_step": per(stats.callSeconds), "host_ms_per_step": per(stats.hostSeconds),
+                       "tokens_per_second": stats.seconds > 0 ? Double(stats.tokens) / stats.seconds : 0,
+                       "host_ms_per_step_by_part": Dictionary(uniqueKeysWithValues: hostParts(result, kind))] as [String: Any]
+    }
+    return times
 }
 
 func summary(_ result: GenerationResult, options: Options, backend: String, alone: GenerationResult?) -> String {
@@ -360,6 +385,15 @@ func summary(_ result: GenerationResult, options: Options, backend: String, alon
         return String(format: "%@ %d x %.2f ms", name, stats.calls, 1000 * stats.seconds / Double(max(stats.calls, 1)))
     }
     lines.append("time per call: " + timing.joined(separator: ", "))
+    let steps = ["tree", "chain", "alone"].compactMap { kind -> String? in
+        guard let stats = result.stepStats[kind], stats.steps > 0 else { return nil }
+        let per = { (seconds: Double) in 1000 * seconds / Double(stats.steps) }
+        let parts = hostParts(result, kind).map { String(format: "%@ %.2f", $0.0, $0.1) }.joined(separator: ", ")
+        return String(format: "%@ %d x %.1f ms (model calls %.1f, host %.1f: %@; %.1f tokens/s)", kind, stats.steps,
+                      per(stats.seconds), per(stats.callSeconds), per(stats.hostSeconds), parts,
+                      stats.seconds > 0 ? Double(stats.tokens) / stats.seconds : 0)
+    }
+    if !steps.isEmpty { lines.append("time per step: " + steps.joined(separator: ", ")) }
     if let alone = alone {
         lines.append(String(format: "target alone, same prompt and settings: %d tokens in %.3f s (%.1f tokens/s); drafter speed-up %.2fx",
                             alone.tokens.count, alone.seconds, alone.tokensPerSecond,
