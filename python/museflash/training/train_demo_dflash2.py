@@ -200,12 +200,7 @@ def teacher_forced_acceptance(target, drafter: DFlash2Drafter, corpus: distil.Co
     choices ("selector": what the greedy loop accepts from each anchor, since up to its first
     miss the selector's predecessors are the target's tokens) or each row's argmax
     ("argmax", the selector bypassed)."""
-    rows_all, anchors_all = [], []
-    for row in range(corpus.tokens.shape[0]):
-        low, high = v1._anchor_range(corpus, torch.tensor([row]), block)
-        anchors_all.append(torch.arange(int(low) + row % stride, int(high), stride))
-        rows_all.append(torch.full_like(anchors_all[-1], row))
-    rows_all, anchors_all = torch.cat(rows_all), torch.cat(anchors_all)
+    rows_all, anchors_all = v1.strided_anchors(corpus, block, stride)
     accepted: dict[str, list[torch.Tensor]] = {"selector": [], "argmax": []}
     with torch.no_grad():
         for first in range(0, len(rows_all), chunk):

@@ -175,6 +175,17 @@ def _anchor_range(corpus: Corpus, rows: torch.Tensor, block: int):
     return low, torch.full_like(low, corpus.tokens.shape[1] - block + 1)
 
 
+def strided_anchors(corpus: Corpus, block: int, stride: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rows, anchors): every `stride`-th anchor of every row of `corpus` whose block lies
+    inside the row (each row's offset its index mod `stride`), for the held-out figures."""
+    rows, anchors = [], []
+    for row in range(corpus.tokens.shape[0]):
+        low, high = _anchor_range(corpus, torch.tensor([row]), block)
+        anchors.append(torch.arange(int(low) + row % stride, int(high), stride))
+        rows.append(torch.full_like(anchors[-1], row))
+    return torch.cat(rows), torch.cat(anchors)
+
+
 def loss_decay(block: int) -> float:
     """Acceptance stops at the first miss, so early block positions matter most: position i
     (1-based) weighs exp(-(i - 1) / gamma), gamma growing with the block (DFlash's 7 for 16)."""

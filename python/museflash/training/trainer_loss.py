@@ -143,12 +143,7 @@ def heldout_figures(target, drafter, corpus: distil.Corpus, *, stride: int = 1,
     figures: dict = {"acceptance": {}}
     with torch.no_grad():
         for block in FIGURE_BLOCKS:
-            rows_all, anchors_all = [], []
-            for row in range(corpus.tokens.shape[0]):
-                low, high = v1._anchor_range(corpus, torch.tensor([row]), block)
-                anchors_all.append(torch.arange(int(low) + row % stride, int(high), stride))
-                rows_all.append(torch.full_like(anchors_all[-1], row))
-            rows_all, anchors_all = torch.cat(rows_all), torch.cat(anchors_all)
+            rows_all, anchors_all = v1.strided_anchors(corpus, block, stride)
             hits = []
             for first in range(0, len(rows_all), chunk):
                 rows, anchors = rows_all[first:first + chunk], anchors_all[first:first + chunk]
